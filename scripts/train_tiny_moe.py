@@ -1,0 +1,560 @@
+#!/usr/bin/env python
+"""Train the tiny Qwen2-MoE model bundled with specter_lab.
+
+The model is trained from scratch on the Python source code of the running
+interpreter's standard library, with a fixed list of modules held out for
+validation (see ``HELDOUT``).  A byte-level BPE tokenizer is trained on the
+training split with the ``tokenizers`` library.  Training runs on a wall-clock
+budget (``--minutes``) and/or a step budget (``--steps``), whichever ends first,
+with AdamW, linear warmup and cosine decay.  The Qwen2-MoE load-balancing
+auxiliary loss (``router_aux_loss_coef``) keeps the routers from collapsing.
+
+At the end it evaluates on the held-out modules (loss in nats/token, per-layer
+expert usage and its normalized entropy), writes the model + tokenizer in
+Hugging Face format to ``--out`` and a model card ``README.md`` next to them.
+
+Example (the command used for ``specter_lab/assets/tiny-moe``)::
+
+    nice -n 5 python scripts/train_tiny_moe.py --out specter_lab/assets/tiny-moe \\
+        --minutes 50 --threads 2 --seed 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import shlex
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+EOS = "<|endoftext|>"
+
+# Modules (files or packages, relative to the stdlib root) never trained on.
+HELDOUT = [
+    "json/",
+    "csv.py",
+    "textwrap.py",
+    "heapq.py",
+    "fractions.py",
+    "bisect.py",
+    "shlex.py",
+    "graphlib.py",
+    "colorsys.py",
+    "difflib.py",
+    "statistics.py",
+    "string.py",
+]
+
+SKIP_DIRS = {
+    "test",
+    "tests",
+    "idle_test",
+    "site-packages",
+    "dist-packages",
+    "__pycache__",
+    "pydoc_data",  # huge generated topics.py
+}
+MAX_FILE_BYTES = 300_000  # skip huge (mostly generated) files
+
+# Two prompts from held-out modules, used for the greedy samples in the card.
+CARD_PROMPTS = [
+    "def heappush(heap, item):\n",
+    "import json\n\n\ndef load_config(path):\n",
+]
+
+DEFAULTS = dict(
+    hidden_size=128,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    num_experts=32,
+    num_experts_per_tok=4,
+    moe_intermediate_size=64,
+    shared_expert_intermediate_size=256,
+    vocab_size=4096,
+    max_position_embeddings=2048,
+)
+
+
+# --------------------------------------------------------------------------- data
+
+
+def stdlib_root() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def is_heldout(rel: str) -> bool:
+    for h in HELDOUT:
+        if h.endswith("/"):
+            if rel.startswith(h):
+                return True
+        elif rel == h:
+            return True
+    return False
+
+
+def collect_files(root: Path | None = None) -> tuple[list[Path], list[Path]]:
+    """Return (train_files, heldout_files), both sorted, relative order fixed."""
+    root = root or stdlib_root()
+    train, held = [], []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(
+            d
+            for d in dirnames
+            if d not in SKIP_DIRS and not d.startswith("test") and not d.startswith(".")
+        )
+        for fn in sorted(filenames):
+            if not fn.endswith(".py") or fn.startswith("test_"):
+                continue
+            p = Path(dirpath) / fn
+            try:
+                if p.stat().st_size > MAX_FILE_BYTES or p.stat().st_size == 0:
+                    continue
+            except OSError:
+                continue
+            rel = p.relative_to(root).as_posix()
+            (held if is_heldout(rel) else train).append(p)
+    return train, held
+
+
+def read_text(p: Path) -> str | None:
+    try:
+        return p.read_text(encoding="utf-8")
+    except (UnicodeDecodeError, OSError):
+        return None
+
+
+def train_tokenizer(texts: list[str], vocab_size: int):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token=EOS,
+        pad_token=EOS,
+        unk_token=None,
+        model_max_length=DEFAULTS["max_position_embeddings"],
+        clean_up_tokenization_spaces=False,
+    )
+    return hf
+
+
+def encode_corpus(tok, texts: list[str]):
+    import torch
+
+    eos = tok.eos_token_id
+    ids: list[int] = []
+    for enc in tok(texts, add_special_tokens=False)["input_ids"]:
+        ids.extend(enc)
+        ids.append(eos)
+    return torch.tensor(ids, dtype=torch.long)
+
+
+# --------------------------------------------------------------------------- eval
+
+
+def evaluate(model, data, seq_len: int, max_chunks: int | None = None, batch: int = 8):
+    """Mean next-token loss (nats/token) over non-overlapping chunks, and expert usage."""
+    import torch
+
+    n = (len(data) - 1) // seq_len
+    if max_chunks is not None:
+        n = min(n, max_chunks)
+    layers = [l for l in model.model.layers if hasattr(l.mlp, "gate")]
+    E = model.config.num_experts
+    counts = [torch.zeros(E, dtype=torch.long) for _ in layers]
+    handles = []
+    for i, layer in enumerate(layers):
+
+        def hook(mod, inp, out, i=i):
+            idx = out[2] if isinstance(out, tuple) else out
+            counts[i] += torch.bincount(idx.reshape(-1), minlength=E)
+
+        handles.append(layer.mlp.gate.register_forward_hook(hook))
+    was_training = model.training
+    model.eval()
+    tot_loss, tot_tok = 0.0, 0
+    try:
+        with torch.no_grad():
+            for s in range(0, n, batch):
+                rows = [data[j * seq_len : j * seq_len + seq_len + 1] for j in range(s, min(n, s + batch))]
+                x = torch.stack(rows)
+                logits = model(input_ids=x[:, :-1]).logits
+                loss = torch.nn.functional.cross_entropy(
+                    logits.reshape(-1, logits.size(-1)).float(), x[:, 1:].reshape(-1), reduction="sum"
+                )
+                tot_loss += loss.item()
+                tot_tok += x[:, 1:].numel()
+    finally:
+        for h in handles:
+            h.remove()
+        model.train(was_training)
+    usage = []
+    for c in counts:
+        p = c.double() / c.sum().clamp(min=1)
+        nz = p[p > 0]
+        ent = float(-(nz * nz.log()).sum() / math.log(E))
+        usage.append(
+            dict(entropy=ent, used=int((c > 0).sum()), min_frac=float(p.min()), max_frac=float(p.max()))
+        )
+    return tot_loss / max(tot_tok, 1), tot_tok, usage
+
+
+def greedy(model, tok, prompt: str, new_tokens: int = 48) -> str:
+    import torch
+
+    x = tok(prompt, return_tensors="pt", add_special_tokens=False)
+    with torch.no_grad():
+        out = model.generate(
+            **x, max_new_tokens=new_tokens, do_sample=False, pad_token_id=tok.eos_token_id
+        )
+    return tok.decode(out[0, x["input_ids"].shape[1] :], skip_special_tokens=True)
+
+
+# --------------------------------------------------------------------------- card
+
+
+def write_card(out: Path, info: dict) -> None:
+    cfg = info["config"]
+    lines = [
+        "---",
+        "library_name: transformers",
+        "license: apache-2.0",
+        "pipeline_tag: text-generation",
+        "tags: [qwen2_moe, moe, tiny, code]",
+        "---",
+        "",
+        "# tiny-moe: a really trained tiny Qwen2-MoE for specter_lab",
+        "",
+        "A tiny causal mixture-of-experts language model (transformers' `Qwen2MoeForCausalLM`), "
+        "trained from scratch on CPU on Python standard-library source code. It exists so that "
+        "specter_lab's expert offloading, caching and speculative decoding can be exercised and "
+        "benchmarked on a real (non-random) router without downloading anything. It is *not* a "
+        "useful code model.",
+        "",
+        "## Architecture",
+        "",
+        f"- Qwen2-MoE, {cfg['num_hidden_layers']} decoder layers, all MoE "
+        f"(`decoder_sparse_step=1`), hidden size {cfg['hidden_size']}, "
+        f"{cfg['num_attention_heads']} attention heads ({cfg['num_key_value_heads']} KV heads)",
+        f"- {cfg['num_experts']} routed experts per layer, top-{cfg['num_experts_per_tok']} routing "
+        f"(`norm_topk_prob={cfg['norm_topk_prob']}`), `moe_intermediate_size={cfg['moe_intermediate_size']}`",
+        f"- one gated shared expert per layer, `shared_expert_intermediate_size={cfg['shared_expert_intermediate_size']}`",
+        f"- vocabulary {cfg['vocab_size']} (byte-level BPE), tied input/output embeddings, "
+        f"`max_position_embeddings={cfg['max_position_embeddings']}`",
+        f"- {info['n_params']:,} parameters, stored in float32",
+        "",
+        "## Data",
+        "",
+        f"Python source files (`*.py`) of the CPython {info['python']} standard library "
+        f"(`sysconfig.get_paths()['stdlib']`), skipping test directories (`test*`, `idle_test`), "
+        f"`site-packages`, `pydoc_data`, `test_*.py` files and files over {MAX_FILE_BYTES // 1000} kB. "
+        f"Documents are separated by `{EOS}` (also the EOS/pad token; there is no BOS).",
+        "",
+        f"- training split: {info['n_train_files']} files, {info['n_train_tokens']:,} tokens",
+        f"- held-out split: {info['n_held_files']} files, {info['n_held_tokens']:,} tokens. "
+        "Held-out modules (never seen by the tokenizer or the model):",
+        "",
+    ]
+    lines += [f"  - `{h}`" for h in HELDOUT]
+    lines += [
+        "",
+        "## Training",
+        "",
+        f"- from scratch, seed {info['seed']}, sequence length {info['seq_len']}, batch "
+        f"{info['batch']} sequences, AdamW (lr {info['lr']}, betas (0.9, 0.95), weight decay "
+        f"{info['weight_decay']}), {info['warmup']} warmup steps then cosine decay over the "
+        "wall-clock budget, gradient clipping 1.0",
+        f"- load-balancing auxiliary loss with `router_aux_loss_coef={cfg['router_aux_loss_coef']}` "
+        "(`output_router_logits=True` during training only; the saved config has it off)",
+        f"- {info['steps']} steps, {info['tokens_seen']:,} training tokens seen, "
+        f"{info['train_seconds'] / 60:.1f} minutes of training on {info['threads']} CPU threads "
+        f"(total script time {info['total_seconds'] / 60:.1f} minutes incl. tokenizer and eval), "
+        f"torch {info['torch']}, transformers {info['transformers']}",
+        "",
+        "Exact command:",
+        "",
+        "```",
+        info["command"],
+        "```",
+        "",
+        "## Evaluation (held-out modules)",
+        "",
+        f"- validation loss: **{info['val_loss']:.3f} nats/token** "
+        f"(perplexity {math.exp(info['val_loss']):.1f}) over {info['val_tokens']:,} held-out tokens",
+        f"- final training loss (LM part, mean of the last steps): {info['train_loss']:.3f} nats/token",
+        "",
+        "Expert usage on held-out code (fraction of top-k assignments per routed expert; "
+        "normalized entropy = entropy / log(num_experts)):",
+        "",
+        "| layer | experts used | normalized entropy | min share | max share |",
+        "|---|---|---|---|---|",
+    ]
+    for i, u in enumerate(info["usage"]):
+        lines.append(
+            f"| {i} | {u['used']}/{cfg['num_experts']} | {u['entropy']:.3f} | "
+            f"{u['min_frac']:.4f} | {u['max_frac']:.4f} |"
+        )
+    lines += ["", "## Greedy continuations", ""]
+    for p, c in info["samples"]:
+        lines += ["Prompt:", "", "```python", p.rstrip("\n"), "```", "", "Greedy continuation (48 new tokens):", "", "```python", (p + c).rstrip("\n"), "```", ""]
+    lines += [
+        "## Usage",
+        "",
+        "```python",
+        "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        "path = 'specter_lab/assets/tiny-moe'",
+        "model = AutoModelForCausalLM.from_pretrained(path)",
+        "tok = AutoTokenizer.from_pretrained(path)",
+        "```",
+        "",
+    ]
+    (out / "README.md").write_text("\n".join(lines), encoding="utf-8")
+
+
+# --------------------------------------------------------------------------- main
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="output directory (HF format)")
+    ap.add_argument("--minutes", type=float, default=50.0, help="training wall-clock budget")
+    ap.add_argument("--steps", type=int, default=None, help="max optimizer steps (optional)")
+    ap.add_argument("--max-files", type=int, default=None, help="use only the first N train files (smoke)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=8, help="sequences per step")
+    ap.add_argument("--seq-len", type=int, default=256)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--weight-decay", type=float, default=0.1)
+    ap.add_argument("--warmup", type=int, default=150)
+    ap.add_argument("--aux-coef", type=float, default=0.02)
+    ap.add_argument("--eval-chunks", type=int, default=None, help="cap held-out eval chunks")
+    for k, v in DEFAULTS.items():
+        ap.add_argument("--" + k.replace("_", "-"), type=int, default=v)
+    ap.add_argument("--norm-topk-prob", type=int, default=1)
+    ap.add_argument("--experts-impl", default="eager", help="experts implementation while training")
+    ap.add_argument("--log-every", type=int, default=20)
+    ap.add_argument("--no-card", action="store_true")
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    t_start = time.time()
+    import numpy as np
+    import torch
+    import transformers
+    from transformers import GenerationConfig, Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+    torch.set_num_threads(args.threads)
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    # ---- data
+    train_files, held_files = collect_files()
+    if args.max_files is not None:
+        train_files = train_files[: args.max_files]
+        held_files = held_files[: max(1, args.max_files // 4)]
+    train_texts = [t for t in map(read_text, train_files) if t]
+    held_texts = [t for t in map(read_text, held_files) if t]
+    print(f"[data] {len(train_texts)} train files, {len(held_texts)} held-out files", flush=True)
+
+    t0 = time.time()
+    tok = train_tokenizer(train_texts, args.vocab_size)
+    vocab = len(tok)
+    print(f"[tokenizer] vocab {vocab} trained in {time.time() - t0:.1f}s", flush=True)
+    train_ids = encode_corpus(tok, train_texts)
+    held_ids = encode_corpus(tok, held_texts)
+    print(f"[data] {len(train_ids):,} train tokens, {len(held_ids):,} held-out tokens", flush=True)
+
+    # ---- model
+    cfg = Qwen2MoeConfig(
+        vocab_size=args.vocab_size,
+        hidden_size=args.hidden_size,
+        intermediate_size=args.shared_expert_intermediate_size,  # dense MLP size (unused: all layers MoE)
+        num_hidden_layers=args.num_hidden_layers,
+        num_attention_heads=args.num_attention_heads,
+        num_key_value_heads=args.num_key_value_heads,
+        max_position_embeddings=args.max_position_embeddings,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        num_experts=args.num_experts,
+        num_experts_per_tok=args.num_experts_per_tok,
+        moe_intermediate_size=args.moe_intermediate_size,
+        shared_expert_intermediate_size=args.shared_expert_intermediate_size,
+        norm_topk_prob=bool(args.norm_topk_prob),
+        router_aux_loss_coef=args.aux_coef,
+        output_router_logits=False,
+        tie_word_embeddings=True,
+        use_sliding_window=False,
+        rope_theta=10000.0,
+        attention_dropout=0.0,
+        initializer_range=0.02,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.eos_token_id,
+        bos_token_id=None,
+    )
+    model = Qwen2MoeForCausalLM(cfg)
+    try:
+        model.set_experts_implementation(args.experts_impl)
+    except Exception as e:  # pragma: no cover - older transformers
+        print(f"[model] experts implementation {args.experts_impl!r} unavailable ({e}); eager", flush=True)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"[model] {n_params:,} parameters", flush=True)
+
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "embed" not in n]
+    no_decay = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and "embed" not in n)]
+    opt = torch.optim.AdamW(
+        [dict(params=decay, weight_decay=args.weight_decay), dict(params=no_decay, weight_decay=0.0)],
+        lr=args.lr,
+        betas=(0.9, 0.95),
+        eps=1e-8,
+    )
+    budget = args.minutes * 60.0
+    max_steps = args.steps
+    gen = torch.Generator().manual_seed(args.seed)
+    L = args.seq_len
+    n_starts = len(train_ids) - L - 1
+    if n_starts <= 0:
+        raise SystemExit("training corpus too small for --seq-len")
+
+    model.train()
+    t_train = time.time()
+    step, tokens_seen = 0, 0
+    recent_lm, recent_aux = [], []
+    while True:
+        elapsed = time.time() - t_train
+        frac_t = elapsed / budget if budget > 0 else 1.0
+        frac_s = step / max_steps if max_steps else 0.0
+        progress = max(frac_t, frac_s)
+        if progress >= 1.0:
+            break
+        if step < args.warmup:
+            lr = args.lr * (step + 1) / args.warmup
+        else:
+            lr = args.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        starts = torch.randint(0, n_starts, (args.batch,), generator=gen)
+        x = torch.stack([train_ids[s : s + L + 1] for s in starts.tolist()])
+        outp = model(input_ids=x[:, :-1], output_router_logits=True)
+        lm = torch.nn.functional.cross_entropy(
+            outp.logits.reshape(-1, outp.logits.size(-1)), x[:, 1:].reshape(-1)
+        )
+        aux = outp.aux_loss if outp.aux_loss is not None else torch.zeros(())
+        loss = lm + args.aux_coef * aux
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        tokens_seen += x[:, 1:].numel()
+        recent_lm.append(lm.item())
+        recent_aux.append(float(aux.detach()))
+        recent_lm, recent_aux = recent_lm[-50:], recent_aux[-50:]
+        if step % args.log_every == 0 or step == 1:
+            el = time.time() - t_train
+            print(
+                f"[train] step {step} lm {sum(recent_lm) / len(recent_lm):.3f} "
+                f"aux {sum(recent_aux) / len(recent_aux):.3f} lr {lr:.2e} "
+                f"tok {tokens_seen:,} {tokens_seen / max(el, 1e-9):.0f} tok/s {el / 60:.1f} min",
+                flush=True,
+            )
+    train_seconds = time.time() - t_train
+    train_loss = sum(recent_lm) / max(len(recent_lm), 1)
+    print(
+        f"[train] done: {step} steps, {tokens_seen:,} tokens, {train_seconds:.0f}s "
+        f"({train_seconds / 60:.1f} min), {tokens_seen / max(train_seconds, 1e-9):.0f} tok/s",
+        flush=True,
+    )
+
+    # ---- eval + save (default experts implementation in the saved model)
+    try:
+        model.set_experts_implementation("eager")
+    except Exception:
+        pass
+    t0 = time.time()
+    val_loss, val_tokens, usage = evaluate(model, held_ids, L, max_chunks=args.eval_chunks)
+    print(f"[eval] held-out loss {val_loss:.4f} nats/token over {val_tokens:,} tokens ({time.time() - t0:.0f}s)", flush=True)
+    for i, u in enumerate(usage):
+        print(
+            f"[eval] layer {i}: experts used {u['used']}/{cfg.num_experts} normalized entropy "
+            f"{u['entropy']:.4f} share min {u['min_frac']:.4f} max {u['max_frac']:.4f}",
+            flush=True,
+        )
+
+    model.config.output_router_logits = False
+    model.config.use_cache = True
+    model.generation_config = GenerationConfig(
+        eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id, do_sample=False
+    )
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    # Keep the saved config free of a pinned experts implementation.
+    cpath = out / "config.json"
+    c = json.loads(cpath.read_text())
+    if c.pop("experts_implementation", None) is not None or c.pop("_experts_implementation", None) is not None:
+        cpath.write_text(json.dumps(c, indent=2, sort_keys=True) + "\n")
+
+    samples = []
+    for p in CARD_PROMPTS:
+        s = greedy(model, tok, p)
+        samples.append((p, s))
+        print(f"[sample] {p!r} -> {s!r}", flush=True)
+
+    total_seconds = time.time() - t_start
+    info = dict(
+        config=model.config.to_dict(),
+        n_params=n_params,
+        python=".".join(map(str, sys.version_info[:3])),
+        n_train_files=len(train_texts),
+        n_held_files=len(held_texts),
+        n_train_tokens=len(train_ids),
+        n_held_tokens=len(held_ids),
+        seed=args.seed,
+        seq_len=L,
+        batch=args.batch,
+        lr=args.lr,
+        weight_decay=args.weight_decay,
+        warmup=args.warmup,
+        steps=step,
+        tokens_seen=tokens_seen,
+        train_seconds=train_seconds,
+        total_seconds=total_seconds,
+        threads=args.threads,
+        torch=torch.__version__,
+        transformers=transformers.__version__,
+        command="python " + " ".join(shlex.quote(a) for a in ([sys.argv[0]] + list(argv if argv is not None else sys.argv[1:]))),
+        val_loss=val_loss,
+        val_tokens=val_tokens,
+        train_loss=train_loss,
+        usage=usage,
+        samples=samples,
+    )
+    if not args.no_card:
+        write_card(out, info)
+    print(f"[done] total time {total_seconds:.0f}s ({total_seconds / 60:.1f} min); saved to {out}", flush=True)
+    return info
+
+
+if __name__ == "__main__":
+    main()

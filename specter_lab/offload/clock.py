@@ -1,0 +1,121 @@
+"""Two streams, compute and copy, and the time they keep.
+
+The runtime never asks which clock it has. It asks a clock to run a copy or a compute op *after* some earlier
+ops (their handles) and gets handles back; the trace turns handles into milliseconds at the end.
+
+* :class:`SimClock` – handles are virtual seconds (floats) advanced by the :class:`CostModel`; the work itself
+  (real tensor copies and matmuls on the CPU) still runs, so a cache bug changes the output.
+* :class:`CudaClock` – handles are CUDA events on a real compute stream and a real copy stream; copies are
+  pinned and non-blocking, and compute waits on the copy's event (``wait_event``), never on the host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+import torch
+
+Handle = Any  # float seconds (SimClock) or torch.cuda.Event (CudaClock)
+
+
+@dataclass
+class Span:
+    start: Handle
+    end: Handle
+    stall_from: Handle | None = None  # compute only: when it became ready to run before waiting on copies
+
+
+class SimClock:
+    """Virtual time. A copy starts when the copy stream is free, it was issued, and whatever it waits on ended.
+    A compute op starts when the compute stream is free and its inputs are ready; the wait is the stall."""
+
+    kind = "simulated"
+
+    def __init__(self, profile) -> None:
+        self.profile = profile
+        self.compute_t = 0.0
+        self.copy_t = 0.0
+
+    @property
+    def label(self) -> str:
+        return self.profile.clock_label
+
+    def now(self) -> Handle:
+        return self.compute_t
+
+    def copy(self, duration: float, fn: Callable[[], None], after: Iterable[Handle] = (),
+             issue_at: Handle | None = None) -> Span:
+        fn()
+        start = max([self.copy_t, self.compute_t if issue_at is None else issue_at, *[a for a in after if a is not None]])
+        self.copy_t = start + duration
+        return Span(start, self.copy_t)
+
+    def compute(self, duration: float, fn: Callable[[], Any] | None = None, after: Iterable[Handle] = ()) -> tuple[Span, Any]:
+        ready = self.compute_t
+        start = max([ready, *[a for a in after if a is not None]])
+        out = fn() if fn is not None else None
+        self.compute_t = start + duration
+        return Span(start, self.compute_t, ready), out
+
+    def elapsed(self, a: Handle, b: Handle) -> float:
+        """Seconds from handle a to handle b."""
+        return b - a
+
+    def to_ms(self, h: Handle) -> float:
+        return 1e3 * h
+
+    def synchronize(self) -> None:
+        pass
+
+
+class CudaClock:
+    """Real CUDA time: the model runs on the current stream; copies go on a second stream."""
+
+    kind = "cuda"
+
+    def __init__(self, device: torch.device | None = None) -> None:
+        if not torch.cuda.is_available():
+            raise RuntimeError("CudaClock needs CUDA; use a simulated hardware profile on this machine.")
+        self.device = device or torch.device("cuda")
+        self.copy_stream = torch.cuda.Stream(device=self.device)
+        self.base = self._event()
+        self.label = f"cuda:{torch.cuda.get_device_name(self.device)}"
+
+    def _event(self, stream=None):
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record(stream or torch.cuda.current_stream(self.device))
+        return ev
+
+    def now(self) -> Handle:
+        return self._event()
+
+    def copy(self, duration: float, fn: Callable[[], None], after: Iterable[Handle] = (),
+             issue_at: Handle | None = None) -> Span:
+        with torch.cuda.stream(self.copy_stream):
+            for a in after:
+                if a is not None:
+                    self.copy_stream.wait_event(a)
+            start = self._event(self.copy_stream)
+            fn()
+            end = self._event(self.copy_stream)
+        return Span(start, end)
+
+    def compute(self, duration: float, fn: Callable[[], Any] | None = None, after: Iterable[Handle] = ()) -> tuple[Span, Any]:
+        stream = torch.cuda.current_stream(self.device)
+        ready = self._event(stream)
+        for a in after:
+            if a is not None:
+                stream.wait_event(a)
+        start = self._event(stream)
+        out = fn() if fn is not None else None
+        return Span(start, self._event(stream), ready), out
+
+    def elapsed(self, a: Handle, b: Handle) -> float:
+        return a.elapsed_time(b) / 1e3
+
+    def to_ms(self, h: Handle) -> float:
+        return self.base.elapsed_time(h)
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize(self.device)

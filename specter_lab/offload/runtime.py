@@ -1,0 +1,193 @@
+"""The experts forward that every MoE layer runs through while an Engine is attached.
+
+HF's MoE block computes the router and calls ``experts(hidden_states, top_k_index, top_k_weights)``; the
+registered ``specter`` implementation lands here with the layer id. Three modes:
+
+* ``target``  – full precision through the ExpertStore: resident experts first, misses demand-loaded into slots
+  (streaming through the slots when a layer has fewer slots than it needs experts), every op on the clock;
+* ``draft``   – the draft's experts (quantized copies, resident): the rest of the model is the target's own;
+* ``shadow``  – exact, off the clock and off the cache (the oracle's look at the target's true routing).
+
+Contributions are summed in ascending expert order, as HF's eager loop does, so fp results do not depend on
+which experts happened to be resident.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+__all__ = ["OffloadRuntime", "expert_apply"]
+
+
+def expert_apply(mod, x: torch.Tensor, w: dict[str, torch.Tensor]) -> torch.Tensor:
+    """One expert on tokens ``x [n, H]`` with weights ``w`` (slices of the fused tensors), honouring every layout
+    flag of transformers' experts interface: gate or not, transposed, bias, custom ``_apply_gate`` (interleaved
+    gate/up), post-expert norm."""
+    up_w = w["gate_up_proj"] if mod.has_gate else w["up_proj"]
+    up_b = w.get("gate_up_proj_bias" if mod.has_gate else "up_proj_bias")
+    h = x @ up_w if mod.is_transposed else F.linear(x, up_w)
+    if up_b is not None:
+        h = h + up_b
+    h = mod._apply_gate(h) if mod.has_gate else mod.act_fn(h)
+    out = h @ w["down_proj"] if mod.is_transposed else F.linear(h, w["down_proj"])
+    if w.get("down_proj_bias") is not None:
+        out = out + w["down_proj_bias"]
+    if getattr(mod, "has_post_expert_norm", False):
+        out = mod.post_expert_norm(out)
+    return out
+
+
+def _route_groups(idx: torch.Tensor) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """expert → (token indices, top-k positions), experts ascending."""
+    tok, kpos = torch.nonzero(idx >= 0, as_tuple=True)
+    flat = idx[tok, kpos]
+    order = torch.argsort(flat, stable=True)
+    tok, kpos, flat = tok[order], kpos[order], flat[order]
+    experts, counts = torch.unique_consecutive(flat, return_counts=True)
+    groups = {}
+    start = 0
+    for e, c in zip(experts.tolist(), counts.tolist()):
+        groups[e] = (tok[start:start + c], kpos[start:start + c])
+        start += c
+    return groups
+
+
+class OffloadRuntime:
+    """State of one attached engine during generation: mode, step, clock, store, trace, draft, predictors."""
+
+    def __init__(self, info, store, clock, cost, trace, draft=None, draft_variant: str = "quantized",
+                 gate_lookahead: bool = False, draft_expert_bytes: float = 0.0) -> None:
+        self.info = info
+        self.store = store
+        self.clock = clock
+        self.cost = cost
+        self.trace = trace
+        self.draft = draft
+        self.draft_variant = draft_variant
+        self.draft_expert_bytes = draft_expert_bytes
+        self.gate_lookahead = gate_lookahead
+        self.mode = "target"
+        self.phase = "decode"
+        self.step = 0
+        self.context = 0  # tokens already in the KV cache when the current forward started
+        self.pos0 = 0
+        self.routing: dict[int, np.ndarray] = {}  # layer → top-k ids of the current forward
+        self.lookahead_protect: dict[int, set[int]] = {}
+        self.layer_hooks: list[Callable] = []  # named observation point "moe.routing": fn(runtime, layer, idx)
+        self.forecast = None  # the live window forecast (speculative strategies), read by forecast eviction
+        self.keep_cache = True  # False for on_demand: nothing is kept between steps
+
+    def verify_estimate(self, n_tokens: int) -> float:
+        """Cost-model time of a verification pass over n tokens with every expert resident (no stalls)."""
+        c = self.cost
+        per_layer = [c.dense_layer_time(n_tokens, self.context)
+                     + min(l.num_experts, l.top_k * n_tokens) * c.expert_time(max(1, l.top_k * n_tokens // l.num_experts))
+                     for l in self.info.layers]
+        return sum(per_layer) + c.head_time(n_tokens)
+
+    # ------------------------------------------------------------------ entry point
+    def experts_forward(self, layer: int, mod, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        idx_np = idx.detach().cpu().numpy()  # the host needs the routing to schedule copies (a sync on CUDA)
+        self.routing[layer] = idx_np
+        self.trace.routed(self.step, self.mode, layer, self.pos0, idx_np)
+        for hook in self.layer_hooks:
+            hook(self, layer, idx_np)
+        groups = _route_groups(idx)
+        if self.mode == "shadow":
+            host = self.store.host[layer]
+            outs = {e: expert_apply(mod, x[t], {n: h[e] for n, h in host.items()}) for e, (t, _) in groups.items()}
+            return self._combine(x, outs, groups, w)
+        if self.mode == "draft":
+            return self._draft_forward(layer, mod, x, groups, w)
+        return self._target_forward(layer, mod, x, groups, w)
+
+    def _combine(self, x, outs, groups, w) -> torch.Tensor:
+        final = torch.zeros_like(x)
+        for e in sorted(outs):
+            tok, kpos = groups[e]
+            final.index_add_(0, tok, (outs[e] * w[tok, kpos, None]).to(final.dtype))
+        return final
+
+    # ------------------------------------------------------------------ target
+    def _compute(self, layer: int, mod, x, e: int, tok, slot: int) -> torch.Tensor:
+        weights = self.store.weights(layer, slot)
+        span, out = self.clock.compute(self.cost.expert_time(len(tok)), lambda: expert_apply(mod, x[tok], weights),
+                                       after=[self.store.ready(layer, slot)])
+        self.trace.span(self.step, self.phase, layer, e, span)
+        self.store.mark_used(layer, slot, span.end)
+        return out
+
+    def _target_forward(self, layer: int, mod, x, groups, w) -> torch.Tensor:
+        store, clock = self.store, self.clock
+        span, _ = clock.compute(self.cost.dense_layer_time(x.shape[0], self.context))
+        self.trace.span(self.step, self.phase, layer, -1, span)
+        now = clock.now()
+        ids = list(groups)
+        needed = set(ids)
+        resident = [e for e in ids if store.lookup(layer, e) is not None]
+        missing = [e for e in ids if e not in set(resident)]
+        for e in resident:
+            self.trace.cache(self.step, layer, e, "hit", now)
+        for e in missing:
+            self.trace.cache(self.step, layer, e, "miss", now)
+        store.step = self.step
+        # Issue every demand copy that has a slot not needed by this layer, before computing anything, so the
+        # copies overlap the resident experts' compute.
+        loaded, deferred = [], []
+        keep = self.lookahead_protect.get(layer, set())
+        for e in missing:
+            slot = store.load(layer, e, "demand", protected=needed | keep, issue_at=now)
+            if slot is None and keep:
+                slot = store.load(layer, e, "demand", protected=needed, issue_at=now)
+            (loaded if slot is not None else deferred).append(e)
+        if self.gate_lookahead and layer + 1 < self.info.num_layers:
+            self._gate_prefetch(layer + 1, x)
+        outs = {}
+        for e in resident + loaded:
+            outs[e] = self._compute(layer, mod, x, e, groups[e][0], store.lookup(layer, e))
+        # Fewer slots than experts: stream the rest through slots whose experts are done.
+        for e in deferred:
+            pending = {d for d in deferred if d not in outs}
+            slot = store.load(layer, e, "demand", protected=pending - {e}, issue_at=now)
+            if slot is None:
+                raise RuntimeError(f"layer {layer}: no slot can be freed for expert {e} (slots={store.slots[layer].size})")
+            outs[e] = self._compute(layer, mod, x, e, groups[e][0], slot)
+        return self._combine(x, outs, groups, w)
+
+    def _gate_prefetch(self, nxt: int, x: torch.Tensor) -> None:
+        """Pre-gated lookahead: apply layer l+1's router to layer l's hidden state, prefetch what it picks."""
+        router = self.info.layers[nxt].router
+        if router is None:
+            return
+        with torch.no_grad():
+            out = router(x)
+        if isinstance(out, tuple):
+            ints = [o for o in out if isinstance(o, torch.Tensor) and not o.is_floating_point()]
+            pred = ints[-1] if ints else out[0].topk(self.info.layers[nxt].top_k, dim=-1).indices
+        else:
+            pred = out.topk(self.info.layers[nxt].top_k, dim=-1).indices
+        uniq, counts = torch.unique(pred, return_counts=True)
+        order = torch.argsort(counts, descending=True, stable=True)
+        experts = [int(e) for e in uniq[order].tolist()][: self.store.slots[nxt].size]
+        for e, c in zip(experts, counts[order].tolist()):
+            self.trace.forecast.append((self.step, nxt, e, int(c)))
+        protect = set(experts)
+        self.lookahead_protect[nxt] = protect
+        for e in experts:
+            self.store.prefetch(nxt, e, protected=protect)
+
+    # ------------------------------------------------------------------ draft
+    def _draft_forward(self, layer: int, mod, x, groups, w) -> torch.Tensor:
+        span, _ = self.clock.compute(self.cost.dense_layer_time(x.shape[0], self.context))
+        self.trace.span(self.step, "draft", layer, -1, span)
+        outs = {}
+        for e, (tok, _) in groups.items():
+            weights = self.draft.weights(layer, e)
+            span, outs[e] = self.clock.compute(self.cost.expert_time(len(tok), weight_bytes=self.draft_expert_bytes),
+                                               lambda: expert_apply(mod, x[tok], weights))
+            self.trace.span(self.step, "draft", layer, e, span)
+        return self._combine(x, outs, groups, w)

@@ -1,0 +1,68 @@
+"""The offloading strategies, as data: each name is a combination of decoding, prediction, prefetch and eviction.
+
+Every strategy runs in the same runtime (same model, same store, same clock), so comparisons are one run at
+equal device memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+__all__ = ["Strategy", "STRATEGIES", "get_strategy"]
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """How one strategy decodes and moves experts.
+
+    * ``speculative`` – draft K tokens with the quantized draft, verify with the target.
+    * ``prefetch``    – ``none`` | ``gate`` (next layer's router on this layer's state) | ``draft`` (the draft's
+      routing counts over the window) | ``oracle`` (the target's true routing of the window).
+    * ``chunking``    – ``adaptive`` (the paper: first boundary at ⌊0.2·K⌋ steps, then just enough steps to hide
+      the bytes just issued) or a tuple of draft fractions (``specmoeoff``: 0.2 and 0.6).
+    * ``eviction``    – ``lru`` | ``lfu`` | ``forecast`` (furthest forecast next use, then recency).
+    * ``k``           – draft length, or ``"auto"`` for the per-window governor.
+    """
+
+    name: str
+    speculative: bool = False
+    prefetch: str = "none"
+    chunking: str | tuple[float, ...] = "adaptive"
+    eviction: str = "lru"
+    k: int | str = 8
+    protect: bool = True
+    keep: bool = True  # False: drop every expert after use (no cache at all)
+    description: str = ""
+
+    def with_options(self, **kw) -> "Strategy":
+        return replace(self, **{k: v for k, v in kw.items() if v is not None})
+
+
+STRATEGIES: dict[str, Strategy] = {
+    s.name: s
+    for s in [
+        Strategy("on_demand", eviction="lru", keep=False, description="plain offloading: load each routed expert when asked, "
+                 "keep nothing (accelerate-style)"),
+        Strategy("lru", eviction="lru", description="per-layer LRU expert cache, no prediction (mixtral-offloading)"),
+        Strategy("gate_lookahead", prefetch="gate", eviction="lru",
+                 description="prefetch one layer ahead with the next layer's router (pre-gated MoE style)"),
+        Strategy("spec_lru", speculative=True, prefetch="none", eviction="lru",
+                 description="speculative decoding with the quantized draft; demand loads + LRU"),
+        Strategy("specmoeoff", speculative=True, prefetch="draft", chunking=(0.2, 0.6), eviction="lru", k=3,
+                 description="SpecMoEOff as re-implemented by the paper: K=3, top-M prefetch at draft fractions "
+                 "0.2 and 0.6"),
+        Strategy("specter", speculative=True, prefetch="draft", chunking="adaptive", eviction="lru", k=8,
+                 description="the paper: K-token quantized draft, multi-step lookahead prefetch with adaptive "
+                 "chunking, protected top-M"),
+        Strategy("oracle", speculative=True, prefetch="oracle", chunking="adaptive", eviction="forecast", k=8,
+                 description="bound: specter's schedule with the target's true routing as the forecast"),
+    ]
+}
+
+
+def get_strategy(name: "str | Strategy") -> Strategy:
+    if isinstance(name, Strategy):
+        return name
+    if name not in STRATEGIES:
+        raise ValueError(f"strategy={name!r} is unknown; use one of {list(STRATEGIES)}.")
+    return STRATEGIES[name]

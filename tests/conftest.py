@@ -1,0 +1,22 @@
+import os
+import warnings
+
+import pytest
+import torch
+
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+warnings.filterwarnings("ignore", category=FutureWarning)
+
+FAMILIES = ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3", "gpt_oss"]
+
+
+@pytest.fixture(scope="session")
+def family_models():
+    from specter_lab import tiny_random_model
+
+    return {f: tiny_random_model(f, seed=1) for f in FAMILIES}
+
+
+def hf_greedy(model, ids, n):
+    out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False)
+    return out[0, len(ids):].tolist()
