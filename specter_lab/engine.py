@@ -9,6 +9,7 @@ plain HF model again afterwards, whatever happened inside (errors, KeyboardInter
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -27,6 +28,9 @@ from .strategies import STRATEGIES, Strategy, get_strategy
 from .trace import Trace, compute_metrics
 
 __all__ = ["Engine", "GenerationResult", "BudgetSplit"]
+
+# Quantizing the draft is the slow part of building an engine; engines on the same model share drafts.
+_DRAFTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 @dataclass
@@ -202,7 +206,11 @@ class Engine:
     def draft(self) -> DraftExperts:
         """The quantized draft experts (built on first use, then reused)."""
         if self._draft is None or self._draft.spec != self.draft_spec:
-            self._draft = DraftExperts(self.info, self.draft_spec, device=self.device)
+            shared = _DRAFTS.setdefault(self.model, {})
+            key = (self.draft_spec, str(self.device))
+            if key not in shared:
+                shared[key] = DraftExperts(self.info, self.draft_spec, device=self.device)
+            self._draft = shared[key]
         return self._draft
 
     def set_draft(self, spec: QuantSpec) -> None:
