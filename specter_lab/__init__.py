@@ -10,6 +10,7 @@ that forecasts routing (Specter, arXiv 2511.14102), and notebook views of what t
 from .engine import Engine, GenerationResult
 from .model import inspect_model, load_model, tiny_random_model
 from .offload.hardware import COST_SHAPES, PROFILES, CostShape, HardwareProfile, calibrate
+from .drafts import DRAFT_VARIANTS, DraftSpec
 from .quant import QuantSpec
 from .strategies import STRATEGIES, Strategy
 
@@ -17,7 +18,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Engine", "GenerationResult", "load_model", "inspect_model", "tiny_random_model", "HardwareProfile", "PROFILES",
-    "COST_SHAPES", "CostShape", "calibrate", "QuantSpec", "STRATEGIES", "Strategy", "compare", "fidelity", "viz",
+    "COST_SHAPES", "CostShape", "calibrate", "QuantSpec", "DraftSpec", "DRAFT_VARIANTS", "STRATEGIES", "Strategy", "compare", "fidelity", "viz",
 ]
 
 

@@ -188,6 +188,7 @@ def speculative(dec: Decoder, prompt: torch.Tensor, strategy, planner: Lookahead
     rt, clock, trace = dec.rt, dec.clock, dec.trace
     num_layers = rt.info.num_layers
     dec.prefill(prompt)
+    rt.choose_hybrid_sets()
     step = 0
     k_fixed = None if strategy.k == "auto" else int(strategy.k)
     while not dec.done():

@@ -15,6 +15,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from .drafts import DraftSpec, as_draft_spec
 from .decode import Decoder, Sampling, StepInfo, StopGeneration, autoregressive, speculative
 from .model import MoEModelInfo, attached, inspect_model
 from .offload.cache import ForecastEviction, make_policy
@@ -119,7 +120,7 @@ class Engine:
 
     def __init__(self, model, tokenizer=None, strategy: "str | Strategy" = "specter", *,
                  expert_budget: "float | int | str | None" = None, cache_slots: int | None = None,
-                 draft: QuantSpec | None = None, k: "int | str | None" = None,
+                 draft: "QuantSpec | DraftSpec | str | None" = None, k: "int | str | None" = None,
                  hardware: "str | HardwareProfile | None" = None, cost_shape: str | None = None,
                  eviction: str | None = None, prefetch: str | None = None,
                  chunking: "str | tuple[float, ...] | None" = None, record_routing: bool = True) -> None:
@@ -135,9 +136,7 @@ class Engine:
             raise ValueError(f"chunking={chunking!r}: use 'adaptive' or a tuple of draft fractions in [0, 1].")
         self.strategy = get_strategy(strategy).with_options(k=k, eviction=eviction, prefetch=prefetch,
                                                              chunking=chunking)
-        if draft is not None and not isinstance(draft, QuantSpec):
-            raise TypeError(f"draft={draft!r}: pass a sl.QuantSpec(bits=..., group_size=..., method=...).")
-        self.draft_spec = draft or QuantSpec()
+        self.draft_cfg = as_draft_spec(draft)
         profile = get_profile(hardware)  # raises on an unknown profile, or 'cuda' without CUDA
         self.use_cuda_clock = profile is None
         self.profile = profile or PROFILES["rtx4090-pcie4"]  # CUDA clock: profile only feeds planner estimates
@@ -145,6 +144,7 @@ class Engine:
         self.cost: CostModel = build_cost_model(self.info, self.profile, self.cost_shape)
         self.model = model
         self.tokenizer = tokenizer
+        self._budget_given = cache_slots is None
         self.split = self._resolve_budget(expert_budget, cache_slots)
         self.record_routing = record_routing
         self._draft: DraftExperts | None = None
@@ -152,12 +152,21 @@ class Engine:
 
     # ------------------------------------------------------------------ budget
     @property
+    def draft_spec(self) -> QuantSpec:
+        """The low-bit format of the draft's experts (quantized and hybrid variants)."""
+        return self.draft_cfg.quant
+
+    @property
     def draft_bytes(self) -> int:
-        if not self.strategy.speculative:
+        """Device bytes the draft keeps resident, out of the expert budget."""
+        cfg = self.draft_cfg
+        if not self.strategy.speculative or not cfg.uses_lowbit:
             return 0
-        info = self.info
-        per_expert = _draft_ratio(info, self.draft_spec) * 2 * self.cost.expert_params
-        return int(per_expert * sum(l.num_experts for l in info.layers))
+        if cfg.variant == "hybrid":
+            n = sum(min(cfg.hybrid_experts, l.num_experts) for l in self.info.layers)
+        else:
+            n = sum(l.num_experts for l in self.info.layers)
+        return int(self.draft_expert_bytes * n)
 
     @property
     def draft_expert_bytes(self) -> float:
@@ -213,17 +222,19 @@ class Engine:
             self._draft = shared[key]
         return self._draft
 
-    def set_draft(self, spec: QuantSpec) -> None:
-        """Change the draft's quantization (re-quantized on next use). The slot split follows the new size."""
-        if not isinstance(spec, QuantSpec):
-            raise TypeError(f"spec={spec!r}: pass a sl.QuantSpec")
-        old = (self.draft_spec, self.split)
-        self.draft_spec = spec
+    def set_draft(self, spec: "QuantSpec | DraftSpec | str") -> None:
+        """Change the draft (re-quantized on next use). The slot split follows its new size; on an error (the
+        budget cannot hold it) the engine keeps its previous draft."""
+        cfg = as_draft_spec(spec)
+        if isinstance(spec, QuantSpec) and self.draft_cfg.variant != "quantized":
+            cfg = DraftSpec(self.draft_cfg.variant, spec, self.draft_cfg.hybrid_experts)
+        old = (self.draft_cfg, self.split)
+        self.draft_cfg = cfg
         try:
-            if self.split.budget_bytes:
-                self.split = self._resolve_budget(self.split.budget_bytes, None)
+            self.split = self._resolve_budget(self.split.budget_bytes if self._budget_given else None,
+                                              None if self._budget_given else min(self.split.slots_per_layer))
         except ValueError:
-            self.draft_spec, self.split = old
+            self.draft_cfg, self.split = old
             raise
 
     # ------------------------------------------------------------------ generation
@@ -269,7 +280,8 @@ class Engine:
             raise ValueError(f"top_p={top_p!r}: use a number in (0, 1].")
         ids = self.encode(prompt)
         st = self.strategy
-        draft = self.draft if st.speculative else None
+        cfg = self.draft_cfg
+        draft = self.draft if st.speculative and cfg.uses_lowbit else None
         clock = CudaClock(self.device) if self.use_cuda_clock else SimClock(self.profile)
         trace = Trace(meta={
             "clock": clock.label, "simulated": clock.kind == "simulated", "profile": self.profile.name,
@@ -282,8 +294,9 @@ class Engine:
         else:
             policy = make_policy(st.eviction)
         store = ExpertStore(self.info, self.split.slots_per_layer, clock, self.cost, policy, trace, self.device)
-        rt = OffloadRuntime(self.info, store, clock, self.cost, trace, draft=draft, gate_lookahead=st.prefetch == "gate",
-                            draft_expert_bytes=self.draft_expert_bytes)
+        rt = OffloadRuntime(self.info, store, clock, self.cost, trace, draft=draft, draft_variant=cfg.variant,
+                            gate_lookahead=st.prefetch == "gate", draft_expert_bytes=self.draft_expert_bytes)
+        rt.hybrid_size = cfg.hybrid_experts if cfg.variant == "hybrid" else 0
         rt.keep_cache = st.keep
         eos = self.info.eos_token_ids
         dec = Decoder(self.model, rt, Sampling(do_sample, float(temperature), float(top_p), seed), eos,
@@ -310,16 +323,16 @@ class Engine:
         metrics = compute_metrics(trace)
         metrics.update(self.split.as_dict())
         metrics.update({"strategy": st.name, "profile": self.profile.name, "projected": self.cost.projected,
-                        "cost_shape": self.cost.shape_name, "draft": self.draft_spec.label if st.speculative else None,
+                        "cost_shape": self.cost.shape_name, "draft": cfg.label if st.speculative else None,
                         "k": st.k, "stopped": stopped})
-        if st.speculative:
+        if draft is not None:
             metrics["draft_rel_error"] = draft.rel_error
         text = self.tokenizer.decode(dec.out, skip_special_tokens=False) if self.tokenizer is not None else None
         return GenerationResult(list(dec.out), text, metrics, trace, ids, st.name,
-                                config={"strategy": st, "split": self.split, "draft": self.draft_spec})
+                                config={"strategy": st, "split": self.split, "draft": cfg})
 
     def __repr__(self) -> str:
         s = self.split
         return (f"Engine(strategy={self.strategy.name!r}, slots/layer={min(s.slots_per_layer)}, "
-                f"draft={self.draft_spec.label if self.strategy.speculative else None}, "
+                f"draft={self.draft_cfg.label if self.strategy.speculative else None}, "
                 f"budget={s.budget_bytes:,} B, clock={'cuda' if self.use_cuda_clock else self.profile.name})")

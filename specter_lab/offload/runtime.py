@@ -69,6 +69,8 @@ class OffloadRuntime:
         self.draft = draft
         self.draft_variant = draft_variant
         self.draft_expert_bytes = draft_expert_bytes
+        self.hybrid_sets: list[set[int]] = [set() for _ in info.layers]  # hybrid draft: experts with low-bit copies
+        self.hybrid_size = 0
         self.gate_lookahead = gate_lookahead
         self.mode = "target"
         self.phase = "decode"
@@ -181,13 +183,72 @@ class OffloadRuntime:
             self.store.prefetch(nxt, e, protected=protect)
 
     # ------------------------------------------------------------------ draft
+    def choose_hybrid_sets(self) -> None:
+        """Hybrid draft: after the prefill, give low-bit copies to the experts the prompt used most that are not
+        resident (the fp cache already covers the resident ones), then to the next most used."""
+        if not self.hybrid_size:
+            return
+        for layer, idx in self.routing.items():
+            counts = np.bincount(idx.reshape(-1), minlength=self.info.layers[layer].num_experts)
+            resident = self.store.resident(layer)
+            order = sorted(range(len(counts)), key=lambda e: (e in resident, -counts[e], e))
+            self.hybrid_sets[layer] = set(order[: self.hybrid_size])
+
     def _draft_forward(self, layer: int, mod, x, groups, w) -> torch.Tensor:
+        """The draft's MoE layer. Variants (all lossless, the target verifies):
+
+        * ``quantized`` – every expert from its resident low-bit copy (the paper);
+        * ``resident``  – fp experts that are resident and ready *now*; absent ones are skipped and each token's
+          remaining router weights renormalised (no extra device memory);
+        * ``hybrid``    – resident fp where ready, else a low-bit copy if the expert is in the hybrid set, else skip;
+        * ``host``      – resident fp where ready, else computed on the host CPU from the host copy (priced by the
+          profile's CPU fields).
+        """
         span, _ = self.clock.compute(self.cost.dense_layer_time(x.shape[0], self.context))
         self.trace.span(self.step, "draft", layer, -1, span)
+        variant = self.draft_variant
         outs = {}
+        now = self.clock.now()
         for e, (tok, _) in groups.items():
-            weights = self.draft.weights(layer, e)
-            span, outs[e] = self.clock.compute(self.cost.expert_time(len(tok), weight_bytes=self.draft_expert_bytes),
-                                               lambda: expert_apply(mod, x[tok], weights))
+            if variant == "quantized" or (variant == "hybrid" and e in self.hybrid_sets[layer]
+                                          and not self._ready_now(layer, e, now)):
+                weights = self.draft.weights(layer, e)
+                cost = self.cost.expert_time(len(tok), weight_bytes=self.draft_expert_bytes)
+                slot = None
+            elif self._ready_now(layer, e, now):
+                slot = self.store.lookup(layer, e)
+                weights = self.store.weights(layer, slot)
+                cost = self.cost.expert_time(len(tok))
+            elif variant == "host":
+                weights = {n: h[e] for n, h in self.store.host[layer].items()}
+                cost = self.cost.host_expert_time(len(tok))
+                slot = None
+            else:
+                continue  # skipped: renormalised below
+            span, outs[e] = self.clock.compute(cost, lambda: expert_apply(mod, x[tok], weights))
             self.trace.span(self.step, "draft", layer, e, span)
+            if slot is not None:
+                self.store.note_read(layer, slot, span.end)
+        if len(outs) < len(groups):
+            w = self._renormalised(w, groups, outs)
         return self._combine(x, outs, groups, w)
+
+    def _ready_now(self, layer: int, expert: int, now) -> bool:
+        slot = self.store.lookup(layer, expert)
+        if slot is None:
+            return False
+        ready = self.store.ready(layer, slot)
+        # On the sim clock a prefetch still in flight is not usable by the draft (it would stall); on CUDA we
+        # cannot ask without a sync, so a slot that is assigned counts as ready (the draft then waits on it).
+        return ready is None or not isinstance(ready, float) or ready <= now
+
+    @staticmethod
+    def _renormalised(w: torch.Tensor, groups, outs) -> torch.Tensor:
+        """Scale each token's kept routing weights so they sum to what all its top-k weights summed to."""
+        keep = torch.zeros_like(w, dtype=torch.bool)
+        for e in outs:
+            tok, kpos = groups[e]
+            keep[tok, kpos] = True
+        kept = (w * keep).sum(-1, keepdim=True)
+        scale = torch.where(kept > 0, w.sum(-1, keepdim=True) / kept.clamp(min=1e-12), torch.zeros_like(kept))
+        return w * scale

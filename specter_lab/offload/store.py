@@ -181,6 +181,10 @@ class ExpertStore:
             self.trace.cache(self.step, layer, s.expert[slot], "prefetch_used", end)
         self.policy.touch(layer, s.expert[slot])
 
+    def note_read(self, layer: int, slot: int, end: Handle) -> None:
+        """The draft read a slot: a later copy into it must wait, but this is not a target use (no LRU touch)."""
+        self.slots[layer].last_use[slot] = end
+
     def flush_unused_prefetches(self) -> None:
         """End of a run: prefetched experts that were never used count as waste."""
         for layer, s in enumerate(self.slots):

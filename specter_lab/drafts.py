@@ -1,0 +1,71 @@
+"""What the draft is made of, and what it costs on the device.
+
+The draft is always the target model itself (attention, routers, shared experts, norms, embeddings and head are
+the target's own tensors); only where its *routed experts* come from differs:
+
+=============  ===================================================================  =========================
+variant        routed experts of the draft                                           device bytes
+=============  ===================================================================  =========================
+``quantized``  low-bit copies of every routed expert, resident (the paper)           all experts × packed size
+``resident``   the fp experts that happen to be resident; absent ones skipped        0
+``hybrid``     resident fp, else a low-bit copy for ``hybrid_experts`` per layer      hybrid set × packed size
+``host``       resident fp, else computed on the host CPU from the host copy          0
+=============  ===================================================================  =========================
+
+Every variant is lossless, because the target verifies; they differ in acceptance, routing recall, draft-step
+time and how much of the budget is left for full-precision slots.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .quant import QuantSpec
+
+DRAFT_VARIANTS = ("quantized", "resident", "hybrid", "host")
+
+__all__ = ["DraftSpec", "DRAFT_VARIANTS", "as_draft_spec"]
+
+
+@dataclass(frozen=True)
+class DraftSpec:
+    """A draft: ``variant`` (see module doc), the low-bit format, and for ``hybrid`` how many low-bit experts
+    per layer it keeps resident."""
+
+    variant: str = "quantized"
+    quant: QuantSpec = field(default_factory=QuantSpec)
+    hybrid_experts: int = 4
+
+    def __post_init__(self) -> None:
+        if self.variant not in DRAFT_VARIANTS:
+            raise ValueError(f"draft variant {self.variant!r} is unknown; use one of {DRAFT_VARIANTS} "
+                             "(or pass a sl.QuantSpec for the paper's quantized draft).")
+        if not isinstance(self.quant, QuantSpec):
+            raise TypeError(f"DraftSpec(quant={self.quant!r}): pass a sl.QuantSpec")
+        if isinstance(self.hybrid_experts, bool) or not isinstance(self.hybrid_experts, int) or self.hybrid_experts < 0:
+            raise ValueError(f"DraftSpec(hybrid_experts={self.hybrid_experts!r}) must be an integer >= 0.")
+
+    @property
+    def uses_lowbit(self) -> bool:
+        return self.variant in ("quantized", "hybrid")
+
+    @property
+    def label(self) -> str:
+        if self.variant == "quantized":
+            return self.quant.label
+        if self.variant == "hybrid":
+            return f"hybrid({self.hybrid_experts}×{self.quant.label})"
+        return self.variant
+
+
+def as_draft_spec(draft) -> DraftSpec:
+    """``None`` → the paper's int4 draft; a QuantSpec → quantized with it; a variant name; or a DraftSpec."""
+    if draft is None:
+        return DraftSpec()
+    if isinstance(draft, DraftSpec):
+        return draft
+    if isinstance(draft, QuantSpec):
+        return DraftSpec("quantized", draft)
+    if isinstance(draft, str):
+        return DraftSpec(draft)
+    raise TypeError(f"draft={draft!r}: pass a sl.QuantSpec, a variant name {DRAFT_VARIANTS}, or a sl.DraftSpec.")
