@@ -18,16 +18,20 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Engine", "GenerationResult", "load_model", "inspect_model", "tiny_random_model", "HardwareProfile", "PROFILES",
-    "COST_SHAPES", "CostShape", "calibrate", "QuantSpec", "DraftSpec", "DRAFT_VARIANTS", "STRATEGIES", "Strategy", "compare", "fidelity", "viz",
+    "COST_SHAPES", "CostShape", "calibrate", "QuantSpec", "DraftSpec", "DRAFT_VARIANTS", "STRATEGIES", "Strategy", "compare", "fidelity", "plan", "viz",
 ]
 
 
 def __getattr__(name):
     # Heavy or optional pieces load on first use: no import-time side effects, no plotly/ipywidgets unless asked.
-    if name in ("compare", "fidelity", "plan"):
+    if name in ("compare", "fidelity"):
         from . import bench
 
         return getattr(bench, name)
+    if name in ("plan", "regime_map"):
+        from . import planner
+
+        return getattr(planner, name)
     if name == "viz":
         import importlib
 

@@ -116,6 +116,9 @@ class Engine:
         hardware: a profile name in ``sl.PROFILES``, a :class:`HardwareProfile`, or ``"cuda"`` (real clock).
         cost_shape: price experts as a named real model (``sl.COST_SHAPES``); results are labelled projected.
         eviction, prefetch, chunking: override the strategy's (for ablations).
+
+    Attribute ``fault_hook`` (default None): a ``fn(layer, expert)`` that ``generate`` hands to each run's
+    ExpertStore; it is called before every host→device copy and may raise to inject a failed copy (tests).
     """
 
     def __init__(self, model, tokenizer=None, strategy: "str | Strategy" = "specter", *,
@@ -125,15 +128,28 @@ class Engine:
                  eviction: str | None = None, prefetch: str | None = None,
                  chunking: "str | tuple[float, ...] | None" = None, record_routing: bool = True) -> None:
         self.info = inspect_model(model)  # raises on a dense model
+        self.plan = None
+        if strategy == "auto":
+            if cache_slots is not None:
+                raise ValueError("strategy='auto' plans the slot split itself: give expert_budget=, not cache_slots=.")
+            get_profile(hardware), get_cost_shape(cost_shape)  # fail before the calibration runs
+            from .planner import plan as make_plan
+
+            self.plan = make_plan(model, tokenizer, hardware, 0.5 if expert_budget is None else expert_budget,
+                                  cost_shape=cost_shape, progress=False)
+            chosen = self.plan.engine_kwargs()
+            strategy = chosen.pop("strategy")
+            draft, k = chosen.get("draft", draft), chosen.get("k", k)
         if k is not None and k != "auto" and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
             raise ValueError(f"k={k!r}: use an integer draft length >= 1 or 'auto'.")
         if eviction is not None:
             make_policy(eviction)
         if prefetch is not None and prefetch not in ("none", "gate", "draft", "oracle"):
             raise ValueError(f"prefetch={prefetch!r}: use 'none', 'gate', 'draft' or 'oracle'.")
-        if chunking is not None and chunking != "adaptive" and not (
-                isinstance(chunking, tuple) and chunking and all(0 <= f <= 1 for f in chunking)):
-            raise ValueError(f"chunking={chunking!r}: use 'adaptive' or a tuple of draft fractions in [0, 1].")
+        if chunking is not None and chunking not in ("adaptive", "budgeted") and not (
+                isinstance(chunking, tuple) and chunking
+                and all(isinstance(f, (int, float)) and not isinstance(f, bool) and 0 <= f <= 1 for f in chunking)):
+            raise ValueError(f"chunking={chunking!r}: use 'adaptive', 'budgeted' or a tuple of draft fractions in [0, 1].")
         self.strategy = get_strategy(strategy).with_options(k=k, eviction=eviction, prefetch=prefetch,
                                                              chunking=chunking)
         self.draft_cfg = as_draft_spec(draft)
@@ -147,6 +163,7 @@ class Engine:
         self._budget_given = cache_slots is None
         self.split = self._resolve_budget(expert_budget, cache_slots)
         self.record_routing = record_routing
+        self.fault_hook: Callable[[int, int], None] | None = None  # passed to each run's ExpertStore (tests)
         self._draft: DraftExperts | None = None
         self.device = next(model.parameters()).device
 
@@ -294,6 +311,7 @@ class Engine:
         else:
             policy = make_policy(st.eviction)
         store = ExpertStore(self.info, self.split.slots_per_layer, clock, self.cost, policy, trace, self.device)
+        store.fault_hook = self.fault_hook
         rt = OffloadRuntime(self.info, store, clock, self.cost, trace, draft=draft, draft_variant=cfg.variant,
                             gate_lookahead=st.prefetch == "gate", draft_expert_bytes=self.draft_expert_bytes)
         rt.hybrid_size = cfg.hybrid_experts if cfg.variant == "hybrid" else 0
@@ -322,13 +340,13 @@ class Engine:
         trace.finalize(clock)
         metrics = compute_metrics(trace)
         metrics.update(self.split.as_dict())
-        metrics.update({"strategy": st.name, "profile": self.profile.name, "projected": self.cost.projected,
+        metrics.update({"strategy": "auto" if self.plan else st.name, "plan": self.plan.label if self.plan else None, "profile": self.profile.name, "projected": self.cost.projected,
                         "cost_shape": self.cost.shape_name, "draft": cfg.label if st.speculative else None,
                         "k": st.k, "stopped": stopped})
         if draft is not None:
             metrics["draft_rel_error"] = draft.rel_error
         text = self.tokenizer.decode(dec.out, skip_special_tokens=False) if self.tokenizer is not None else None
-        return GenerationResult(list(dec.out), text, metrics, trace, ids, st.name,
+        return GenerationResult(list(dec.out), text, metrics, trace, ids, metrics["strategy"],
                                 config={"strategy": st, "split": self.split, "draft": cfg})
 
     def __repr__(self) -> str:

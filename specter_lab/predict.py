@@ -6,6 +6,8 @@
   per layer (M = that layer's slots), layer by layer, protecting the predicted ones from each other. The first
   boundary comes after ⌊0.2·K⌋ draft steps; the next after ⌈bytes issued / (bandwidth · draft-step time)⌉ more
   steps, both running averages: just enough drafting to hide the copies just issued.
+  ``chunking="budgeted"`` (beyond the paper) replaces it: after every draft step, issue only the copies the copy
+  stream can finish in time, most likely first, never evicting a more likely forecast expert.
 * :class:`KGovernor` – ``k="auto"``: decides after every draft step whether one more draft token pays.
 """
 
@@ -65,10 +67,15 @@ class LookaheadPlanner:
     next_boundary: int = 0
     _fraction_steps: list[int] = field(default_factory=list)
     bytes_issued: int = 0
+    k: int = 8  # draft length of the current window
 
     def begin_window(self, k: int) -> None:
         self.bytes_issued = 0
-        if self.chunking == "adaptive":
+        self.k = k
+        if self.chunking == "budgeted":
+            self.next_boundary = 1
+            self._fraction_steps = []
+        elif self.chunking == "adaptive":
             self.next_boundary = max(1, math.floor(self.first_fraction * k))
             self._fraction_steps = []
         else:
@@ -84,6 +91,8 @@ class LookaheadPlanner:
 
     def boundary(self, steps_done: int, forecast: WindowForecast, issue_at=None, trace_step: int = 0) -> int:
         """Prefetch top-M per layer, layer by layer. Returns bytes issued and schedules the next boundary."""
+        if self.chunking == "budgeted":
+            return self.budgeted(steps_done, forecast, issue_at)
         issued = 0
         for layer in range(len(forecast.counts)):
             m = self.store.slots[layer].size
@@ -101,6 +110,55 @@ class LookaheadPlanner:
             self.next_boundary = steps_done + max(1, hide)
         else:
             self.next_boundary = self._fraction_steps.pop(0) if self._fraction_steps else 0
+        return issued
+
+
+    def budgeted(self, steps_done: int, forecast: WindowForecast, issue_at=None) -> int:
+        """Beyond the paper: bandwidth-aware prefetch, run after every draft step.
+
+        Issues, most likely first (forecast count, then earlier layer: verification needs it sooner), only the
+        copies the copy stream can finish before verification reaches their layer if drafting runs its course,
+        and evicts only experts the forecast says are *less* likely than the one coming in (or not forecast)."""
+        store, cost = self.store, self.cost
+        clock = store.clock
+        if clock.kind != "simulated":
+            return self._budgeted_unclocked(steps_done, forecast, issue_at)
+        now = clock.now() if issue_at is None else issue_at
+        step = self.step_time_avg or 1e-4
+        draft_end = now + max(0, self.k - steps_done) * step
+        n_layers = len(forecast.counts)
+        copy_t = max(clock.copy_t, now)
+        t_copy = cost.copy_time(cost.expert_bytes)
+        per_layer_verify = cost.dense_layer_time(self.k + 1, 0)
+        cands = sorted(((c, -l, e) for l in range(n_layers) for e, c in forecast.counts[l].items()
+                        if store.lookup(l, e) is None), reverse=True)
+        issued = 0
+        for c, neg_l, e in cands:
+            layer = -neg_l
+            deadline = draft_end + layer * per_layer_verify
+            if copy_t + t_copy > deadline:
+                continue  # would not arrive in time: a demand load later costs the same and evicts nothing early
+            more_likely = {x for x, cx in forecast.counts[layer].items() if cx >= c}
+            if store.prefetch(layer, e, protected=more_likely, issue_at=issue_at):
+                issued += cost.expert_bytes
+                copy_t += t_copy
+        self.bytes_issued += issued
+        self.next_boundary = steps_done + 1
+        return issued
+
+    def _budgeted_unclocked(self, steps_done, forecast, issue_at) -> int:
+        # On a real clock we cannot read the copy stream's position without a sync: issue at most what one draft
+        # step hides (cost-model estimate), most likely first, with the same eviction rule.
+        step = self.step_time_avg or 1e-3
+        budget = max(1, int(step / self.cost.copy_time(self.cost.expert_bytes)))
+        cands = sorted(((c, -l, e) for l in range(len(forecast.counts)) for e, c in forecast.counts[l].items()
+                        if self.store.lookup(l, e) is None), reverse=True)[:budget]
+        issued = 0
+        for c, neg_l, e in cands:
+            more_likely = {x for x, cx in forecast.counts[-neg_l].items() if cx >= c}
+            if self.store.prefetch(-neg_l, e, protected=more_likely, issue_at=issue_at):
+                issued += self.cost.expert_bytes
+        self.next_boundary = steps_done + 1
         return issued
 
 

@@ -54,6 +54,11 @@ STRATEGIES: dict[str, Strategy] = {
         Strategy("specter", speculative=True, prefetch="draft", chunking="adaptive", eviction="lru", k=8,
                  description="the paper: K-token quantized draft, multi-step lookahead prefetch with adaptive "
                  "chunking, protected top-M"),
+        Strategy("specter_plus", speculative=True, prefetch="draft", chunking="budgeted", eviction="forecast",
+                 k="auto", description="beyond the paper: furthest-forecast eviction, bandwidth-aware prefetch, "
+                 "K governor"),
+        Strategy("auto", description="the planner's choice for this model, budget and hardware (sl.plan): "
+                 "any of the above, a draft variant, bits, K, or no speculation"),
         Strategy("oracle", speculative=True, prefetch="oracle", chunking="adaptive", eviction="forecast", k=8,
                  description="bound: specter's schedule with the target's true routing as the forecast"),
     ]
