@@ -107,7 +107,8 @@ class Engine:
     Args:
         model: any transformers ≥5 MoE model (its experts use the experts interface).
         tokenizer: optional; needed for string prompts and ``result.text``.
-        strategy: a name in ``sl.STRATEGIES`` (or a :class:`Strategy`).
+        strategy: a name in ``sl.STRATEGIES``, a :class:`Strategy`, or a plan from ``sl.plan`` (``"auto"`` plans
+            here, which runs a short calibration first).
         expert_budget: device bytes for routed experts (draft + full-precision slots): a fraction in (0, 1] of
             the full-precision routed-expert bytes, a byte count, or a string like ``"2GiB"``. Default 0.5.
         cache_slots: alternatively, full-precision slots per layer (the draft comes on top).
@@ -121,7 +122,7 @@ class Engine:
     ExpertStore; it is called before every host→device copy and may raise to inject a failed copy (tests).
     """
 
-    def __init__(self, model, tokenizer=None, strategy: "str | Strategy" = "specter", *,
+    def __init__(self, model, tokenizer=None, strategy: "str | Strategy | Plan" = "specter", *,
                  expert_budget: "float | int | str | None" = None, cache_slots: int | None = None,
                  draft: "QuantSpec | DraftSpec | str | None" = None, k: "int | str | None" = None,
                  hardware: "str | HardwareProfile | None" = None, cost_shape: str | None = None,
@@ -129,14 +130,19 @@ class Engine:
                  chunking: "str | tuple[float, ...] | None" = None, record_routing: bool = True) -> None:
         self.info = inspect_model(model)  # raises on a dense model
         self.plan = None
-        if strategy == "auto":
+        from .planner import Plan
+
+        if strategy == "auto" or isinstance(strategy, Plan):
             if cache_slots is not None:
                 raise ValueError("strategy='auto' plans the slot split itself: give expert_budget=, not cache_slots=.")
             get_profile(hardware), get_cost_shape(cost_shape)  # fail before the calibration runs
-            from .planner import plan as make_plan
+            if isinstance(strategy, Plan):
+                self.plan = strategy  # a plan made earlier with sl.plan(...)
+            else:
+                from .planner import plan as make_plan
 
-            self.plan = make_plan(model, tokenizer, hardware, 0.5 if expert_budget is None else expert_budget,
-                                  cost_shape=cost_shape, progress=False)
+                self.plan = make_plan(model, tokenizer, hardware, 0.5 if expert_budget is None else expert_budget,
+                                      cost_shape=cost_shape, progress=False)
             chosen = self.plan.engine_kwargs()
             strategy = chosen.pop("strategy")
             draft, k = chosen.get("draft", draft), chosen.get("k", k)

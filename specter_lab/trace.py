@@ -84,13 +84,7 @@ class Trace:
         if not self._finalized:
             raise RuntimeError("trace is still recording; frames() is available once generate() returned")
         if self._frames is None:
-            rows = []
-            for step, source, layer, pos0, idx in self.routing_raw:
-                t, k = idx.shape
-                pos = np.repeat(np.arange(pos0, pos0 + t), k)
-                rows.append(pd.DataFrame({"step": step, "position": pos, "layer": layer, "expert": idx.reshape(-1),
-                                          "rank": np.tile(np.arange(k), t), "source": source}))
-            routing = pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=COLUMNS["routing"])
+            routing = _routing_frame(self.routing_raw)
             self._frames = {
                 "steps": pd.DataFrame(self.steps, columns=COLUMNS["steps"]),
                 "tokens": pd.DataFrame(self.tokens, columns=COLUMNS["tokens"]),
@@ -101,6 +95,22 @@ class Trace:
                 "compute": pd.DataFrame(self.compute, columns=COLUMNS["compute"]),
             }
         return self._frames
+
+
+def _routing_frame(raw: list) -> pd.DataFrame:
+    """Expand the compact per-forward routing arrays into one long frame (one numpy concat, not a frame each)."""
+    if not raw:
+        return pd.DataFrame(columns=COLUMNS["routing"])
+    sizes = [idx.size for *_, idx in raw]
+    cols = {
+        "step": np.repeat([r[0] for r in raw], sizes),
+        "position": np.concatenate([np.repeat(np.arange(p, p + idx.shape[0]), idx.shape[1]) for _, _, _, p, idx in raw]),
+        "layer": np.repeat([r[2] for r in raw], sizes),
+        "expert": np.concatenate([idx.reshape(-1) for *_, idx in raw]),
+        "rank": np.concatenate([np.tile(np.arange(idx.shape[1]), idx.shape[0]) for *_, idx in raw]),
+        "source": np.repeat(np.array([r[1] for r in raw], dtype=object), sizes),
+    }
+    return pd.DataFrame(cols)
 
 
 def compute_metrics(trace: Trace) -> dict[str, Any]:

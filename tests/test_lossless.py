@@ -17,6 +17,8 @@ def test_every_strategy_matches_hf_greedy(family_models, family):
     for ids in PROMPTS:
         ref = hf_greedy(model, ids, 24)
         for strategy in sl.STRATEGIES:
+            if strategy == "auto":
+                continue  # plans its own slot split: tested below at an expert budget
             engine = sl.Engine(model, None, strategy, cache_slots=top_k + 1)
             result = engine.generate(ids, max_new_tokens=24)
             assert result.token_ids == ref, f"{family}/{strategy} diverged from HF generate"
@@ -74,3 +76,22 @@ def test_prompt_forms_agree(family_models):
     a = e.generate([5, 6, 7], max_new_tokens=5).token_ids
     assert e.generate(torch.tensor([5, 6, 7]), max_new_tokens=5).token_ids == a
     assert e.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=5).token_ids == a
+
+
+@pytest.mark.parametrize("family", ["qwen2_moe", "deepseek_v3"])
+def test_auto_plan_is_lossless_and_chooses_the_fastest(family_models, family):
+    from specter_lab.planner import default_candidates
+
+    model = family_models[family]
+    info = sl.inspect_model(model)
+    cands = [c for c in default_candidates(info.num_experts) if c[0] in ("lru", "spec resident k=4", "spec int2 k=4")]
+    plan = sl.plan(model, None, expert_budget=0.4, cost_shape="mixtral-8x7b", candidates=cands, progress=False,
+                   max_new_tokens=12)
+    feasible = plan.table[plan.table.feasible]
+    assert plan.predicted_tpot_ms == feasible.predicted_tpot_ms.min()
+    assert plan.label == feasible.sort_values("predicted_tpot_ms").candidate.iloc[0]
+    ids = PROMPTS[1]
+    ref = hf_greedy(model, ids, 20)
+    r = sl.Engine(model, None, plan, expert_budget=0.4, cost_shape="mixtral-8x7b").generate(ids, max_new_tokens=20)
+    assert r.token_ids == ref
+    assert r.metrics["strategy"] == "auto" and r.metrics["plan"] == plan.label

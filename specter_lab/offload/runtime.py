@@ -41,18 +41,23 @@ def expert_apply(mod, x: torch.Tensor, w: dict[str, torch.Tensor]) -> torch.Tens
     return out
 
 
-def _route_groups(idx: torch.Tensor) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
-    """expert → (token indices, top-k positions), experts ascending."""
-    tok, kpos = torch.nonzero(idx >= 0, as_tuple=True)
-    flat = idx[tok, kpos]
-    order = torch.argsort(flat, stable=True)
-    tok, kpos, flat = tok[order], kpos[order], flat[order]
-    experts, counts = torch.unique_consecutive(flat, return_counts=True)
-    groups = {}
-    start = 0
-    for e, c in zip(experts.tolist(), counts.tolist()):
-        groups[e] = (tok[start:start + c], kpos[start:start + c])
-        start += c
+def _route_groups(idx: torch.Tensor, idx_np: np.ndarray | None = None) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """expert → (token indices, top-k positions), experts ascending. Grouped on the host copy of the routing
+    (which the scheduler needs anyway): at decode sizes this is a few Python ops instead of several kernels."""
+    if idx_np is None:
+        idx_np = idx.detach().cpu().numpy()
+    t, k = idx_np.shape
+    flat = idx_np.reshape(-1)
+    order = np.argsort(flat, kind="stable")
+    groups: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    sorted_e = flat[order]
+    cuts = np.flatnonzero(np.diff(sorted_e)) + 1
+    dev = idx.device
+    for chunk in np.split(order, cuts):
+        e = int(flat[chunk[0]])
+        if e < 0:
+            continue
+        groups[e] = (torch.as_tensor(chunk // k, device=dev), torch.as_tensor(chunk % k, device=dev))
     return groups
 
 
@@ -98,7 +103,7 @@ class OffloadRuntime:
         self.trace.routed(self.step, self.mode, layer, self.pos0, idx_np)
         for hook in self.layer_hooks:
             hook(self, layer, idx_np)
-        groups = _route_groups(idx)
+        groups = _route_groups(idx, idx_np)
         if self.mode == "shadow":
             host = self.store.host[layer]
             outs = {e: expert_apply(mod, x[t], {n: h[e] for n, h in host.items()}) for e, (t, _) in groups.items()}
@@ -108,6 +113,7 @@ class OffloadRuntime:
         return self._target_forward(layer, mod, x, groups, w)
 
     def _combine(self, x, outs, groups, w) -> torch.Tensor:
+        # Ascending expert order, weighted, index_add: the same float ops as HF's eager loop.
         final = torch.zeros_like(x)
         for e in sorted(outs):
             tok, kpos = groups[e]
