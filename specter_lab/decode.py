@@ -84,8 +84,7 @@ class Decoder:
 
         params = inspect.signature(model.forward).parameters
         self.cache_kw = "cache" if "cache" in params else "past_key_values"
-        dev = next(model.parameters()).device
-        self.device = dev
+        self.device = runtime.store.device
         self.gen = None
         if sampling.do_sample:
             self.gen = torch.Generator(device="cpu")

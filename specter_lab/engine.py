@@ -163,7 +163,10 @@ class Engine:
         self.use_cuda_clock = profile is None
         self.profile = profile or PROFILES["rtx4090-pcie4"]  # CUDA clock: profile only feeds planner estimates
         self.cost_shape = get_cost_shape(cost_shape)
-        self.cost: CostModel = build_cost_model(self.info, self.profile, self.cost_shape)
+        # On the CUDA clock bytes are the real ones (the model's dtype); simulated runs price the deployment dtype.
+        wbytes = getattr(self.info.layers[0].experts, self.info.layers[0].param_names[0]).element_size() \
+            if self.use_cuda_clock else 2.0
+        self.cost: CostModel = build_cost_model(self.info, self.profile, self.cost_shape, weight_bytes=wbytes)
         self.model = model
         self.tokenizer = tokenizer
         self._budget_given = cache_slots is None
@@ -171,7 +174,9 @@ class Engine:
         self.record_routing = record_routing
         self.fault_hook: Callable[[int, int], None] | None = None  # passed to each run's ExpertStore (tests)
         self._draft: DraftExperts | None = None
-        self.device = next(model.parameters()).device
+        # The device the model computes on: where its non-expert weights live (experts may sit in host memory).
+        self.device = (model.get_input_embeddings().weight.device if hasattr(model, "get_input_embeddings")
+                       else next(model.parameters()).device)
 
     # ------------------------------------------------------------------ budget
     @property

@@ -222,7 +222,8 @@ def load_model(name_or_path: str | Path = "tiny", *, dtype: torch.dtype | str = 
 
     Weights are read from safetensors only; ``trust_remote_code`` stays off unless you pass True. Raises a
     ValueError for a path that does not exist, a folder without safetensors, or a model without MoE layers.
-    Returns ``(model, tokenizer)``; the model is in eval mode.
+    Returns ``(model, tokenizer)``; the model is in eval mode. ``tokenizer`` is None for a local folder without
+    tokenizer files (prompts are then token ids).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -233,26 +234,58 @@ def load_model(name_or_path: str | Path = "tiny", *, dtype: torch.dtype | str = 
     if key in BUNDLED and not (path / "config.json").is_file():
         raise FileNotFoundError(f"the bundled model {key!r} is missing from {path}: reinstall specter-lab.")
     if isinstance(dtype, str):
-        dtype = getattr(torch, dtype)
+        dtype = getattr(torch, dtype, dtype)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"load_model(dtype={dtype!r}): use a floating torch dtype (torch.float32, 'bfloat16').")
+    if not isinstance(trust_remote_code, bool):
+        raise ValueError(f"load_model(trust_remote_code={trust_remote_code!r}): use True or False (default False).")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"load_model(device={device!r}): not a torch device ('cpu', 'cuda', 'cuda:1').") from e
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"load_model(device={device!r}): CUDA is not available here; use device='cpu'.")
     if path.exists():
         if not (path / "config.json").is_file():
-            raise ValueError(f"load_model({key!r}): {path} is not a Hugging Face model folder (no config.json).")
+            raise ValueError(f"load_model(name_or_path={key!r}): {path} is not a Hugging Face model folder "
+                             "(no config.json).")
         _refuse_pickles(path)
         source = str(path)
     elif key.startswith((".", "/", "~")) or key.count("/") != 1:
-        raise ValueError(f"load_model({key!r}): no such folder, and not a hub id of the form 'org/name'. "
+        raise ValueError(f"load_model(name_or_path={key!r}): no such folder, and not a hub id 'org/name'. "
                          f"Bundled models: {sorted(BUNDLED)}.")
     else:
         source = key  # hub id: transformers downloads (needs network) and we insist on safetensors below
     try:
         model = AutoModelForCausalLM.from_pretrained(
             source, dtype=dtype, use_safetensors=True, trust_remote_code=trust_remote_code, **kwargs)
-        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
+        inspect_model(model)  # fail early, with a clear message, on a dense model (before the tokenizer)
+        tokenizer = None  # a local folder without tokenizer files: the model runs on token ids
+        if not path.exists() or any(path.glob("tokenizer*")) or (path / "vocab.json").is_file():
+            tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
     except OSError as e:
         raise ValueError(f"load_model({key!r}) failed: {e}. Offline? Pass a local folder instead.") from e
     model.eval()
-    inspect_model(model)  # fail early, with a clear message, on a dense model
-    return model.to(device), tokenizer
+    if dev.type == "cuda":
+        place_for_offload(model, inspect_model(model), dev)
+    else:
+        model.to(dev)
+    return model, tokenizer
+
+
+def place_for_offload(model: nn.Module, info: MoEModelInfo | None = None, device="cuda") -> nn.Module:
+    """Put everything but the routed experts on ``device`` and keep the routed experts in pinned host memory:
+    the layout the runtime offloads from (the ExpertStore copies experts into its device slots on demand).
+    HF's own forward needs the experts on the device, so run such a model through an Engine."""
+    info = info or inspect_model(model)
+    expert_params = {id(getattr(l.experts, n)) for l in info.layers for n in l.param_names}
+    for p in model.parameters():
+        p.data = p.data.to("cpu").pin_memory() if id(p) in expert_params else p.data.to(device)
+    for m in model.modules():
+        for name, b in list(m._buffers.items()):
+            if b is not None:
+                m._buffers[name] = b.to(device)
+    return model
 
 
 def tiny_random_model(family: str = "qwen2_moe", seed: int = 0, **overrides: Any) -> nn.Module:

@@ -122,6 +122,7 @@ class DraftExperts:
         self.device = torch.device(device)
         self.layers: list[dict[str, QuantizedTensor | torch.Tensor]] = []
         self._dense: list[dict[str, torch.Tensor]] = []  # CPU: dequantized once, for speed
+        self.dtype = compute_dtype
         packed = numel = 0
         errs = []
         for layer in info.layers:
@@ -130,6 +131,7 @@ class DraftExperts:
             for name in layer.param_names:
                 t = getattr(layer.experts, name).detach()
                 dtype = compute_dtype or t.dtype
+                self.dtype = dtype
                 if name.endswith("_bias"):
                     q[name] = t.to(self.device)
                     dense[name] = q[name]
@@ -156,5 +158,5 @@ class DraftExperts:
         dense = self._dense[layer]
         if dense and self.device.type == "cpu":
             return {name: t[expert] for name, t in dense.items()}
-        return {name: (t.dequantize(expert) if isinstance(t, QuantizedTensor) else t[expert])
+        return {name: (t.dequantize(expert, dtype=self.dtype) if isinstance(t, QuantizedTensor) else t[expert])
                 for name, t in self.layers[layer].items()}

@@ -106,7 +106,8 @@ class OffloadRuntime:
         groups = _route_groups(idx, idx_np)
         if self.mode == "shadow":
             host = self.store.host[layer]
-            outs = {e: expert_apply(mod, x[t], {n: h[e] for n, h in host.items()}) for e, (t, _) in groups.items()}
+            outs = {e: expert_apply(mod, x[t], {n: h[e].to(x.device) for n, h in host.items()})
+                    for e, (t, _) in groups.items()}
             return self._combine(x, outs, groups, w)
         if self.mode == "draft":
             return self._draft_forward(layer, mod, x, groups, w)
@@ -220,18 +221,23 @@ class OffloadRuntime:
                                           and not self._ready_now(layer, e, now)):
                 weights = self.draft.weights(layer, e)
                 cost = self.cost.expert_time(len(tok), weight_bytes=self.draft_expert_bytes)
-                slot = None
+                slot, after = None, []
             elif self._ready_now(layer, e, now):
                 slot = self.store.lookup(layer, e)
                 weights = self.store.weights(layer, slot)
                 cost = self.cost.expert_time(len(tok))
+                after = [self.store.ready(layer, slot)]  # a no-op on the sim clock (ready <= now); a wait on CUDA
             elif variant == "host":
                 weights = {n: h[e] for n, h in self.store.host[layer].items()}
                 cost = self.cost.host_expert_time(len(tok))
-                slot = None
+                slot, after = None, []
             else:
                 continue  # skipped: renormalised below
-            span, outs[e] = self.clock.compute(cost, lambda: expert_apply(mod, x[tok], weights))
+            if slot is None and variant == "host" and x.device.type != "cpu":
+                fn = lambda: expert_apply(mod, x[tok].cpu(), weights).to(x.device)  # really on the host CPU
+            else:
+                fn = lambda: expert_apply(mod, x[tok], weights)
+            span, outs[e] = self.clock.compute(cost, fn, after=after)
             self.trace.span(self.step, "draft", layer, e, span)
             if slot is not None:
                 self.store.note_read(layer, slot, span.end)
