@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 GB = 1e9
@@ -210,6 +210,10 @@ class CostModel:
     weight_bytes: float = 2.0
     shape_name: str | None = None  # set when projected through a CostShape
     extra_dense_params: int = 0  # params of dense (non-MoE) layers, priced once per forward
+    # Projection: the run's L MoE layers stand for L layers of the real model, so the per-model parts (LM head,
+    # embeddings) are charged pro rata, L / real layers. Without it a 4-layer tiny model would pay a 27-layer
+    # model's whole LM head every token and every draft step, overstating the draft's cost ~6x at that scale.
+    head_scale: float = 1.0
 
     @property
     def projected(self) -> bool:
@@ -247,7 +251,7 @@ class CostModel:
 
     def head_time(self, n_tokens: int) -> float:
         """LM head (+ final norm and any dense layers) for n tokens."""
-        params = self.head_params + self.extra_dense_params
+        params = (self.head_params + self.extra_dense_params) * self.head_scale
         return self._op(2.0 * params * n_tokens, params * self.weight_bytes, kernels=3)
 
     def with_profile(self, profile: HardwareProfile) -> "CostModel":
@@ -263,7 +267,8 @@ def build_cost_model(info, profile: HardwareProfile, cost_shape: "str | CostShap
                          int(info.kv_dim * 2 * weight_bytes), info.hidden, weight_bytes,
                          extra_dense_params=info.dense_layer_params)
     return CostModel(profile, shape.expert_params, shape.dense_params, shape.vocab * shape.hidden,
-                     shape.kv_bytes_per_token_per_layer, shape.hidden, weight_bytes, shape_name=shape.name)
+                     shape.kv_bytes_per_token_per_layer, shape.hidden, weight_bytes, shape_name=shape.name,
+                     head_scale=min(1.0, info.num_layers / shape.num_layers))
 
 
 def calibrate(name: str = "calibrated", save: bool = True, sizes_mb: tuple[int, ...] = (4, 16, 64),
