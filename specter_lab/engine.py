@@ -68,6 +68,7 @@ class GenerationResult:
     prompt_ids: list[int]
     strategy: str
     config: dict[str, Any] = field(default_factory=dict)
+    tokenizer: Any = field(default=None, repr=False)
 
     def frames(self):
         return self.trace.frames()
@@ -77,7 +78,7 @@ class GenerationResult:
         from .viz.figures import report_html
 
         with open(path, "w", encoding="utf-8") as f:
-            f.write(report_html(self))
+            f.write(report_html(self, self.tokenizer))
         return path
 
     def __repr__(self) -> str:
@@ -129,23 +130,7 @@ class Engine:
                  eviction: str | None = None, prefetch: str | None = None,
                  chunking: "str | tuple[float, ...] | None" = None, record_routing: bool = True) -> None:
         self.info = inspect_model(model)  # raises on a dense model
-        self.plan = None
-        from .planner import Plan
-
-        if strategy == "auto" or isinstance(strategy, Plan):
-            if cache_slots is not None:
-                raise ValueError("strategy='auto' plans the slot split itself: give expert_budget=, not cache_slots=.")
-            get_profile(hardware), get_cost_shape(cost_shape)  # fail before the calibration runs
-            if isinstance(strategy, Plan):
-                self.plan = strategy  # a plan made earlier with sl.plan(...)
-            else:
-                from .planner import plan as make_plan
-
-                self.plan = make_plan(model, tokenizer, hardware, 0.5 if expert_budget is None else expert_budget,
-                                      cost_shape=cost_shape, progress=False)
-            chosen = self.plan.engine_kwargs()
-            strategy = chosen.pop("strategy")
-            draft, k = chosen.get("draft", draft), chosen.get("k", k)
+        # The caller's own arguments first, before any planning/calibration work (strategy='auto').
         if k is not None and k != "auto" and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
             raise ValueError(f"k={k!r}: use an integer draft length >= 1 or 'auto'.")
         if eviction is not None:
@@ -156,6 +141,26 @@ class Engine:
                 isinstance(chunking, tuple) and chunking
                 and all(isinstance(f, (int, float)) and not isinstance(f, bool) and 0 <= f <= 1 for f in chunking)):
             raise ValueError(f"chunking={chunking!r}: use 'adaptive', 'budgeted' or a tuple of draft fractions in [0, 1].")
+        self.plan = None
+        from .planner import Plan
+
+        if strategy == "auto" or isinstance(strategy, Plan):
+            if cache_slots is not None:
+                raise ValueError("strategy='auto' plans the slot split itself: give expert_budget=, not cache_slots=.")
+            get_profile(hardware), get_cost_shape(cost_shape)  # fail before the calibration runs
+            as_draft_spec(draft)
+            if isinstance(expert_budget, str):
+                parse_bytes(expert_budget)  # a malformed size, not "too small for every candidate"
+            if isinstance(strategy, Plan):
+                self.plan = strategy  # a plan made earlier with sl.plan(...)
+            else:
+                from .planner import plan as make_plan
+
+                self.plan = make_plan(model, tokenizer, hardware, 0.5 if expert_budget is None else expert_budget,
+                                      cost_shape=cost_shape, progress=False)
+            chosen = self.plan.engine_kwargs()
+            strategy = chosen.pop("strategy")
+            draft, k = chosen.get("draft", draft), chosen.get("k", k)
         self.strategy = get_strategy(strategy).with_options(k=k, eviction=eviction, prefetch=prefetch,
                                                              chunking=chunking)
         self.draft_cfg = as_draft_spec(draft)
@@ -358,7 +363,7 @@ class Engine:
             metrics["draft_rel_error"] = draft.rel_error
         text = self.tokenizer.decode(dec.out, skip_special_tokens=False) if self.tokenizer is not None else None
         return GenerationResult(list(dec.out), text, metrics, trace, ids, metrics["strategy"],
-                                config={"strategy": st, "split": self.split, "draft": cfg})
+                                config={"strategy": st, "split": self.split, "draft": cfg}, tokenizer=self.tokenizer)
 
     def __repr__(self) -> str:
         s = self.split

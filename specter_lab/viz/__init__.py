@@ -1,0 +1,36 @@
+"""Notebook views of a run: plotly figures (:mod:`.figures`) and live ipywidgets views (:mod:`.widgets`).
+
+    from specter_lab import viz
+    viz.dashboard(result)                 # step slider over routing, cache, timeline and tokens
+    run = viz.live(engine, prompt)        # generate in the background, Stop button, views refreshed per step
+    viz.QuantTuner(model, tok, prompts)   # draft bits / group size / method / K against lru and specmoeoff
+    viz.timeline_figure(result).show()    # any *_figure is a plain go.Figure
+    result.to_html("run.html")            # standalone report (report_html)
+
+Everything is imported on first use: ``import specter_lab.viz`` loads neither plotly nor ipywidgets.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_FIGURES = ("routing_figure", "cache_figure", "timeline_figure", "tokens_figure", "steps_figure", "fidelity_figure",
+            "compare_figure", "tuner_figure", "report_html", "bench_html", "clock_label")
+_WIDGETS = ("dashboard", "live", "QuantTuner", "Dashboard", "LiveRun", "sync_figure")
+
+__all__ = [*_FIGURES, *_WIDGETS, "figures", "widgets"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("figures", "widgets"):
+        return importlib.import_module(f".{name}", __name__)
+    if name in _FIGURES:
+        return getattr(importlib.import_module(".figures", __name__), name)
+    if name in _WIDGETS:
+        return getattr(importlib.import_module(".widgets", __name__), name)
+    raise AttributeError(f"module 'specter_lab.viz' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

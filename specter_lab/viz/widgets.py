@@ -1,0 +1,463 @@
+"""Live notebook views: ipywidgets controls driving plotly ``FigureWidget``s built from :mod:`.figures`.
+
+* :func:`dashboard` – a step slider (and Play button) over a finished run: token strip, routing, cache and
+  timeline views of the chosen step.
+* :func:`live` – generation in a background thread, the views refreshed after every step (throttled), and a
+  Stop button that ends generation cleanly after the current step.
+* :class:`QuantTuner` – pick the draft's bits / group size / method and K, rerun a short generation, and compare
+  specter with ``lru`` and ``specmoeoff`` at the same expert budget.
+
+A view never rebuilds its widgets: every figure function draws the same traces for any step of a run, so a
+step change copies the new figure's trace data into the existing ``FigureWidget`` inside one ``batch_update``.
+Each view returns plain ``go.Figure`` copies from ``.static()`` (for saving, or for a report).
+
+ipywidgets is imported inside the functions, so ``import specter_lab.viz`` works without it.
+"""
+
+from __future__ import annotations
+
+import html
+import threading
+import time
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from . import figures as F
+
+__all__ = ["Dashboard", "LiveRun", "QuantTuner", "dashboard", "live", "sync_figure"]
+
+
+def _ipywidgets():
+    try:
+        import ipywidgets
+    except ImportError as exc:  # pragma: no cover - ipywidgets is a dependency of the notebook extra
+        raise ImportError("the live views need ipywidgets: pip install ipywidgets") from exc
+    return ipywidgets
+
+
+def sync_figure(widget: go.FigureWidget, fig: go.Figure) -> None:
+    """Make ``widget`` show ``fig`` by updating its traces and layout in place, in one batch (one message to the
+    browser; the widget object and its place in the notebook stay the same).
+
+    Both come from the same figure function over the same run, so they have the same traces in the same order.
+    Properties the new trace leaves unset are cleared, so nothing stale (old text, old shapes) survives."""
+    with widget.batch_update():
+        if len(widget.data) != len(fig.data) or any(a.type != b.type for a, b in zip(widget.data, fig.data)):
+            widget.data = ()  # not expected from figures.py; still the same widget
+            widget.add_traces(list(fig.data))
+        else:
+            for old, new in zip(widget.data, fig.data):
+                props = new.to_plotly_json()
+                for key in ("type", "uid"):
+                    props.pop(key, None)
+                stale = {k: None for k in old.to_plotly_json() if k not in props and k not in ("type", "uid")}
+                old.update({**stale, **props}, overwrite=True)
+        layout = fig.layout.to_plotly_json()
+        layout.pop("template", None)
+        for key in ("shapes", "annotations"):
+            layout.setdefault(key, [])
+        widget.layout.update(layout, overwrite=True)
+
+
+def _static(widget: go.FigureWidget) -> go.Figure:
+    return go.Figure(widget.to_dict())
+
+
+# ----------------------------------------------------------------------------------------- dashboard
+class Dashboard:
+    """Step-by-step views of one finished run.
+
+    Attributes: ``widget`` (the VBox to display), ``slider`` (IntSlider over the steps), ``play`` (Play button
+    linked to the slider), ``info`` (HTML line about the step) and the FigureWidgets ``tokens``, ``routing``,
+    ``cache`` and ``timeline``. Setting ``slider.value`` (or calling :meth:`show`) updates all of them."""
+
+    def __init__(self, result, tokenizer: Any = None, step: int | None = None, play_interval_ms: int = 900) -> None:
+        W = _ipywidgets()
+        self.result = result
+        self.tokenizer = tokenizer if tokenizer is not None else getattr(result, "tokenizer", None)
+        frames = result.trace.frames()
+        self._steps = frames["steps"].set_index("step")
+        steps = [int(s) for s in self._steps.index]
+        first = F.default_routing_step(frames) if step is None else int(step)
+        if first not in steps:
+            raise ValueError(f"step={step!r}: the run has steps {steps[0]}..{steps[-1]}")
+        lo, hi = steps[0], steps[-1]
+        self.slider = W.IntSlider(value=first, min=lo, max=hi, description="step", continuous_update=False,
+                                  layout=W.Layout(width="420px"))
+        self.play = W.Play(value=first, min=lo, max=hi, interval=play_interval_ms, description="play")
+        W.jslink((self.play, "value"), (self.slider, "value"))
+        self.info = W.HTML()
+        self.tokens = go.FigureWidget(self._tokens_figure(first))
+        self.routing = go.FigureWidget(F.routing_figure(result, first))
+        self.cache = go.FigureWidget(F.cache_figure(result, first))
+        self.timeline = go.FigureWidget(F.timeline_figure(result, first))
+        self._shown = first
+        self.info.value = self._info_html(first)
+        self.slider.observe(self._on_step, names="value")
+        self.widget = W.VBox([W.HBox([self.play, self.slider, self.info]), self.tokens, self.routing, self.cache,
+                              self.timeline])
+
+    # views -----------------------------------------------------------------------------------
+    @property
+    def step(self) -> int:
+        """The step the views show."""
+        return self._shown
+
+    def _tokens_figure(self, step: int) -> go.Figure:
+        return F.tokens_figure(self.result, self.tokenizer, highlight_step=step)
+
+    def _info_html(self, step: int) -> str:
+        r = self._steps.loc[step]
+        f = self.result.trace.frames()
+        tr = f["transfers"][f["transfers"].step == step]
+        stall = float(f["compute"].loc[f["compute"].step == step, "stall"].sum())
+        what = f"drafted {r.drafted}, accepted {r.accepted}, " if r.kind == "window" else ""
+        what += f"committed {r.committed}"
+        return (f"<span style='font-size:13px'><b>step {step}</b> · {html.escape(str(r.kind))} · {what} · "
+                f"{r.end - r.start:.3f} ms · {len(tr)} copies · stall {stall:.3f} ms</span>")
+
+    def show(self, step: int) -> None:
+        """Show ``step`` in every view (what the slider calls)."""
+        step = int(step)
+        sync_figure(self.tokens, self._tokens_figure(step))
+        sync_figure(self.routing, F.routing_figure(self.result, step))
+        sync_figure(self.cache, F.cache_figure(self.result, step))
+        sync_figure(self.timeline, F.timeline_figure(self.result, step))
+        self.info.value = self._info_html(step)
+        self._shown = step
+        if self.slider.value != step:
+            self.slider.value = step
+
+    def _on_step(self, change: dict) -> None:
+        if change["new"] != self._shown:
+            self.show(change["new"])
+
+    def static(self) -> dict[str, go.Figure]:
+        """The current views as plain figures (tokens, routing, cache, timeline)."""
+        return {name: _static(getattr(self, name)) for name in ("tokens", "routing", "cache", "timeline")}
+
+    def _repr_mimebundle_(self, **kwargs):
+        return self.widget._repr_mimebundle_(**kwargs)
+
+
+def dashboard(result, tokenizer: Any = None, step: int | None = None) -> Dashboard:
+    """Interactive views of a finished run: step slider + Play over token strip, routing, cache and timeline."""
+    return Dashboard(result, tokenizer, step)
+
+
+# ----------------------------------------------------------------------------------------- live
+def _live_frames(steps: list) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Tokens and steps frames from the StepInfo records seen so far (the trace's frames exist only once
+    generate() returns). Rejected drafts are known by count, not by id: they get id -1, drawn as '?'."""
+    tok_rows, step_rows = [], []
+    n = 0
+    for info in steps:
+        new = list(info.new_tokens)
+        if info.step == 0:
+            status = ["prefill"] * len(new)
+            kind = "prefill"
+        elif info.drafted:
+            acc = min(info.accepted, len(new))
+            last = "bonus" if info.accepted == info.drafted else "corrected"
+            status = ["accepted"] * acc + [last] * (len(new) - acc)  # EOS may have cut the window short
+            kind = "window"
+        else:
+            status = ["decode"] * len(new)
+            kind = "decode"
+        for i in range(max(0, info.drafted - info.accepted)):  # the trace numbers them from the first rejection
+            tok_rows.append((n + info.accepted + i, info.step, -1, "rejected", False, np.nan))
+        for t, st in zip(new, status):
+            tok_rows.append((n, info.step, t, st, True, np.nan))
+            n += 1
+        step_rows.append((info.step, kind, np.nan, np.nan, info.drafted, info.accepted, len(new)))
+    from ..trace import COLUMNS
+
+    return pd.DataFrame(tok_rows, columns=COLUMNS["tokens"]), pd.DataFrame(step_rows, columns=COLUMNS["steps"])
+
+
+class LiveRun:
+    """A generation running in a background thread, with views refreshed as steps complete.
+
+    ``widget`` (display it), ``stop_button``, ``status``, the FigureWidgets ``progress`` (tokens per step) and
+    ``tokens``; ``steps`` (the StepInfo records so far), ``result`` (the GenerationResult once done), ``error``
+    (an exception raised by generate, if any) and ``dashboard`` (a :class:`Dashboard` of the finished run)."""
+
+    def __init__(self, engine, prompt, max_new_tokens: int = 64, *, tokenizer: Any = None, min_interval: float = 0.25,
+                 start: bool = True, **generate_kwargs: Any) -> None:
+        W = _ipywidgets()
+        self.engine = engine
+        self.prompt = prompt
+        self.max_new_tokens = max_new_tokens
+        self.tokenizer = tokenizer if tokenizer is not None else getattr(engine, "tokenizer", None)
+        self.min_interval = float(min_interval)
+        self._user_callback: Callable | None = generate_kwargs.pop("callback", None)
+        self._generate_kwargs = generate_kwargs
+        self.steps: list = []
+        self.result = None
+        self.error: BaseException | None = None
+        self.dashboard: Dashboard | None = None
+        self._stop = threading.Event()
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._last_refresh = 0.0
+        self._t0 = time.perf_counter()
+        tokens, steps = _live_frames([])
+        self.progress = go.FigureWidget(F.steps_figure(steps))
+        self.tokens = go.FigureWidget(F.tokens_figure(tokens, self.tokenizer))
+        self.stop_button = W.Button(description="Stop", icon="stop", button_style="danger",
+                                    tooltip="end generation after the current step")
+        self.stop_button.on_click(lambda _: self.stop())
+        self.status = W.HTML("starting …")
+        self._result_box = W.VBox([])
+        self.widget = W.VBox([W.HBox([self.stop_button, self.status]), self.progress, self.tokens, self._result_box])
+        self.thread = threading.Thread(target=self._run, name="specter-live", daemon=True)
+        if start:
+            self.start()
+
+    # control ---------------------------------------------------------------------------------
+    def start(self) -> "LiveRun":
+        self._t0 = time.perf_counter()
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Ask generation to end after the step in progress (the step callback raises StopGeneration)."""
+        self._stop.set()
+        if not self._done.is_set():
+            self.status.value = "stopping after this step …"
+
+    def join(self, timeout: float | None = None):
+        """Wait for the run to end; returns the GenerationResult (None if still running). Re-raises an error
+        that generate raised in the thread."""
+        self.thread.join(timeout)
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    # thread ----------------------------------------------------------------------------------
+    def _callback(self, info) -> None:
+        from ..decode import StopGeneration
+
+        if self._user_callback is not None:
+            self._user_callback(info)
+        with self._lock:
+            self.steps.append(info)
+        if time.perf_counter() - self._last_refresh >= self.min_interval:
+            self.refresh()
+        if self._stop.is_set():
+            raise StopGeneration()
+
+    def _run(self) -> None:
+        try:
+            self.result = self.engine.generate(self.prompt, max_new_tokens=self.max_new_tokens,
+                                               callback=self._callback, **self._generate_kwargs)
+        except BaseException as exc:  # shown in the widget, re-raised by join()
+            self.error = exc
+        try:
+            self._finish()
+        except Exception as exc:  # a view that fails to draw the finished run is still reported by join()
+            self.error = self.error or exc
+        finally:
+            self._done.set()
+
+    # views -----------------------------------------------------------------------------------
+    def refresh(self) -> None:
+        """Redraw the progress and token views from the steps seen so far."""
+        with self._lock:
+            steps = list(self.steps)
+        tokens, st = _live_frames(steps)
+        sync_figure(self.progress, F.steps_figure(st))
+        sync_figure(self.tokens, F.tokens_figure(tokens, self.tokenizer))
+        n = int(st.committed.sum()) if len(st) else 0
+        drafted = int(st.drafted.sum()) if len(st) else 0
+        acc = f" · acceptance {st.accepted.sum() / drafted:.0%}" if drafted else ""
+        self.status.value = (f"step {steps[-1].step if steps else '–'} · {n}/{self.max_new_tokens} tokens{acc} · "
+                             f"{time.perf_counter() - self._t0:.1f} s")
+        self._last_refresh = time.perf_counter()
+
+    def _finish(self) -> None:
+        self.stop_button.disabled = True
+        if self.result is None:
+            self.refresh()
+            msg = html.escape(f"{type(self.error).__name__}: {self.error}") if self.error else "no result"
+            self.status.value = f"<span style='color:#d62728'>failed: {msg}</span>"
+            return
+        r = self.result
+        # The finished run has the real trace: rejected drafts with their ids, every copy and span.
+        sync_figure(self.progress, F.steps_figure(r))
+        sync_figure(self.tokens, F.tokens_figure(r, self.tokenizer))
+        self.dashboard = Dashboard(r, self.tokenizer)
+        self._result_box.children = (self.dashboard.widget,)
+        m = r.metrics
+        how = "stopped" if m.get("stopped") else "done"
+        clock = html.escape(F.clock_label(r.trace.meta))
+        self.status.value = (f"<b>{how}</b>: {len(r.token_ids)} tokens in {time.perf_counter() - self._t0:.1f} s · "
+                             f"TPOT {m.get('tpot_ms', float('nan')):.3f} ms ({clock})")
+
+    def static(self) -> dict[str, go.Figure]:
+        """The current views as plain figures (plus the dashboard's once the run is done)."""
+        out = {"progress": _static(self.progress), "tokens": _static(self.tokens)}
+        if self.dashboard is not None:
+            out.update({f"dashboard_{k}": v for k, v in self.dashboard.static().items()})
+        return out
+
+    def _repr_mimebundle_(self, **kwargs):
+        return self.widget._repr_mimebundle_(**kwargs)
+
+
+def live(engine, prompt, max_new_tokens: int = 64, **generate_kwargs: Any) -> LiveRun:
+    """Start ``engine.generate(prompt, ...)`` in a background thread and return its live view (display it in a
+    notebook cell). ``.stop()`` or the Stop button ends it after the current step (``result.metrics['stopped']``
+    is then True); ``.join()`` waits and returns the GenerationResult. Extra keyword arguments go to
+    ``generate`` (a ``callback`` there is called before the view's own); ``tokenizer=``, ``min_interval=``
+    (seconds between redraws) and ``start=`` configure the view."""
+    return LiveRun(engine, prompt, max_new_tokens, **generate_kwargs)
+
+
+# ----------------------------------------------------------------------------------------- quant tuner
+_TABLE_COLUMNS = ["strategy", "draft", "k", "tpot_ms", "speedup_vs_lru", "acceptance_rate", "recall", "hit_rate",
+                  "draft_bytes", "slots_per_layer"]
+
+
+class QuantTuner:
+    """Tune the draft's quantization and K, and see what it does to specter against baselines at the same
+    expert budget (same device bytes: a bigger draft leaves fewer full-precision slots).
+
+    Controls: ``bits`` (2, 3, 4, 8), ``group_size`` (32, 64, 128), ``method`` (rtn, hqq), ``k`` (draft length),
+    ``auto`` (rerun on every change) and ``run_button``. :meth:`run` does one evaluation; ``table`` is the last
+    result (a DataFrame), shown in ``table_html``; ``figure`` is a FigureWidget of TPOT, recall and acceptance;
+    ``status`` says how long quantizing took. Results are cached per setting, so going back is instant."""
+
+    def __init__(self, model, tokenizer, prompts, expert_budget: "float | int | str" = 0.5,
+                 hardware: str = "rtx4090-pcie4", max_new_tokens: int = 24,
+                 baselines: Sequence[str] = ("lru", "specmoeoff"), bits: int = 4, group_size: int = 64,
+                 method: str = "rtn", k: int = 8, auto: bool = True, run_now: bool = True) -> None:
+        W = _ipywidgets()
+        from ..strategies import get_strategy
+
+        self.model, self.tokenizer = model, tokenizer
+        if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts
+                                        and all(isinstance(t, int) for t in prompts)):
+            prompts = [prompts]  # one prompt (text or ids), not a list of prompts
+        self.prompts = list(prompts)
+        if not self.prompts:
+            raise ValueError("prompts is empty: give at least one prompt.")
+        for b in baselines:
+            get_strategy(b)
+        self.strategies = ["specter"] + [b for b in baselines if b != "specter"]
+        self.expert_budget, self.hardware, self.max_new_tokens = expert_budget, hardware, max_new_tokens
+        self.bits = W.Dropdown(options=[2, 3, 4, 8], value=bits, description="bits", layout=W.Layout(width="150px"))
+        self.group_size = W.Dropdown(options=[32, 64, 128], value=group_size, description="group",
+                                     layout=W.Layout(width="160px"))
+        self.method = W.ToggleButtons(options=["rtn", "hqq"], value=method, description="method",
+                                      style={"button_width": "60px"})
+        self.k = W.IntSlider(value=k, min=1, max=16, description="K", continuous_update=False,
+                             layout=W.Layout(width="260px"))
+        self.auto = W.Checkbox(value=auto, description="run on change", indent=False, layout=W.Layout(width="130px"))
+        self.run_button = W.Button(description="Run", icon="play", button_style="primary")
+        self.status = W.HTML()
+        self.table_html = W.HTML()
+        self.table: pd.DataFrame | None = None
+        self.quantize_seconds: dict = {}
+        self._cache: dict = {}
+        self.clock = "simulated"
+        self.figure = go.FigureWidget(F.tuner_figure(None))
+        self.run_button.on_click(lambda _: self.run())
+        for w in (self.bits, self.group_size, self.method, self.k):
+            w.observe(self._on_change, names="value")
+        self.widget = W.VBox([W.HBox([self.bits, self.group_size, self.method]),
+                              W.HBox([self.k, self.auto, self.run_button]), self.status, self.table_html, self.figure])
+        if run_now:
+            self.run()
+
+    @property
+    def spec(self):
+        from ..quant import QuantSpec
+
+        return QuantSpec(int(self.bits.value), int(self.group_size.value), str(self.method.value))
+
+    def _on_change(self, change: dict) -> None:
+        if self.auto.value:
+            self.run()
+
+    def _evaluate(self, name: str, spec, k: int) -> tuple[dict, str | None]:
+        """Mean metrics of one strategy over the prompts (cached per setting); the error text if the setting
+        does not fit the budget."""
+        from ..engine import Engine
+        from ..strategies import get_strategy
+
+        speculative = get_strategy(name).speculative
+        key = (name, spec if speculative else None, k if name == "specter" else None)
+        if key in self._cache:
+            return self._cache[key], None
+        row: dict[str, Any] = {"strategy": name, "draft": spec.label if speculative else "–",
+                               "k": (k if name == "specter" else get_strategy(name).k) if speculative else None}
+        try:
+            eng = Engine(self.model, self.tokenizer, name, expert_budget=self.expert_budget, hardware=self.hardware,
+                         draft=spec if speculative else None, k=k if name == "specter" else None)
+        except ValueError as exc:  # e.g. an 8-bit draft leaves no room for one slot per layer
+            return row, f"{name}: {exc}"
+        if speculative and spec not in self.quantize_seconds:
+            t0 = time.perf_counter()
+            eng.draft  # quantizes (or reuses a draft another engine on this model already built)
+            self.quantize_seconds[spec] = time.perf_counter() - t0
+        ms = [eng.generate(p, max_new_tokens=self.max_new_tokens).metrics for p in self.prompts]
+        for col in ("tpot_ms", "acceptance_rate", "recall", "hit_rate"):
+            vals = [m.get(col, np.nan) for m in ms]
+            row[col] = float(pd.Series(vals, dtype=float).mean())  # skips NaN (no windows → no acceptance)
+        row["draft_bytes"] = int(ms[0].get("draft_bytes", 0))
+        row["slots_per_layer"] = int(ms[0].get("slots_per_layer", 0))
+        self.clock = F.clock_label({"clock": ms[0].get("clock"), "profile": ms[0].get("profile"),
+                                    "projected": ms[0].get("projected"), "cost_shape": ms[0].get("cost_shape")})
+        self._cache[key] = row
+        return row, None
+
+    def run(self) -> pd.DataFrame:
+        """Evaluate the current setting for specter and the baselines; update table, figure and status."""
+        spec, k = self.spec, int(self.k.value)
+        self.status.value = f"running {spec.label}, K={k} …"
+        rows, errors = [], []
+        for name in self.strategies:
+            row, err = self._evaluate(name, spec, k)
+            rows.append(row)
+            if err:
+                errors.append(err)
+        table = pd.DataFrame(rows).reindex(columns=_TABLE_COLUMNS)
+        if "lru" in set(table.strategy):
+            base = float(table.loc[table.strategy == "lru", "tpot_ms"].iloc[0])
+            table["speedup_vs_lru"] = base / table.tpot_ms
+        self.table = table
+        self.table_html.value = self._table_to_html(table)
+        sync_figure(self.figure, F.tuner_figure(table, self.clock))
+        q = self.quantize_seconds.get(spec)
+        qtxt = (f"draft {spec.label} quantized in {q:.2f} s" if q is not None else f"draft {spec.label} not built")
+        err = "".join(f"<br><span style='color:#d62728'>{html.escape(e)}</span>" for e in errors)
+        self.status.value = (f"<span style='font-size:13px'>{qtxt} · budget {html.escape(str(self.expert_budget))} · "
+                             f"{len(self.prompts)} prompt(s) × {self.max_new_tokens} tokens · "
+                             f"{html.escape(self.clock)}{err}</span>")
+        return table
+
+    @staticmethod
+    def _table_to_html(table: pd.DataFrame) -> str:
+        fmt = {"k": "{:.0f}", "tpot_ms": "{:.4f}", "speedup_vs_lru": "{:.2f}×", "acceptance_rate": "{:.0%}", "recall": "{:.0%}",
+               "hit_rate": "{:.0%}", "draft_bytes": "{:,.0f}"}
+        shown = table.copy().astype(object)
+        for col, f in fmt.items():
+            shown[col] = [f.format(v) if isinstance(v, (int, float)) and not pd.isna(v) else "–" for v in table[col]]
+        shown = shown.fillna("–")
+        return ("<style>.sl-tuner td,.sl-tuner th{padding:2px 10px;text-align:right;white-space:nowrap}</style>"
+                + shown.to_html(index=False, classes="sl-tuner", border=0, escape=True))
+
+    def static(self) -> go.Figure:
+        """The chart as a plain figure."""
+        return _static(self.figure)
+
+    def _repr_mimebundle_(self, **kwargs):
+        return self.widget._repr_mimebundle_(**kwargs)

@@ -1,0 +1,325 @@
+"""Notebook views: figures built from real (tiny) runs checked against sets computed here from the frames, the
+widgets driven headless (no kernel), the live view stopped mid-run, and the HTML report."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from collections import Counter
+
+import pandas as pd
+import plotly.graph_objects as go
+import pytest
+
+import specter_lab as sl
+from specter_lab import viz
+from specter_lab.viz import figures as F
+
+PROMPT = [5, 6, 7, 8]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return sl.tiny_random_model("qwen2_moe", seed=1)
+
+
+@pytest.fixture(scope="module")
+def spec_run(model):
+    # A 2-bit draft disagrees with the target now and then, so the run has rejected and corrected tokens.
+    eng = sl.Engine(model, None, "specter", cache_slots=3, hardware="rtx4090-pcie4", draft=sl.QuantSpec(2, 64))
+    return eng.generate(PROMPT, max_new_tokens=16)
+
+
+@pytest.fixture(scope="module")
+def lru_run(model):
+    return sl.Engine(model, None, "lru", cache_slots=3, hardware="rtx4090-pcie4").generate(PROMPT, max_new_tokens=16)
+
+
+def _xs(trace) -> list:
+    return [] if trace.x is None else list(trace.x)
+
+
+def _by_name(fig, name):
+    return next(t for t in fig.data if t.name == name)
+
+
+def test_import_needs_no_ipywidgets():
+    code = ("import sys, specter_lab.viz as v; assert 'ipywidgets' not in sys.modules; v.timeline_figure; "
+            "assert 'ipywidgets' not in sys.modules; print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr
+
+
+# ----------------------------------------------------------------------------------------- routing
+def test_routing_cells_match_forecast_and_target_sets(spec_run):
+    f = spec_run.frames()
+    tgt = f["routing"][f["routing"].source == "target"]
+    widest = tgt[tgt.step >= 1].groupby("step").size()
+    assert F.default_routing_step(f) == int(widest.idxmax())
+    for step in sorted(set(f["forecast"].step)):
+        pred = set(map(tuple, f["forecast"].loc[f["forecast"].step == step, ["layer", "expert"]].to_numpy()))
+        used = set(map(tuple, tgt.loc[tgt.step == step, ["layer", "expert"]].to_numpy()))
+        fig = viz.routing_figure(spec_run, step=step)
+        z = fig.data[0].z
+        meta = spec_run.trace.meta
+        assert len(z) == meta["num_layers"] and len(z[0]) == meta["num_experts"]
+        got = {cat: set() for cat in F.ROUTING_CATEGORIES}
+        for layer, row in enumerate(z):
+            for expert, code in enumerate(row):
+                got[F.ROUTING_CATEGORIES[int(code)]].add((layer, expert))
+        assert got["predicted & used"] == pred & used
+        assert got["predicted, not used"] == pred - used
+        assert got["used, not predicted"] == used - pred
+        assert len(got["neither"]) == meta["num_layers"] * meta["num_experts"] - len(pred | used)
+        assert f"step {step}" in fig.layout.title.text
+    # One legend entry per category, in its colour.
+    legend = {t.name: t.marker.color for t in fig.data[1:]}
+    assert legend == F.ROUTING_COLORS
+    # Hover names the token positions that chose an expert.
+    layer, expert, pos = tgt[tgt.step == step].iloc[0][["layer", "expert", "position"]]
+    assert f"{pos}" in fig.data[0].hovertext[layer][expert].split("positions:")[1]
+
+
+def test_routing_without_forecast_marks_used_experts_as_unpredicted(lru_run):
+    fig = viz.routing_figure(lru_run, step=3)
+    f = lru_run.frames()
+    used = f["routing"].query("source == 'target' and step == 3")[["layer", "expert"]]
+    codes = [fig.data[0].z[l][e] for l, e in used.to_numpy()]
+    assert codes and set(codes) == {F.ROUTING_CATEGORIES.index("used, not predicted")}
+    assert "makes none" in fig.layout.title.text
+
+
+# ----------------------------------------------------------------------------------------- cache
+def _slot_occupants(frames, step):
+    """Independent residency: the last copy into each (layer, slot) up to ``step`` (lru/specter only evict to
+    make room for a copy, so the slot's last copy is what it holds)."""
+    tr = frames["transfers"]
+    last = tr[tr.step <= step].groupby(["layer", "slot"]).tail(1)
+    return set(map(tuple, last[["layer", "expert"]].to_numpy()))
+
+
+@pytest.mark.parametrize("which", ["spec_run", "lru_run"])
+def test_cache_figure_hit_rates_and_residency(which, request):
+    run = request.getfixturevalue(which)
+    f = run.frames()
+    for step in (0, 1, int(f["steps"].step.max())):
+        fig = viz.cache_figure(run, step=step)
+        bars = fig.data[0]
+        ce = f["cache"]
+        for s, y in zip(bars.x, bars.y):
+            hits = int(((ce.step == s) & (ce.event == "hit")).sum())
+            misses = int(((ce.step == s) & (ce.event == "miss")).sum())
+            assert y == pytest.approx(hits / (hits + misses))
+        heat = next(t for t in fig.data if t.type == "heatmap")
+        resident = {(l, e) for l, row in enumerate(heat.z) for e, c in enumerate(row) if c > 0}
+        assert resident == _slot_occupants(f, step)
+        assert f"after step {step}" in fig.layout.title.text
+    # The coverage line ends at the run's decode hit rate.
+    assert _by_name(fig, "coverage (running decode hit rate)").y[-1] == pytest.approx(run.metrics["hit_rate"])
+
+
+# ----------------------------------------------------------------------------------------- timeline
+def test_timeline_one_step_draws_every_copy_span_and_stall(spec_run):
+    f = spec_run.frames()
+    step = 1
+    fig = viz.timeline_figure(spec_run, step=step)
+    tr = f["transfers"][f["transfers"].step == step]
+    co = f["compute"][f["compute"].step == step]
+    copies = [t for t in fig.data if t.name.startswith("copy:")]
+    assert sum(len(_xs(t)) for t in copies) == len(tr) > 0
+    for reason in ("prefetch", "demand"):
+        t = _by_name(fig, f"copy: {reason}")
+        assert len(_xs(t)) == int((tr.reason == reason).sum())
+        assert t.marker.color == F.COPY_COLORS[reason]
+        assert all(y == F.COPY_LANE for y in t.y)
+    compute = [t for t in fig.data if t.name.startswith("compute:")]
+    assert sum(len(_xs(t)) for t in compute) == len(co)
+    assert {t.name for t in compute} == {f"compute: {p}" for p in f["compute"].phase.unique()}
+    stalls = _by_name(fig, "stall (waiting on a copy)")
+    assert len(_xs(stalls)) == int((co.stall > 0).sum())
+    title = fig.layout.xaxis.title.text
+    assert "ms" in title and "simulated" in title and "rtx4090-pcie4" in title
+
+
+def test_timeline_whole_run_is_capped_and_says_so(lru_run):
+    f = lru_run.frames()
+    full = viz.timeline_figure(lru_run)
+    assert sum(len(_xs(t)) for t in full.data if t.name.startswith("copy:")) == len(f["transfers"])
+    capped = viz.timeline_figure(lru_run, max_steps=3)
+    shown = f["transfers"][f["transfers"].step < 3]
+    assert sum(len(_xs(t)) for t in capped.data if t.name.startswith("copy:")) == len(shown)
+    assert f"first 3 of {len(f['steps'])} steps" in capped.layout.title.text
+
+
+def test_clock_label_measured_and_projected():
+    assert F.clock_label({"clock": "cuda", "simulated": False}) == "measured (CUDA)"
+    assert F.clock_label({"clock": "cuda:NVIDIA H200", "simulated": False}) == "measured (CUDA, NVIDIA H200)"
+    label = F.clock_label({"simulated": True, "profile": "t4-pcie3", "projected": True, "cost_shape": "mixtral-8x7b"})
+    assert label == "simulated (profile t4-pcie3), projected as mixtral-8x7b"
+
+
+# ----------------------------------------------------------------------------------------- tokens
+def test_token_strip_colours_match_statuses(spec_run):
+    tok = spec_run.frames()["tokens"]
+    assert {"accepted", "rejected"} <= set(tok.status)  # the 2-bit draft gets some wrong
+    fig = viz.tokens_figure(spec_run, highlight_step=1)
+    for t in fig.data:
+        assert t.marker.color == F.STATUS_COLORS[t.name]
+        ids = tok.loc[tok.status == t.name, "token_id"]
+        assert Counter(t.text or ()) == Counter(str(i) for i in ids)
+    assert sum(len(_xs(t)) for t in fig.data) == len(tok)
+    assert len(fig.layout.shapes) == 1  # the highlighted window's row
+    # With a tokenizer the cells show decoded text.
+
+    class Tok:
+        def decode(self, ids):
+            return f"<t{ids[0]}>"
+
+    fig = viz.tokens_figure(spec_run, Tok())
+    assert "&lt;t" in _by_name(fig, "accepted").text[0]
+
+
+def test_steps_figure_counts(spec_run):
+    st = spec_run.frames()["steps"]
+    fig = viz.steps_figure(spec_run)
+    assert list(fig.data[0].y) == list(st.accepted)
+    assert sum(fig.data[0].y) + sum(fig.data[1].y) == len(spec_run.token_ids)
+
+
+# ----------------------------------------------------------------------------------------- tables
+def _compare_df(projected=True):
+    rows = []
+    for b in (0.25, 0.5):
+        for hw in ("rtx4090-pcie4", "t4-pcie3"):
+            for s in ("lru", "specmoeoff", "specter"):
+                for p in range(2):
+                    rows.append(dict(strategy=s, hardware=hw, prompt=p, expert_budget=b, tpot_ms=1.0 + p,
+                                     acceptance_rate=0.8, recall=0.7, hit_rate=0.6, h2d_bytes_per_token=1e6,
+                                     stall_ms_per_token=0.1, clock=f"simulated:{hw}", projected=projected,
+                                     cost_shape="deepseek-v2-lite" if projected else None))
+    return pd.DataFrame(rows)
+
+
+def test_compare_figure():
+    fig = viz.compare_figure(_compare_df())
+    assert len(fig.data) == 4  # 2 hardware × 2 budget panels
+    assert {t.name for t in fig.data} == {"rtx4090-pcie4", "t4-pcie3"}
+    assert list(fig.data[0].x) == ["lru", "specmoeoff", "specter"]  # strategies in sl.STRATEGIES order
+    assert fig.data[0].y[0] == pytest.approx(1.5)  # mean over prompts
+    assert "simulated" in fig.layout.title.text and "projected as deepseek-v2-lite" in fig.layout.title.text
+    assert {a.text for a in fig.layout.annotations} >= {"expert budget 0.25", "expert budget 0.5"}
+    one = _compare_df(projected=False)
+    fig = viz.compare_figure(one[one.expert_budget == 0.5])
+    assert len(fig.data) == 2 and "projected" not in fig.layout.title.text
+
+
+def test_fidelity_figure():
+    df = pd.DataFrame([dict(bits=b, group_size=g, method=m, routing_recall=0.5 + b / 20, token_agreement=0.4 + b / 20,
+                            acceptance_rate=0.3 + b / 20, draft_bytes=b * 1000, rel_error=0.1 / b)
+                       for m in ("rtn", "hqq") for b in (2, 3, 4, 8) for g in (32, 64, 128)])
+    fig = viz.fidelity_figure(df)
+    assert len(fig.data) == 3 * 6  # 3 metrics × (2 methods × 3 group sizes)
+    assert list(fig.data[0].x) == [2, 3, 4, 8]
+    assert {a.text for a in fig.layout.annotations} == {"routing recall", "token agreement", "acceptance rate"}
+    assert sum(bool(t.showlegend) for t in fig.data) == 6
+    assert len(viz.fidelity_figure(df.drop(columns="acceptance_rate")).data) == 2 * 6
+
+
+# ----------------------------------------------------------------------------------------- HTML
+def test_to_html_writes_a_standalone_report(spec_run, tmp_path):
+    path = spec_run.to_html(tmp_path / "r.html")
+    text = (tmp_path / "r.html").read_text(encoding="utf-8")
+    assert str(path).endswith("r.html")
+    assert "plotly" in text and "specter" in text
+    assert text.count("Plotly.newPlot(") == 5  # tokens, steps, routing, cache, timeline
+    assert text.count("plotly.js v") == 1  # the library inlined once
+    assert "simulated (profile rtx4090-pcie4)" in text
+
+
+def test_bench_html_has_the_figure_and_tables():
+    from specter_lab.bench import summarize
+
+    df = _compare_df()
+    page = viz.bench_html(df, summarize(df), {"note": "simulated clock", "model": "tiny",
+                                              "k_sweep": [{"k": "4", "tpot_ms": 1.0}]})
+    assert page.count("plotly.js v") == 1 and page.count("Plotly.newPlot(") == 1
+    assert "TPOT by strategy" in page and "K sweep" in page and "speedup_specter" in page
+
+
+# ----------------------------------------------------------------------------------------- widgets
+def test_dashboard_slider_updates_views_in_place(spec_run):
+    d = viz.dashboard(spec_run)
+    f = spec_run.frames()
+    widgets = (d.routing, d.cache, d.timeline, d.tokens)
+    assert all(isinstance(w, go.FigureWidget) for w in widgets)
+    first = d.slider.value
+    other = 2 if first != 2 else 1
+    before = str(d.routing.data[0].hovertext)  # names the token positions, which differ per step
+    d.slider.value = other
+    assert d.step == other and f"step {other}" in d.routing.layout.title.text
+    assert str(d.routing.data[0].hovertext) != before
+    tr = f["transfers"][f["transfers"].step == other]
+    assert sum(len(_xs(t)) for t in d.timeline.data if t.name.startswith("copy:")) == len(tr)
+    assert f"after step {other}" in d.cache.layout.title.text
+    assert f"<b>step {other}</b>" in d.info.value
+    # Same widget objects, updated in place.
+    assert (d.routing, d.cache, d.timeline, d.tokens) == widgets
+    static = d.static()
+    assert set(static) == {"tokens", "routing", "cache", "timeline"}
+    assert all(type(v) is go.Figure for v in static.values())
+    assert "application/vnd.jupyter.widget-view+json" in d._repr_mimebundle_()
+
+
+def test_live_stop_ends_generation_after_the_step(model):
+    engine = sl.Engine(model, None, "lru", cache_slots=3)
+    reached, release = threading.Event(), threading.Event()
+
+    def hold_first_step(info):
+        if info.step == 0:
+            reached.set()
+            release.wait(30)
+
+    run = viz.live(engine, PROMPT, max_new_tokens=16, callback=hold_first_step)
+    assert reached.wait(60)
+    run.stop()
+    release.set()
+    result = run.join(60)
+    assert run.done and result is not None
+    assert result.metrics["stopped"] is True
+    assert len(result.token_ids) < 16
+    assert run.stop_button.disabled and "stopped" in run.status.value
+    assert run.dashboard is not None and run.dashboard.routing in run.widget.children[-1].children[0].children
+    assert sum(len(_xs(t)) for t in run.tokens.data) == len(result.token_ids)
+    assert set(run.static()) >= {"progress", "tokens", "dashboard_routing"}
+
+
+def test_live_frames_from_step_infos():
+    from specter_lab.decode import StepInfo
+    from specter_lab.viz.widgets import _live_frames
+
+    tok, st = _live_frames([StepInfo(0, [9], [9]), StepInfo(1, [9, 1, 2, 3], [1, 2, 3], drafted=4, accepted=2)])
+    assert list(tok.status) == ["prefill", "rejected", "rejected", "accepted", "accepted", "corrected"]
+    assert list(st.committed) == [1, 3]
+    fig = viz.tokens_figure(tok)
+    assert list(_by_name(fig, "rejected").text) == ["?", "?"]
+
+
+def test_quant_tuner_reruns_on_control_change(model):
+    tuner = viz.QuantTuner(model, None, PROMPT, expert_budget=0.5, max_new_tokens=8, baselines=("lru",))
+    t4 = tuner.table
+    assert list(t4.strategy) == ["specter", "lru"]
+    assert t4.loc[0, "draft"] == "int4-g64-rtn" and t4.tpot_ms.notna().all()
+    assert "quantized in" in tuner.status.value and "simulated" in tuner.status.value
+    y4 = list(tuner.figure.data[0].y)
+    tuner.bits.value = 2  # observe → run()
+    t2 = tuner.table
+    assert t2.loc[0, "draft"] == "int2-g64-rtn"
+    assert t2.loc[0, "draft_bytes"] < t4.loc[0, "draft_bytes"]
+    assert t2.loc[1, "tpot_ms"] == t4.loc[1, "tpot_ms"]  # lru does not depend on the draft (cached)
+    assert list(tuner.figure.data[0].y) != y4 or t2.loc[0, "recall"] != t4.loc[0, "recall"]
+    assert "int2-g64-rtn" in tuner.table_html.value
+    tuner.bits.value = 8  # an 8-bit draft leaves no slot at half the budget: reported, not raised
+    assert pd.isna(tuner.table.loc[0, "tpot_ms"]) and "too small" in tuner.status.value
+    assert type(tuner.static()) is go.Figure
+    assert all(hasattr(tuner, w) for w in ("bits", "group_size", "method", "k", "table", "figure"))
