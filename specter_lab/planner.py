@@ -93,18 +93,7 @@ def plan(model, tokenizer, hardware="rtx4090-pcie4", expert_budget=0.5, prompts:
             rows.append({"candidate": label, "feasible": False, "why": str(e).split(":")[0]})
             continue
         ms = [eng.generate(p, max_new_tokens=max_new_tokens).metrics for p in prompts]
-        warnings.filterwarnings("ignore", "Mean of empty slice", RuntimeWarning)
-        rows.append({
-            "candidate": label, "feasible": True,
-            "predicted_tpot_ms": float(np.mean([m["tpot_ms"] for m in ms])),
-            "slots_per_layer": ms[0]["slots_per_layer"], "draft_bytes": ms[0]["draft_bytes"],
-            "hit_rate": float(np.nanmean([m["hit_rate"] for m in ms])),
-            "acceptance_rate": float(np.nanmean([m["acceptance_rate"] for m in ms])),
-            "recall": float(np.nanmean([m["recall"] for m in ms])),
-            "mean_k": float(np.nanmean([m.get("mean_k", np.nan) for m in ms])),
-            "stall_ms_per_token": float(np.mean([m["stall_ms_per_token"] for m in ms])),
-            "_strategy": strategy, "_opts": opts,
-        })
+        rows.append(_row(label, strategy, opts, ms))
     table = pd.DataFrame(rows)
     feas = table[table.feasible]
     if feas.empty:
@@ -113,6 +102,22 @@ def plan(model, tokenizer, hardware="rtx4090-pcie4", expert_budget=0.5, prompts:
     shown = table.drop(columns=[c for c in ("_strategy", "_opts") if c in table]).sort_values(
         "predicted_tpot_ms", na_position="last").reset_index(drop=True)
     return Plan(best["_strategy"], dict(best["_opts"]), float(best.predicted_tpot_ms), shown, best.candidate)
+
+
+def _row(label: str, strategy: str, opts: dict, ms: list[dict]) -> dict[str, Any]:
+    """One candidate's line in the plan table: its predicted TPOT and what explains it."""
+
+    def mean(key: str) -> float:
+        vals = [m.get(key, np.nan) for m in ms]
+        with warnings.catch_warnings():  # all-NaN columns (e.g. acceptance without speculation) stay NaN quietly
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return float(np.nanmean(vals))
+
+    return {"candidate": label, "feasible": True, "predicted_tpot_ms": mean("tpot_ms"),
+            "slots_per_layer": ms[0]["slots_per_layer"], "draft_bytes": ms[0]["draft_bytes"],
+            "hit_rate": mean("hit_rate"), "acceptance_rate": mean("acceptance_rate"), "recall": mean("recall"),
+            "mean_k": mean("mean_k"), "stall_ms_per_token": mean("stall_ms_per_token"),
+            "_strategy": strategy, "_opts": opts}
 
 
 def regime_map(model, tokenizer, prompts, budgets=(0.25, 0.35, 0.5, 0.75, 1.0),
