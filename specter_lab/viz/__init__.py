@@ -16,7 +16,7 @@ import importlib
 from typing import Any
 
 _FIGURES = ("routing_figure", "cache_figure", "timeline_figure", "tokens_figure", "steps_figure", "fidelity_figure",
-            "compare_figure", "tuner_figure", "report_html", "bench_html", "clock_label")
+            "compare_figure", "speedup_figure", "cost_figure", "regime_figure", "tuner_figure", "report_html", "bench_html", "clock_label")
 _WIDGETS = ("dashboard", "live", "QuantTuner", "Dashboard", "LiveRun", "sync_figure")
 
 __all__ = [*_FIGURES, *_WIDGETS, "figures", "widgets"]

@@ -23,7 +23,7 @@ from plotly.subplots import make_subplots
 
 __all__ = [
     "routing_figure", "cache_figure", "timeline_figure", "tokens_figure", "steps_figure", "fidelity_figure",
-    "compare_figure", "tuner_figure", "report_html", "bench_html", "routing_cells", "residency", "clock_label",
+    "compare_figure", "speedup_figure", "cost_figure", "regime_figure", "tuner_figure", "report_html", "bench_html", "routing_cells", "residency", "clock_label",
     "default_routing_step", "ROUTING_CATEGORIES", "ROUTING_COLORS", "STATUS_COLORS", "PHASE_COLORS", "COPY_COLORS",
     "STALL_COLOR", "COPY_LANE",
 ]
@@ -711,6 +711,82 @@ def fidelity_figure(df: pd.DataFrame) -> go.Figure:
     return fig
 
 
+def speedup_figure(df: pd.DataFrame, target: str = "specter") -> go.Figure:
+    """Speedup of ``target`` over each other strategy (baseline TPOT / target TPOT, same prompts and budget), one
+    bar group per (hardware, budget). Bars above the 1× line are wins; the ``oracle`` bar shows the headroom."""
+    mean = df.groupby(["hardware", "expert_budget", "strategy"], sort=False)["tpot_ms"].mean().unstack("strategy")
+    if target not in mean:
+        raise ValueError(f"speedup_figure: no {target!r} rows in the table")
+    groups = [f"{h} · {b}" for h, b in mean.index]
+    fig = go.Figure()
+    for i, s_ in enumerate(c for c in _strategy_order(mean.columns) if c != target):
+        sp = mean[s_] / mean[target]
+        fig.add_trace(go.Bar(x=groups, y=sp, name=s_, marker_color=_HW_COLORS[i % len(_HW_COLORS)],
+                             text=[f"{v:.2f}×" for v in sp], textposition="outside", textfont=dict(size=9),
+                             cliponaxis=False,
+                             hovertemplate=f"{s_} TPOT / {target} TPOT = %{{y:.3f}}×<extra>%{{x}}</extra>"))
+    fig.add_hline(y=1.0, line=dict(color="#444", dash="dash", width=1))
+    _base_layout(fig, f"Speedup of {target} over each strategy · {_table_clock(df)}<br><sup>TPOT of the other / "
+                      f"TPOT of {target}; above 1× {target} is faster (oracle below 1× = headroom to the bound)</sup>",
+                 plot_height=300, legend="right", top=88)
+    fig.update_layout(barmode="group", legend_title_text="against")
+    fig.update_yaxes(title_text="speedup (×)", rangemode="tozero")
+    fig.update_xaxes(title_text="hardware · expert budget")
+    return fig
+
+
+def cost_figure(df: pd.DataFrame) -> go.Figure:
+    """Where the time goes: stall (ms waiting on copies) and host→device MB per token, per strategy."""
+    mean = df.groupby(["strategy"], sort=False)[["stall_ms_per_token", "h2d_bytes_per_token"]].mean()
+    order = _strategy_order(mean.index)
+    mean = mean.reindex(order)
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("stall per token (ms)", "host→device per token (MB)"),
+                        horizontal_spacing=0.1)
+    fig.add_trace(go.Bar(x=order, y=mean.stall_ms_per_token, marker_color=STALL_COLOR, showlegend=False,
+                         hovertemplate="%{x}: %{y:.3f} ms<extra></extra>"), 1, 1)
+    fig.add_trace(go.Bar(x=order, y=mean.h2d_bytes_per_token / 1e6, marker_color=COPY_COLORS["demand"],
+                         showlegend=False, hovertemplate="%{x}: %{y:.2f} MB<extra></extra>"), 1, 2)
+    _base_layout(fig, f"Stalls and transfers · {_table_clock(df)}<br><sup>mean over hardware, budgets and "
+                      "prompts</sup>", plot_height=260, legend="right", top=88)
+    fig.update_xaxes(tickangle=-30)
+    return fig
+
+
+def regime_figure(df: pd.DataFrame) -> go.Figure:
+    """Where each wins: speedup over the best baseline (≥ 1 wins) of faithful ``specter`` (top row) and ``auto``
+    (bottom row), per expert budget (x) and hardware profile (y), one column per cost shape. Green wins, red
+    loses; each cell says the number and, for ``auto``, what the planner chose."""
+    shapes = list(dict.fromkeys(df.cost_shape))
+    fig = make_subplots(rows=2, cols=len(shapes), shared_xaxes=True, shared_yaxes=True, vertical_spacing=0.12,
+                        horizontal_spacing=0.05,
+                        subplot_titles=[f"specter · {c}" for c in shapes] + [f"auto · {c}" for c in shapes])
+    budgets = sorted(df.expert_budget.unique())
+    hws = list(dict.fromkeys(df.hardware))
+    # log2 colour scale centred on 1×: as far red for 0.5× as green for 2×
+    scale = [[0.0, "#b2182b"], [0.5, "#f7f7f7"], [1.0, "#1b7837"]]
+    for ci, c in enumerate(shapes, start=1):
+        sub = df[df.cost_shape == c]
+        for ri, col in enumerate(("speedup_specter", "speedup_auto"), start=1):
+            z = sub.pivot_table(index="hardware", columns="expert_budget", values=col).reindex(index=hws, columns=budgets)
+            text = z.map(lambda v: "" if pd.isna(v) else f"{v:.2f}×")
+            if col == "speedup_auto" and "auto_choice" in sub:
+                ch = sub.pivot_table(index="hardware", columns="expert_budget", values="auto_choice",
+                                     aggfunc="first").reindex(index=hws, columns=budgets)
+                text = text + "<br>" + ch.fillna("").astype(str).map(lambda s: s.replace("spec ", ""))
+            fig.add_trace(go.Heatmap(
+                z=np.log2(z.to_numpy(dtype=float)), x=[str(b) for b in budgets], y=hws, text=text.to_numpy(),
+                texttemplate="%{text}", textfont=dict(size=10), zmin=-1, zmax=1, colorscale=scale,
+                showscale=ci == 1 and ri == 1, colorbar=dict(title="speedup", tickvals=[-1, 0, 1],
+                                                              ticktext=["0.5×", "1×", "2×"]),
+                hovertemplate="budget %{x}<br>%{y}<br>%{text}<extra></extra>"), ri, ci)
+    fig.update_xaxes(title_text="expert budget (fraction of routed-expert bytes)", row=2)
+    projected = "projected, " if df.cost_shape.notna().any() else ""
+    _base_layout(fig, f"Speedup over the best baseline ({projected}simulated)<br><sup>best of on_demand, lru, "
+                      "gate_lookahead, spec_lru, specmoeoff at the same budget; above 1× wins</sup>",
+                 plot_height=170 * 2, legend="right", top=95)
+    return fig
+
+
 def tuner_figure(table: pd.DataFrame | None, clock: str = "simulated") -> go.Figure:
     """The QuantTuner's chart: TPOT per strategy (left) and the speculative strategies' routing recall and
     acceptance (right). Always three traces, so a live widget can update them in place."""
@@ -821,7 +897,13 @@ def bench_html(df: pd.DataFrame, summary: pd.DataFrame | None = None, info: Mapp
     body = [f"<h1>specter_lab benchmark</h1><p class='note'>{_esc(info.get('note', _table_clock(df)))}"
             + (f" · model {_esc(info['model'])}" if "model" in info else "")
             + (f" · draft {_esc(info['draft'])}" if "draft" in info else "") + "</p>"]
-    body.append(_figures_html([("TPOT by strategy", compare_figure(df))]))
+    figs = [("TPOT by strategy", compare_figure(df))]
+    if "specter" in set(df.strategy):
+        figs.append(("Speedup of specter", speedup_figure(df)))
+    figs.append(("Stalls and transfers", cost_figure(df)))
+    if info.get("regimes"):
+        figs.append(("Regime map", regime_figure(pd.DataFrame(info["regimes"]))))
+    body.append(_figures_html(figs))
     if summary is not None and len(summary):
         body.append(f"<h2>Summary</h2>{_df_html(summary)}")
     for key, heading in (("ablations", "Ablations"), ("k_sweep", "K sweep"),
