@@ -58,7 +58,7 @@ def default_candidates(num_experts: int) -> list[tuple[str, str, dict[str, Any]]
         ("hybrid-int2", DraftSpec("hybrid", QuantSpec(2, 64), max(1, num_experts // 8))),
     ]
     for dname, d in drafts:
-        for k in (2, 4, 8):
+        for k in (1, 4, 8):  # k=1 is where the governor lands when copies dominate; 8 is the paper's
             cands.append((f"spec {dname} k={k}", "specter_plus", {"draft": d, "k": k}))
     return cands
 
