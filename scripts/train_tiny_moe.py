@@ -61,10 +61,12 @@ SKIP_DIRS = {
 }
 MAX_FILE_BYTES = 300_000  # skip huge (mostly generated) files
 
-# Two prompts from held-out modules, used for the greedy samples in the card.
+# Two prompts from held-out modules (heapq.py, colorsys.py), used for the greedy
+# samples in the card.  They end mid-line: with a byte-level BPE, a prompt ending
+# in a bare "\n" splits the usual "\n" + indentation token and derails the model.
 CARD_PROMPTS = [
-    "def heappush(heap, item):\n",
-    "import json\n\n\ndef load_config(path):\n",
+    'def heappush(heap, item):\n    """Push item onto heap, maintaining the heap invariant."""\n    heap.append(item)',
+    "def rgb_to_hls(r, g, b):\n    maxc = max(r, g, b)\n    minc = min(r, g, b)",
 ]
 
 DEFAULTS = dict(
@@ -308,7 +310,7 @@ def write_card(out: Path, info: dict) -> None:
     for i, u in enumerate(info["usage"]):
         lines.append(
             f"| {i} | {u['used']}/{cfg['num_experts']} | {u['entropy']:.3f} | "
-            f"{u['min_frac']:.4f} | {u['max_frac']:.4f} |"
+            f"{u['min_frac']:.2e} | {u['max_frac']:.4f} |"
         )
     lines += ["", "## Greedy continuations", ""]
     for p, c in info["samples"]:
