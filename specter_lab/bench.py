@@ -281,7 +281,8 @@ def bench_main(a) -> int:
 
     from .model import load_model
 
-    strategies = a.strategies.split(",") if a.strategies else list(STRATEGIES)
+    # The default set is the paper's comparison plus our own; `auto` (a calibration per cell) is in --regimes.
+    strategies = a.strategies.split(",") if a.strategies else [s for s in STRATEGIES if s != "auto"]
     hardware = [h for h in a.hardware.split(",") if h]
     budgets = [float(b) if float(b) <= 1 else int(float(b)) for b in a.budgets.split(",")]
     cost_shape = None if (a.cost_shape or "deepseek-v2-lite") == "none" else (a.cost_shape or "deepseek-v2-lite")

@@ -36,6 +36,14 @@ def cmd_run(a) -> int:
     import specter_lab as sl
 
     spec = sl.QuantSpec(a.bits, a.group_size, a.method)
+    # Check names and counts before loading the model (the slow part); the Engine checks the rest.
+    from .offload.hardware import get_cost_shape, get_profile
+    from .strategies import get_strategy
+
+    get_strategy(a.strategy), get_profile(a.hardware), get_cost_shape(a.cost_shape)
+    for flag, v in (("--max-new-tokens", a.max_new_tokens), ("--cache-slots", a.cache_slots), ("--k", a.k)):
+        if isinstance(v, int) and v < 1:
+            raise ValueError(f"{flag} {v}: use an integer >= 1.")
     model, tok = sl.load_model(a.model, trust_remote_code=a.trust_remote_code)
     kw = dict(cache_slots=a.cache_slots) if a.cache_slots is not None else dict(expert_budget=a.expert_budget)
     engine = sl.Engine(model, tok, a.strategy, draft=spec, k=a.k, hardware=a.hardware, cost_shape=a.cost_shape, **kw)
@@ -106,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     r.set_defaults(fn=cmd_run)
     b = sub.add_parser("bench", help="every strategy, equal memory, named hardware: the comparison table")
     _add_common(b)
-    b.add_argument("--strategies", default=None, help="comma-separated (default: all)")
+    b.add_argument("--strategies", default=None, help="comma-separated (default: all but auto; add auto to plan per cell)")
     b.add_argument("--hardware", default="rtx4090-pcie4,a100-40g-pcie4")
     b.add_argument("--budgets", default="0.5,0.35")
     b.add_argument("--prompts", type=int, default=4, help="how many held-out prompts")
