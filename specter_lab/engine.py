@@ -179,6 +179,7 @@ class Engine:
         self.record_routing = record_routing
         self.fault_hook: Callable[[int, int], None] | None = None  # passed to each run's ExpertStore (tests)
         self._draft: DraftExperts | None = None
+        self._host = None  # host copies of the experts (pinned on CUDA), made once and kept across runs
         # The device the model computes on: where its non-expert weights live (experts may sit in host memory).
         self.device = (model.get_input_embeddings().weight.device if hasattr(model, "get_input_embeddings")
                        else next(model.parameters()).device)
@@ -326,7 +327,9 @@ class Engine:
             policy = ForecastEviction()
         else:
             policy = make_policy(st.eviction)
-        store = ExpertStore(self.info, self.split.slots_per_layer, clock, self.cost, policy, trace, self.device)
+        store = ExpertStore(self.info, self.split.slots_per_layer, clock, self.cost, policy, trace, self.device,
+                            host=self._host)
+        self._host = store.host
         store.fault_hook = self.fault_hook
         rt = OffloadRuntime(self.info, store, clock, self.cost, trace, draft=draft, draft_variant=cfg.variant,
                             gate_lookahead=st.prefetch == "gate", draft_expert_bytes=self.draft_expert_bytes)
@@ -352,11 +355,16 @@ class Engine:
                     autoregressive(dec, prompt_t)
             except StopGeneration:
                 stopped = True
+            finally:
+                # Copies still in flight on a CUDA copy stream must land before anything (an error handler, the
+                # caching allocator) touches their buffers again. A no-op on the simulated clock.
+                clock.synchronize()
         store.flush_unused_prefetches()
         trace.finalize(clock)
         metrics = compute_metrics(trace)
         metrics.update(self.split.as_dict())
-        metrics.update({"strategy": "auto" if self.plan else st.name, "plan": self.plan.label if self.plan else None, "profile": self.profile.name, "projected": self.cost.projected,
+        metrics.update({"strategy": "auto" if self.plan else st.name, "plan": self.plan.label if self.plan else None,
+                        "profile": self.profile.name, "projected": self.cost.projected,
                         "cost_shape": self.cost.shape_name, "draft": cfg.label if st.speculative else None,
                         "k": st.k, "stopped": stopped})
         if draft is not None:

@@ -139,6 +139,8 @@ class OffloadRuntime:
         needed = set(ids)
         resident = [e for e in ids if store.lookup(layer, e) is not None]
         missing = [e for e in ids if e not in set(resident)]
+        store.counters.hits += len(resident)
+        store.counters.misses += len(missing)
         for e in resident:
             self.trace.cache(self.step, layer, e, "hit", now)
         for e in missing:

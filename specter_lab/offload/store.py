@@ -48,6 +48,15 @@ class Counters:
     h2d_bytes: int = 0
 
 
+def _host_copy(t: torch.Tensor, pin: bool) -> torch.Tensor:
+    """The host copy the link reads from: the parameter itself on CPU runs; pinned (page-locked) on CUDA, which
+    is what makes a non-blocking H2D copy really asynchronous."""
+    if not pin:
+        return t
+    t = t.to("cpu")
+    return t if t.is_pinned() else t.pin_memory()
+
+
 class ExpertStore:
     """Residency of routed experts in a fixed number of device slots per layer.
 
@@ -57,7 +66,7 @@ class ExpertStore:
     """
 
     def __init__(self, info, slots_per_layer: list[int], clock, cost, policy: EvictionPolicy, trace,
-                 device: torch.device | str = "cpu") -> None:
+                 device: torch.device | str = "cpu", host: list[dict[str, torch.Tensor]] | None = None) -> None:
         self.info = info
         self.clock = clock
         self.cost = cost
@@ -70,15 +79,14 @@ class ExpertStore:
         self.host: list[dict[str, torch.Tensor]] = []
         self.slots: list[LayerSlots] = []
         pin = self.device.type == "cuda"
-        for layer, n in zip(info.layers, slots_per_layer):
-            host = {}
-            for name in layer.param_names:
-                t = getattr(layer.experts, name).detach()
-                if pin:
-                    t = t.to("cpu").pin_memory()
-                host[name] = t
-            self.host.append(host)
-            bufs = {name: torch.empty((n, *t.shape[1:]), dtype=t.dtype, device=self.device) for name, t in host.items()}
+        for i, (layer, n) in enumerate(zip(info.layers, slots_per_layer)):
+            if host is not None:  # pinned copies made by an earlier run of the same engine
+                self.host.append(host[i])
+            else:
+                self.host.append({name: _host_copy(getattr(layer.experts, name).detach(), pin)
+                                  for name in layer.param_names})
+            host_i = self.host[-1]
+            bufs = {name: torch.empty((n, *t.shape[1:]), dtype=t.dtype, device=self.device) for name, t in host_i.items()}
             self.slots.append(LayerSlots([-1] * n, [None] * n, [None] * n, [False] * n, {}, bufs))
 
     # ------------------------------------------------------------------ queries
