@@ -17,15 +17,6 @@ N = 8
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is present: hardware='cuda' is valid here")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # 2 shared cores: intra-op threads fighting other jobs make tiny matmuls ~20x slower.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def model():
     return sl.tiny_random_model("qwen2_moe", seed=1)

@@ -14,14 +14,6 @@ IDS = [5, 6, 7, 8, 9]
 N = 8
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def model():
     return sl.tiny_random_model("qwen2_moe", seed=3)

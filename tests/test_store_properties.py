@@ -41,14 +41,6 @@ EPS = 1e-9  # ms
 PROPS = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @functools.lru_cache(maxsize=None)
 def tiny(family="mixtral"):
     model = sl.tiny_random_model(family, seed=2)

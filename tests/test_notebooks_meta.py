@@ -1,0 +1,100 @@
+"""Notebook hygiene, without running a kernel (nbval executes the notebooks themselves):
+
+* each tutorial is valid nbformat, runs on the ``python3`` kernel and opens with a markdown title;
+* it teaches: prose between the code (never more than two code cells in a row) and at least as much prose as code;
+* it is saved light: no outputs except in the cells nbval compares (``# NBVAL_CHECK_OUTPUT``), whose stored outputs
+  are small text; no widget state; no execution counts;
+* it never downloads: a hub id only appears behind ``SPECTER_LAB_ONLINE``, CUDA only behind
+  ``torch.cuda.is_available()``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+EXPECTED = ["01_quickstart", "02_quantization", "03_timelines", "04_compare", "05_your_model"]
+MAX_CODE_RUN = 2  # code cells in a row without a markdown cell between them
+MAX_CHECKED_OUTPUT = 2_000  # characters of stored output per checked cell
+MAX_FILE_BYTES = 100_000
+CHECK = "# NBVAL_CHECK_OUTPUT"
+
+
+def _notebooks() -> list[Path]:
+    return sorted(NOTEBOOKS.glob("*.ipynb"))
+
+
+def test_the_tutorials_are_there():
+    assert [p.stem for p in _notebooks()] == EXPECTED
+    assert (NOTEBOOKS / "sanitize.cfg").is_file()
+
+
+@pytest.fixture(params=_notebooks(), ids=lambda p: p.stem)
+def nb(request):
+    path = request.param
+    assert path.stat().st_size <= MAX_FILE_BYTES, f"{path.name} is {path.stat().st_size:,} B: clear its outputs"
+    notebook = nbformat.read(path, as_version=4)
+    nbformat.validate(notebook)
+    notebook.path = path
+    return notebook
+
+
+def test_kernel_and_title(nb):
+    assert nb.metadata.kernelspec.name == "python3"
+    first = nb.cells[0]
+    assert first.cell_type == "markdown" and first.source.startswith("# "), "open with a markdown title"
+
+
+def test_prose_between_code(nb):
+    kinds = [c.cell_type for c in nb.cells]
+    run = longest = 0
+    for k in kinds:
+        run = run + 1 if k == "code" else 0
+        longest = max(longest, run)
+    assert longest <= MAX_CODE_RUN, f"{longest} code cells in a row: explain what they show"
+    n_md, n_code = kinds.count("markdown"), kinds.count("code")
+    assert n_md >= n_code, f"{n_md} markdown cells for {n_code} code cells"
+    for c in nb.cells:
+        if c.cell_type == "markdown":
+            assert c.source.strip(), "empty markdown cell"
+
+
+def test_saved_without_outputs(nb):
+    assert "widgets" not in nb.metadata, "widget state saved: clear the outputs"
+    checked = 0
+    for c in nb.cells:
+        if c.cell_type != "code":
+            continue
+        assert c.execution_count is None, "execution counts saved: clear the outputs"
+        if c.source.lstrip().startswith(CHECK):
+            checked += 1
+            assert c.outputs, "a checked cell needs its expected output stored"
+            for o in c.outputs:
+                assert o.output_type == "stream", "checked cells store plain printed text only"
+                assert len(o.text) <= MAX_CHECKED_OUTPUT
+        else:
+            assert not c.outputs, f"outputs stored in an unchecked cell: {c.source[:60]!r}"
+    assert len(json.dumps(nb)) <= MAX_FILE_BYTES
+
+
+def test_offline_and_cpu_safe(nb):
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    for m in re.finditer(r"load_model\(\s*[\"']([^\"']+)[\"']", code):
+        name = m.group(1)
+        if name != "tiny" and re.fullmatch(r"[\w.-]+/[\w.-]+", name):  # a hub id
+            assert "SPECTER_LAB_ONLINE" in code, f"hub id {name!r} outside an SPECTER_LAB_ONLINE guard"
+    if re.search(r"hardware\s*=\s*[\"']cuda[\"']|sl\.calibrate\(", code):
+        assert "torch.cuda.is_available()" in code, "CUDA use without a torch.cuda.is_available() guard"
+
+
+def test_checked_outputs_exist_somewhere():
+    # at least the lossless checks are compared, not only executed
+    total = sum(c.source.lstrip().startswith(CHECK) for p in _notebooks()
+                for c in nbformat.read(p, as_version=4).cells if c.cell_type == "code")
+    assert total >= 2
