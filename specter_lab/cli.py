@@ -127,7 +127,12 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("calibrate", help="measure this CUDA machine's profile and save it")
     c.add_argument("--name", default="calibrated")
     c.set_defaults(fn=cmd_calibrate)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads (default 1: the bundled model's ops are too small to share)")
     a = parser.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(max(1, a.threads))
     try:
         return a.fn(a)
     except (ValueError, TypeError, FileNotFoundError, RuntimeError) as e:
