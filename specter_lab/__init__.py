@@ -32,8 +32,8 @@ def __getattr__(name):
         from . import planner
 
         return getattr(planner, name)
-    if name == "viz":
+    if name in ("viz", "bench", "planner"):
         import importlib
 
-        return importlib.import_module(".viz", __name__)
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'specter_lab' has no attribute {name!r}")

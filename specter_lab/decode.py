@@ -207,6 +207,7 @@ def speculative(dec: Decoder, prompt: torch.Tensor, strategy, planner: Lookahead
         step_ends = []
         x = last
         prev_union = 0
+        union_first = 0
         for j in range(k_cap):
             ts = clock.now()
             logits = dec.forward([x], "draft", "draft", keep=1)
@@ -227,6 +228,7 @@ def speculative(dec: Decoder, prompt: torch.Tensor, strategy, planner: Lookahead
                 break
             if k_fixed is None:
                 union = forecast.union_size()
+                union_first = union_first or union
                 uncovered = sum(len(set(forecast.counts[l]) - rt.store.resident(l)) for l in range(num_layers))
                 t_draft = planner.step_time_avg if planner and planner.step_time_avg else clock_elapsed(clock, ts, te)
                 ok = governor.keep_drafting(j + 1, t_draft, rt.verify_estimate(j + 2), rt.cost.copy_time(rt.cost.expert_bytes),
@@ -272,6 +274,7 @@ def speculative(dec: Decoder, prompt: torch.Tensor, strategy, planner: Lookahead
         trace.steps.append((step, "window", t0, clock.now(), len(drafts), acc, len(new)))
         if governor is not None:
             governor.update_acceptance(acc, len(drafts))
+            governor.update_growth(union_first, forecast.union_size(), len(drafts))
         dec.end_step()
         dec._notify(step, new, len(drafts), acc)
     return dec.out

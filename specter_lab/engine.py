@@ -204,7 +204,15 @@ class Engine:
 
     @property
     def draft_expert_bytes(self) -> float:
-        return _draft_ratio(self.info, self.draft_spec) * 2 * self.cost.expert_params
+        """Packed bytes of one draft expert, priced like the fp ones (the cost shape's dims when projected, so a
+        tiny model's group padding is not carried over to a real model's experts)."""
+        shape = self.cost_shape
+        if shape is None:
+            return _draft_ratio(self.info, self.draft_spec) * 2 * self.cost.expert_params
+        inter = shape.expert_params // (3 * shape.hidden)
+        spec = self.draft_spec
+        # gate/up rows run along hidden, down rows along the expert's intermediate width
+        return spec.packed_bytes(2 * inter * shape.hidden, shape.hidden) + spec.packed_bytes(shape.hidden * inter, inter)
 
     def _resolve_budget(self, expert_budget, cache_slots) -> BudgetSplit:
         info, eb = self.info, self.cost.expert_bytes

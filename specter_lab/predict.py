@@ -164,40 +164,56 @@ class LookaheadPlanner:
 
 @dataclass
 class KGovernor:
-    """``k="auto"``: keep drafting while one more token is expected to lower the time per committed token.
+    """``k="auto"``: keep drafting while a longer window is expected to lower the time per committed token.
 
-    Model of a window with j drafted tokens (acceptance α per token, estimated online as an EMA):
+    Model of a window of K drafted tokens (acceptance α per token, estimated online as an EMA):
 
-        E[tokens](j) = (1 − α^(j+1)) / (1 − α)                      committed tokens (accepted + bonus/correction)
-        T(j)         = t0 + j · t_draft + t_verify + c · U(j)       window time
-        U(j)         = experts the forecast says verification needs that are not resident (union grows with j)
+        E[tokens](K) = (1 − α^(K+1)) / (1 − α)                  committed tokens (accepted + correction/bonus)
+        T(K)         = K · t_draft + t_verify + t_copy · U(K)   window time
+        U(K)         = U(j) · (K / j)^β                         uncovered experts verification will demand-load
 
-    where ``t_draft`` is the running draft-step time, ``c`` the time to copy one expert that drafting did not
-    hide, ``t_verify`` the verification pass without misses. Draft one more token iff
-    T(j+1)/E(j+1) < T(j)/E(j), with U(j+1) extrapolated from the union's last growth. Bounded by ``k_max``.
+    ``U(j)`` is what the forecast says is still missing after j draft steps; it grows *sublinearly* with K
+    (distinct experts for K+1 tokens: ~10 at K=4, ~12.5 at K=8, ~15 at K=16 in DESIGN §7, β ≈ 0.3), so a
+    one-step look ahead stops too early: the first extra tokens add many experts, later ones few. After every
+    draft step j we minimise T(K)/E(K) over the whole horizon K ∈ [j, k_max] and draft on iff the minimum lies
+    beyond j. β is re-estimated from each window's union growth.
     """
 
     k_max: int = 16
     k_min: int = 1
-    alpha: float = 0.7
-    ema: float = 0.1
+    alpha: float = 0.8
+    beta: float = 0.35
+    ema: float = 0.3
 
     def update_acceptance(self, accepted: int, drafted: int) -> None:
         if drafted:
-            # Per-token acceptance from a window: accepted of drafted, with the first rejection ending the chain.
-            rate = accepted / drafted
-            self.alpha = (1 - self.ema) * self.alpha + self.ema * rate
+            # Per-token acceptance of a chain: `accepted` successes then at most one failure (the first
+            # rejection ends the window), so the estimate is accepted / (accepted + failures), not / drafted.
+            failures = 1 if accepted < drafted else 0
+            rate = accepted / (accepted + failures) if accepted + failures else self.alpha
+            self.alpha = (1 - self.ema) * self.alpha + self.ema * min(rate, 0.98)
 
-    def expected_tokens(self, j: int) -> float:
+    def update_growth(self, union_first: int, union_last: int, steps: int) -> None:
+        """Re-estimate β from one window: union after the first and after the last draft step."""
+        if steps >= 2 and union_first > 0 and union_last >= union_first:
+            b = math.log(union_last / union_first) / math.log(steps)
+            self.beta = (1 - self.ema) * self.beta + self.ema * min(max(b, 0.0), 1.0)
+
+    def expected_tokens(self, k: int) -> float:
         a = min(self.alpha, 0.999)
-        return (1 - a ** (j + 1)) / (1 - a)
+        return (1 - a ** (k + 1)) / (1 - a)
+
+    def best_k(self, j: int, t_draft: float, t_verify: float, t_copy: float, uncovered_now: int) -> int:
+        def cost(k: int) -> float:
+            grown = uncovered_now * (k / j) ** self.beta if j else uncovered_now
+            return (k * t_draft + t_verify + t_copy * grown) / self.expected_tokens(k)
+
+        return min(range(j, self.k_max + 1), key=cost)
 
     def keep_drafting(self, j: int, t_draft: float, t_verify: float, t_copy: float, uncovered_now: int,
-                      uncovered_growth: float) -> bool:
+                      uncovered_growth: float = 0.0) -> bool:
         if j < self.k_min:
             return True
         if j >= self.k_max:
             return False
-        t_now = j * t_draft + t_verify + t_copy * uncovered_now
-        t_next = (j + 1) * t_draft + t_verify + t_copy * (uncovered_now + uncovered_growth)
-        return t_next / self.expected_tokens(j + 1) < t_now / self.expected_tokens(j)
+        return self.best_k(j, t_draft, t_verify, t_copy, uncovered_now) > j
