@@ -338,7 +338,8 @@ class QuantTuner:
     def __init__(self, model, tokenizer, prompts, expert_budget: "float | int | str" = 0.5,
                  hardware: str = "rtx4090-pcie4", max_new_tokens: int = 24,
                  baselines: Sequence[str] = ("lru", "specmoeoff"), bits: int = 4, group_size: int = 64,
-                 method: str = "rtn", k: int = 8, auto: bool = True, run_now: bool = True) -> None:
+                 method: str = "rtn", k: int = 8, auto: bool = True, run_now: bool = True,
+                 cost_shape: str | None = None) -> None:
         W = _ipywidgets()
         from ..strategies import get_strategy
 
@@ -353,6 +354,7 @@ class QuantTuner:
             get_strategy(b)
         self.strategies = ["specter"] + [b for b in baselines if b != "specter"]
         self.expert_budget, self.hardware, self.max_new_tokens = expert_budget, hardware, max_new_tokens
+        self.cost_shape = cost_shape  # price as a real model (projected), like the other notebook tables
         self.bits = W.Dropdown(options=[2, 3, 4, 8], value=bits, description="bits", layout=W.Layout(width="150px"))
         self.group_size = W.Dropdown(options=[32, 64, 128], value=group_size, description="group",
                                      layout=W.Layout(width="160px"))
@@ -401,6 +403,7 @@ class QuantTuner:
                                "k": (k if name == "specter" else get_strategy(name).k) if speculative else None}
         try:
             eng = Engine(self.model, self.tokenizer, name, expert_budget=self.expert_budget, hardware=self.hardware,
+                         cost_shape=self.cost_shape,
                          draft=spec if speculative else None, k=k if name == "specter" else None)
         except ValueError as exc:  # e.g. an 8-bit draft leaves no room for one slot per layer
             return row, f"{name}: {exc}"
