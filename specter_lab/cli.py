@@ -102,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("run", help="generate once and print the text and metrics")
     _add_common(r)
     r.add_argument("--strategy", default="specter", help=f"one of {list(sl.STRATEGIES)}")
-    r.add_argument("--prompt", default="def fibonacci(n):\n")
+    # Ends mid-line on purpose: with byte-level BPE a trailing newline splits the usual newline+indent token.
+    r.add_argument("--prompt", default='def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n    if n < 2:')
     r.add_argument("--hardware", default="rtx4090-pcie4", help=f"one of {sorted(sl.PROFILES)} or 'cuda'")
     r.add_argument("--cache-slots", type=int, default=None)
     r.add_argument("--sample", action="store_true")
