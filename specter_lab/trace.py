@@ -158,6 +158,9 @@ def compute_metrics(trace: Trace) -> dict[str, Any]:
         out["mean_k"] = float(windows.drafted.mean())
         out["accept_hist"] = {int(k): int(v) for k, v in windows.accepted.value_counts().sort_index().items()}
         out["coverage"] = out["hit_rate"]
+        dr = co[(co.phase == "draft") & (co.step >= 1)]
+        # what one draft token costs: every draft span (dense parts, experts, head) over the tokens drafted
+        out["draft_step_ms"] = float((dr.end - dr.start).sum()) / drafted if drafted else float("nan")
     else:
         out["acceptance_rate"] = float("nan")
         out["mean_accepted"] = float("nan")
