@@ -243,8 +243,25 @@ def test_bench_html_has_the_figure_and_tables():
     df = _compare_df()
     page = viz.bench_html(df, summarize(df), {"note": "simulated clock", "model": "tiny",
                                               "k_sweep": [{"k": "4", "tpot_ms": 1.0}]})
-    assert page.count("plotly.js v") == 1 and page.count("Plotly.newPlot(") == 1
+    # TPOT by strategy, speedup of specter over each strategy, stalls and transfers; library inlined once
+    assert page.count("plotly.js v") == 1 and page.count("Plotly.newPlot(") == 3
     assert "TPOT by strategy" in page and "K sweep" in page and "speedup_specter" in page
+    assert "Speedup of specter" in page and "Stalls and transfers" in page
+
+
+def test_speedup_and_regime_figures():
+    df = _compare_df()
+    fig = viz.speedup_figure(df)
+    # one bar trace per other strategy; specter vs lru where lru's TPOT equals specter's: exactly 1x
+    assert [t.name for t in fig.data] == ["lru", "specmoeoff"]
+    assert all(abs(v - 1.0) < 1e-12 for v in fig.data[0].y)
+    regimes = pd.DataFrame([dict(cost_shape="deepseek-v2-lite", hardware=h, expert_budget=b, speedup_specter=s,
+                                 speedup_auto=1.0, auto_choice="lru")
+                            for h in ("rtx4090-pcie4", "t4-pcie3") for b, s in ((0.35, 0.5), (0.5, 2.0))])
+    rf = viz.regime_figure(regimes)
+    assert len(rf.data) == 2  # specter row and auto row for the one cost shape
+    z = rf.data[0].z  # log2 speedups: 0.5x -> -1, 2x -> +1
+    assert z[0][0] == -1.0 and z[0][1] == 1.0
 
 
 # ----------------------------------------------------------------------------------------- widgets
