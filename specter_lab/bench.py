@@ -200,6 +200,7 @@ ABLATIONS = {
     "no lookahead prefetch": dict(strategy="specter", prefetch="none"),
     "fixed chunking (0.2 only)": dict(strategy="specter", chunking=(0.2,)),
     "forecast eviction": dict(strategy="specter", eviction="forecast"),
+    "slots shared across layers": dict(strategy="specter", shared_slots=True),
     "k=auto": dict(strategy="specter", k="auto"),
     "forecast eviction + k=auto": dict(strategy="specter", eviction="forecast", k="auto"),
 }

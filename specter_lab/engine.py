@@ -117,7 +117,7 @@ class Engine:
         k: draft length, or ``"auto"`` for the per-window governor.
         hardware: a profile name in ``sl.PROFILES``, a :class:`HardwareProfile`, or ``"cuda"`` (real clock).
         cost_shape: price experts as a named real model (``sl.COST_SHAPES``); results are labelled projected.
-        eviction, prefetch, chunking: override the strategy's (for ablations).
+        eviction, prefetch, chunking, shared_slots: override the strategy's (for ablations).
 
     Attribute ``fault_hook`` (default None): a ``fn(layer, expert)`` that ``generate`` hands to each run's
     ExpertStore; it is called before every host→device copy and may raise to inject a failed copy (tests).
@@ -128,7 +128,8 @@ class Engine:
                  draft: "QuantSpec | DraftSpec | str | None" = None, k: "int | str | None" = None,
                  hardware: "str | HardwareProfile | None" = None, cost_shape: str | None = None,
                  eviction: str | None = None, prefetch: str | None = None,
-                 chunking: "str | tuple[float, ...] | None" = None, record_routing: bool = True) -> None:
+                 chunking: "str | tuple[float, ...] | None" = None, shared_slots: bool | None = None,
+                 record_routing: bool = True) -> None:
         self.info = inspect_model(model)  # raises on a dense model
         # The caller's own arguments first, before any planning/calibration work (strategy='auto').
         if k is not None and k != "auto" and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
@@ -162,7 +163,7 @@ class Engine:
             strategy = chosen.pop("strategy")
             draft, k = chosen.get("draft", draft), chosen.get("k", k)
         self.strategy = get_strategy(strategy).with_options(k=k, eviction=eviction, prefetch=prefetch,
-                                                             chunking=chunking)
+                                                             chunking=chunking, shared_slots=shared_slots)
         self.draft_cfg = as_draft_spec(draft)
         profile = get_profile(hardware)  # raises on an unknown profile, or 'cuda' without CUDA
         self.use_cuda_clock = profile is None
@@ -348,7 +349,8 @@ class Engine:
                       max_new_tokens, callback)
         planner = governor = None
         if st.speculative:
-            planner = LookaheadPlanner(store, self.cost, chunking=st.chunking, protect=st.protect)
+            planner = LookaheadPlanner(store, self.cost, chunking=st.chunking, protect=st.protect,
+                                       shared_slots=st.shared_slots and store.can_share())
             governor = KGovernor() if st.k == "auto" else None
         if isinstance(policy, ForecastEviction):
             # Furthest forecast next use: the planner's live window forecast (none → recency).

@@ -68,6 +68,7 @@ class LookaheadPlanner:
     _fraction_steps: list[int] = field(default_factory=list)
     bytes_issued: int = 0
     k: int = 8  # draft length of the current window
+    shared_slots: bool = False  # rebalance the slot pool across layers by forecast demand at each boundary
 
     def begin_window(self, k: int) -> None:
         self.bytes_issued = 0
@@ -89,8 +90,40 @@ class LookaheadPlanner:
     def due(self, steps_done: int) -> bool:
         return self.next_boundary > 0 and steps_done >= self.next_boundary
 
+    def rebalance(self, forecast: WindowForecast) -> int:
+        """Beyond the paper: share the slot pool across layers by forecast demand. Each layer's target is its
+        share of the pool in proportion to the distinct experts the forecast says it will need (at least one);
+        slots move from layers above target to layers below, evicting what the forecast does not need. Returns
+        the number of slots moved."""
+        store = self.store
+        sizes = [s.size for s in store.slots]
+        total = sum(sizes)
+        demand = [max(1, len(c)) for c in forecast.counts]
+        raw = [total * d / sum(demand) for d in demand]
+        target = [max(1, int(r)) for r in raw]
+        # hand out what flooring left, largest remainders first; take back any excess from the largest
+        for l in sorted(range(len(raw)), key=lambda l: raw[l] - int(raw[l]), reverse=True)[: max(0, total - sum(target))]:
+            target[l] += 1
+        while sum(target) > total:
+            target[max(range(len(target)), key=lambda l: target[l])] -= 1
+        moved = 0
+        donors = [l for l in range(len(sizes)) if sizes[l] > target[l]]
+        for dst in range(len(sizes)):
+            while store.slots[dst].size < target[dst] and donors:
+                src = donors[0]
+                # the donor keeps its most likely experts, as many as its target: the rest may go
+                if not store.move_slot(src, dst, protected=set(forecast.top(src, target[src]))):
+                    donors.pop(0)
+                    continue
+                moved += 1
+                if store.slots[src].size <= target[src]:
+                    donors.pop(0)
+        return moved
+
     def boundary(self, steps_done: int, forecast: WindowForecast, issue_at=None, trace_step: int = 0) -> int:
         """Prefetch top-M per layer, layer by layer. Returns bytes issued and schedules the next boundary."""
+        if self.shared_slots:  # at every boundary: the forecast's picture of demand sharpens as drafting goes on
+            self.rebalance(forecast)
         if self.chunking == "budgeted":
             return self.budgeted(steps_done, forecast, issue_at)
         issued = 0

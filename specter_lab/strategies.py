@@ -22,6 +22,7 @@ class Strategy:
       the bytes just issued) or a tuple of draft fractions (``specmoeoff``: 0.2 and 0.6).
     * ``eviction``    – ``lru`` | ``lfu`` | ``forecast`` (furthest forecast next use, then recency).
     * ``k``           – draft length, or ``"auto"`` for the per-window governor.
+    * ``shared_slots`` – one slot pool for all layers, re-divided each window by the forecast's demand.
     """
 
     name: str
@@ -32,6 +33,7 @@ class Strategy:
     k: int | str = 8
     protect: bool = True
     keep: bool = True  # False: drop every expert after use (no cache at all)
+    shared_slots: bool = False  # slots shared across layers by forecast demand instead of a fixed M per layer
     description: str = ""
 
     def with_options(self, **kw) -> "Strategy":

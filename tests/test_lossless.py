@@ -95,3 +95,30 @@ def test_auto_plan_is_lossless_and_chooses_the_fastest(family_models, family):
     r = sl.Engine(model, None, plan, expert_budget=0.4, cost_shape="mixtral-8x7b").generate(ids, max_new_tokens=20)
     assert r.token_ids == ref
     assert r.metrics["strategy"] == "auto" and r.metrics["plan"] == plan.label
+
+
+@pytest.mark.parametrize("family", ["qwen2_moe", "deepseek_v3"])
+def test_slots_shared_across_layers_stay_lossless_at_equal_memory(family_models, family, monkeypatch):
+    """Beyond the paper (c): one slot pool re-divided across layers by forecast demand during drafting."""
+    from specter_lab.predict import LookaheadPlanner
+
+    model = family_models[family]
+    n_layers = sl.inspect_model(model).num_layers
+    seen, moved = [], []
+    rebalance = LookaheadPlanner.rebalance
+
+    def watched(self, forecast):
+        moved.append(rebalance(self, forecast))
+        self.store.check_invariants()
+        seen.append([s.size for s in self.store.slots])
+        return moved[-1]
+
+    monkeypatch.setattr(LookaheadPlanner, "rebalance", watched)
+    ids = PROMPTS[1]
+    ref = hf_greedy(model, ids, 24)
+    for strategy in ("specter", "oracle"):
+        r = sl.Engine(model, None, strategy, cache_slots=3, shared_slots=True).generate(ids, max_new_tokens=24)
+        assert r.token_ids == ref
+        assert r.metrics["slot_bytes"] == 3 * n_layers * r.metrics["expert_bytes"]
+    assert seen and all(sum(sizes) == 3 * n_layers for sizes in seen)  # the pool never grows or shrinks
+    assert sum(moved) > 0 and any(len(set(sizes)) > 1 for sizes in seen)  # and it really was re-divided

@@ -189,6 +189,44 @@ class ExpertStore:
             self.trace.cache(self.step, layer, s.expert[slot], "prefetch_used", end)
         self.policy.touch(layer, s.expert[slot])
 
+    # ------------------------------------------------------------------ sharing slots across layers
+    def can_share(self) -> bool:
+        """Slots can move between layers only if every layer's experts have the same tensor shapes."""
+        shapes = [tuple((n, tuple(t.shape[1:]), t.dtype) for n, t in h.items()) for h in self.host]
+        return all(sh == shapes[0] for sh in shapes)
+
+    def move_slot(self, src: int, dst: int, protected: Iterable[int] = ()) -> bool:
+        """Give one slot of layer ``src`` to layer ``dst`` (total device memory unchanged): an empty slot if there
+        is one, else the policy's victim among the unprotected. The moved slot arrives empty at ``dst``; a copy
+        into it still waits for the last read of its old contents. False if ``src`` has no slot it may give."""
+        s, d = self.slots[src], self.slots[dst]
+        if s.size <= 1:
+            return False
+        empty = [i for i, e in enumerate(s.expert) if e < 0]
+        if empty:
+            i = empty[0]
+        else:
+            protected = set(protected)
+            cands = [(j, e) for j, e in enumerate(s.expert) if e not in protected]
+            if not cands:
+                return False
+            i = self.policy.victim(src, cands)
+        carried = [h for h in (s.last_use[i], s.ready[i]) if h is not None]
+        self.evict(src, i)
+        for lst in (s.expert, s.ready, s.last_use, s.prefetched):
+            del lst[i]
+        s.where = {e: j for j, e in enumerate(s.expert) if e >= 0}
+        for name, buf in s.buffers.items():
+            s.buffers[name] = torch.cat([buf[:i], buf[i + 1:]])
+            d.buffers[name] = torch.cat([d.buffers[name], torch.empty_like(buf[:1])])
+        d.expert.append(-1)
+        d.ready.append(None)
+        # The new slot's memory was last read by src's compute: its first copy must wait for that.
+        d.last_use.append(max(carried) if carried and all(isinstance(h, float) for h in carried)
+                          else (carried[0] if carried else None))
+        d.prefetched.append(False)
+        return True
+
     def note_read(self, layer: int, slot: int, end: Handle) -> None:
         """The draft read a slot: a later copy into it must wait, but this is not a target use (no LRU touch)."""
         self.slots[layer].last_use[slot] = end
