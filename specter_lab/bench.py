@@ -8,7 +8,6 @@ only ``hardware="cuda"`` measures speed.
 from __future__ import annotations
 
 import json
-import math
 import time
 from importlib import resources
 from typing import Any, Iterable, Sequence
@@ -278,7 +277,6 @@ def _fmt(df: pd.DataFrame) -> str:
 
 
 def bench_main(a) -> int:
-    import specter_lab as sl
 
     from .model import load_model
 

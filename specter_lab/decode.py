@@ -206,7 +206,6 @@ def speculative(dec: Decoder, prompt: torch.Tensor, strategy, planner: Lookahead
         qs: list[torch.Tensor] = []
         step_ends = []
         x = last
-        prev_union = 0
         union_first = 0
         for j in range(k_cap):
             ts = clock.now()
@@ -223,18 +222,15 @@ def speculative(dec: Decoder, prompt: torch.Tensor, strategy, planner: Lookahead
                 if clock.kind == "simulated":
                     planner.observe_step(clock.elapsed(ts, te))
                 if strategy.prefetch == "draft" and planner.due(j + 1):
-                    planner.boundary(j + 1, forecast, trace_step=step)
+                    planner.boundary(j + 1, forecast)
             if d in dec.eos:
                 break
             if k_fixed is None:
-                union = forecast.union_size()
-                union_first = union_first or union
+                union_first = union_first or forecast.union_size()
                 uncovered = sum(len(set(forecast.counts[l]) - rt.store.resident(l)) for l in range(num_layers))
                 t_draft = planner.step_time_avg if planner and planner.step_time_avg else clock_elapsed(clock, ts, te)
-                ok = governor.keep_drafting(j + 1, t_draft, rt.verify_estimate(j + 2), rt.cost.copy_time(rt.cost.expert_bytes),
-                                            uncovered, union - prev_union)
-                prev_union = union
-                if not ok:
+                if not governor.keep_drafting(j + 1, t_draft, rt.verify_estimate(j + 2),
+                                              rt.cost.copy_time(rt.cost.expert_bytes), uncovered):
                     break
         crop_to(dec.cache, n)
         window_forecast = forecast
@@ -250,7 +246,7 @@ def speculative(dec: Decoder, prompt: torch.Tensor, strategy, planner: Lookahead
                 planner.begin_window(len(drafts))
                 for j, te in enumerate(step_ends):
                     if planner.due(j + 1):
-                        planner.boundary(j + 1, window_forecast, issue_at=te, trace_step=step)
+                        planner.boundary(j + 1, window_forecast, issue_at=te)
         for layer, counts in enumerate(window_forecast.counts):
             for e, c in counts.items():
                 trace.forecast.append((step, layer, e, c))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -25,8 +25,11 @@ from .offload.runtime import OffloadRuntime
 from .offload.store import ExpertStore
 from .predict import KGovernor, LookaheadPlanner
 from .quant import DraftExperts, QuantSpec
-from .strategies import STRATEGIES, Strategy, get_strategy
+from .strategies import Strategy, get_strategy
 from .trace import Trace, compute_metrics
+
+if TYPE_CHECKING:
+    from .planner import Plan
 
 __all__ = ["Engine", "GenerationResult", "BudgetSplit"]
 

@@ -120,7 +120,7 @@ class LookaheadPlanner:
                     donors.pop(0)
         return moved
 
-    def boundary(self, steps_done: int, forecast: WindowForecast, issue_at=None, trace_step: int = 0) -> int:
+    def boundary(self, steps_done: int, forecast: WindowForecast, issue_at=None) -> int:
         """Prefetch top-M per layer, layer by layer. Returns bytes issued and schedules the next boundary."""
         if self.shared_slots:  # at every boundary: the forecast's picture of demand sharpens as drafting goes on
             self.rebalance(forecast)
@@ -243,8 +243,7 @@ class KGovernor:
 
         return min(range(j, self.k_max + 1), key=cost)
 
-    def keep_drafting(self, j: int, t_draft: float, t_verify: float, t_copy: float, uncovered_now: int,
-                      uncovered_growth: float = 0.0) -> bool:
+    def keep_drafting(self, j: int, t_draft: float, t_verify: float, t_copy: float, uncovered_now: int) -> bool:
         if j < self.k_min:
             return True
         if j >= self.k_max:

@@ -1,6 +1,5 @@
 """The benchmark harness: tidy tables, equal budgets, labels that say simulated / projected."""
 
-import pandas as pd
 import pytest
 
 import specter_lab as sl

@@ -20,7 +20,6 @@ import functools
 import math
 
 import numpy as np
-import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -166,7 +165,7 @@ def test_store_invariants_under_random_routing_and_prefetch(slots, policy, next_
                 fc.add({layer: torch.tensor(r[j:j + 1]).numpy() for layer, r in enumerate(per_layer) if j < len(r)})
             planner.chunking = "adaptive" if adaptive else (0.2, 0.6)
             planner.begin_window(8)
-            planner.boundary(1, fc, trace_step=step)
+            planner.boundary(1, fc)
             for layer in range(L):
                 assert set(fc.top(layer, store.slots[layer].size)) <= store.resident(layer)
         elif kind == "step":

@@ -526,10 +526,10 @@ def tokens_figure(result: Any, tokenizer: Any = None, highlight_step: int | None
     ``highlight_step`` frames that step's tokens and dims every later step, so a step slider shows the text as it
     stood after that step."""
     if isinstance(result, pd.DataFrame):
-        tok, kinds, meta = result, {}, {}
+        tok, kinds = result, {}
     else:
         f = _frames(result)
-        tok, meta = f["tokens"], _meta(result)
+        tok = f["tokens"]
         kinds = dict(zip(f["steps"].step, f["steps"].kind))
     placed = _token_rows(tok, kinds, wrap) if len(tok) else tok.assign(row=[], col=[], row_label=[])
     truncated = len(placed) and placed.row.max() >= max_rows
