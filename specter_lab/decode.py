@@ -9,7 +9,7 @@ token; sampling uses standard speculative rejection sampling, so the output dist
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -58,6 +58,8 @@ class StepInfo:
     new_tokens: list[int]
     drafted: int = 0
     accepted: int = 0
+    # Frames of the run so far (Trace.snapshot): call it inside the callback, where the trace is consistent.
+    snapshot: Callable[[], dict] | None = field(default=None, repr=False, compare=False)
 
 
 class Decoder:
@@ -130,7 +132,8 @@ class Decoder:
 
     def _notify(self, step: int, new: list[int], drafted: int = 0, accepted: int = 0) -> None:
         if self.callback is not None:
-            self.callback(StepInfo(step, list(self.out), new, drafted, accepted))
+            self.callback(StepInfo(step, list(self.out), new, drafted, accepted,
+                                   snapshot=lambda: self.trace.snapshot(self.clock)))
 
     def end_step(self) -> None:
         if not self.rt.keep_cache:

@@ -81,6 +81,20 @@ class Trace:
         self._finalized = True
         return self
 
+    def snapshot(self, clock) -> dict[str, Any]:
+        """Frames of the run *so far*, while it is still recording (what a live view draws), plus ``meta``.
+
+        The records are copied and their times resolved on the copy, so the run goes on recording untouched.
+        On a CUDA clock resolving a time synchronises the device: a live view that refreshes often perturbs
+        the timings it shows, which is why views throttle their refreshes."""
+        if self._finalized:
+            return {**self.frames(), "meta": dict(self.meta)}
+        copy = Trace(meta=dict(self.meta), steps=list(self.steps), tokens=list(self.tokens),
+                     routing_raw=list(self.routing_raw), forecast=list(self.forecast),
+                     cache_events=list(self.cache_events), transfers=list(self.transfers),
+                     compute=list(self.compute), record_routing=self.record_routing)
+        return {**copy.finalize(clock).frames(), "meta": copy.meta}
+
     def frames(self) -> dict[str, pd.DataFrame]:
         """All frames as pandas DataFrames (cached after the first call)."""
         if not self._finalized:

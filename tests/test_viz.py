@@ -311,6 +311,54 @@ def test_live_stop_ends_generation_after_the_step(model):
     assert set(run.static()) >= {"progress", "tokens", "dashboard_routing"}
 
 
+def _data_json(fig) -> str:
+    import json
+
+    return json.dumps(json.loads(fig.to_json())["data"], sort_keys=True)
+
+
+def test_live_details_show_each_step_while_it_runs(model):
+    """With min_interval=0 the view redraws after every step, so when step s's callback runs, the routing, cache
+    and timeline widgets show step s-1, drawn from the trace so far, exactly as the finished run draws it."""
+    engine = sl.Engine(model, None, "specter", cache_slots=3, hardware="rtx4090-pcie4", draft=sl.QuantSpec(2, 64))
+    seen: dict[int, dict] = {}
+
+    def capture(info):
+        if info.step >= 1 and run.routing is not None:
+            seen[info.step] = dict(live_step=run.live_step, routing=_data_json(run.routing),
+                                   timeline=_data_json(run.timeline), finished=run.done)
+
+    run = viz.LiveRun(engine, PROMPT, max_new_tokens=12, callback=capture, min_interval=0.0, start=False)
+    assert run.routing is None and run.live_step is None
+    run.start()
+    result = run.join(120)
+    assert seen, "the detail views were never drawn during the run"
+    last = max(seen)
+    for step, got in seen.items():
+        assert got["live_step"] == step - 1 and not got["finished"]
+    got = seen[last]
+    assert got["routing"] == _data_json(F.routing_figure(result, last - 1))
+    assert got["timeline"] == _data_json(F.timeline_figure(result, last - 1))
+    assert run.dashboard is not None and run._details_box.children == ()
+    assert {"live_routing", "live_cache", "live_timeline"} <= set(run.static())
+
+
+def test_snapshot_leaves_the_trace_recording(model):
+    from specter_lab.trace import Trace
+
+    engine = sl.Engine(model, None, "lru", cache_slots=3)
+    sizes = []
+
+    def snap(info):
+        frames = info.snapshot()
+        sizes.append((len(frames["steps"]), len(frames["routing"])))
+
+    result = engine.generate(PROMPT, max_new_tokens=6, callback=snap)
+    assert [n for n, _ in sizes] == list(range(1, len(sizes) + 1))  # one more step each time
+    assert all(b[1] > a[1] for a, b in zip(sizes, sizes[1:]))
+    assert isinstance(result.trace, Trace) and len(result.trace.frames()["steps"]) == len(sizes)
+
+
 def test_live_frames_from_step_infos():
     from specter_lab.decode import StepInfo
     from specter_lab.viz.widgets import _live_frames

@@ -182,11 +182,14 @@ class LiveRun:
     """A generation running in a background thread, with views refreshed as steps complete.
 
     ``widget`` (display it), ``stop_button``, ``status``, the FigureWidgets ``progress`` (tokens per step) and
-    ``tokens``; ``steps`` (the StepInfo records so far), ``result`` (the GenerationResult once done), ``error``
-    (an exception raised by generate, if any) and ``dashboard`` (a :class:`Dashboard` of the finished run)."""
+    ``tokens``; with ``details=True`` also ``routing``, ``cache`` and ``timeline`` FigureWidgets of the latest
+    step (``live_step``), drawn from the trace so far (created at the first refresh; None before, and put away
+    when the finished run's dashboard takes their place); ``steps`` (the StepInfo records so far), ``result``
+    (the GenerationResult once done), ``error`` (an exception raised by generate, if any) and ``dashboard`` (a
+    :class:`Dashboard` of the finished run)."""
 
     def __init__(self, engine, prompt, max_new_tokens: int = 64, *, tokenizer: Any = None, min_interval: float = 0.25,
-                 start: bool = True, **generate_kwargs: Any) -> None:
+                 start: bool = True, details: bool = True, **generate_kwargs: Any) -> None:
         W = _ipywidgets()
         self.engine = engine
         self.prompt = prompt
@@ -199,6 +202,12 @@ class LiveRun:
         self.result = None
         self.error: BaseException | None = None
         self.dashboard: Dashboard | None = None
+        self.details = bool(details)
+        self.routing: go.FigureWidget | None = None
+        self.cache: go.FigureWidget | None = None
+        self.timeline: go.FigureWidget | None = None
+        self.live_step: int | None = None
+        self._live_frames: tuple[int, dict] | None = None
         self._stop = threading.Event()
         self._done = threading.Event()
         self._lock = threading.Lock()
@@ -212,7 +221,9 @@ class LiveRun:
         self.stop_button.on_click(lambda _: self.stop())
         self.status = W.HTML("starting …")
         self._result_box = W.VBox([])
-        self.widget = W.VBox([W.HBox([self.stop_button, self.status]), self.progress, self.tokens, self._result_box])
+        self._details_box = W.VBox([])
+        self.widget = W.VBox([W.HBox([self.stop_button, self.status]), self.progress, self.tokens, self._details_box,
+                              self._result_box])
         self.thread = threading.Thread(target=self._run, name="specter-live", daemon=True)
         if start:
             self.start()
@@ -250,6 +261,12 @@ class LiveRun:
         with self._lock:
             self.steps.append(info)
         if time.perf_counter() - self._last_refresh >= self.min_interval:
+            # The snapshot is taken here, in the generating thread between two steps, where the trace is
+            # consistent; refresh() may also be called from the notebook's thread and only reads what is kept.
+            if self.details and info.snapshot is not None:
+                frames = info.snapshot()
+                with self._lock:
+                    self._live_frames = (info.step, frames)
             self.refresh()
         if self._stop.is_set():
             raise StopGeneration()
@@ -280,7 +297,25 @@ class LiveRun:
         acc = f" · acceptance {st.accepted.sum() / drafted:.0%}" if drafted else ""
         self.status.value = (f"step {steps[-1].step if steps else '–'} · {n}/{self.max_new_tokens} tokens{acc} · "
                              f"{time.perf_counter() - self._t0:.1f} s")
+        self._refresh_details()
         self._last_refresh = time.perf_counter()
+
+    def _refresh_details(self) -> None:
+        """Routing, cache and timeline of the latest snapshotted step, as the finished run's dashboard draws them."""
+        with self._lock:
+            latest = self._live_frames
+        if latest is None or self.dashboard is not None:
+            return
+        step, frames = latest
+        figs = {"routing": F.routing_figure(frames, step), "cache": F.cache_figure(frames, step),
+                "timeline": F.timeline_figure(frames, step)}
+        if self.routing is None:
+            self.routing, self.cache, self.timeline = (go.FigureWidget(figs[k]) for k in ("routing", "cache", "timeline"))
+            self._details_box.children = (self.routing, self.cache, self.timeline)
+        else:
+            for name, fig in figs.items():
+                sync_figure(getattr(self, name), fig)
+        self.live_step = step
 
     def _finish(self) -> None:
         self.stop_button.disabled = True
@@ -294,6 +329,7 @@ class LiveRun:
         sync_figure(self.progress, F.steps_figure(r))
         sync_figure(self.tokens, F.tokens_figure(r, self.tokenizer))
         self.dashboard = Dashboard(r, self.tokenizer)
+        self._details_box.children = ()  # the dashboard shows the same views, with a step slider
         self._result_box.children = (self.dashboard.widget,)
         m = r.metrics
         how = "stopped" if m.get("stopped") else "done"
@@ -304,6 +340,9 @@ class LiveRun:
     def static(self) -> dict[str, go.Figure]:
         """The current views as plain figures (plus the dashboard's once the run is done)."""
         out = {"progress": _static(self.progress), "tokens": _static(self.tokens)}
+        for name in ("routing", "cache", "timeline"):
+            if getattr(self, name) is not None:
+                out[f"live_{name}"] = _static(getattr(self, name))
         if self.dashboard is not None:
             out.update({f"dashboard_{k}": v for k, v in self.dashboard.static().items()})
         return out
@@ -317,7 +356,8 @@ def live(engine, prompt, max_new_tokens: int = 64, **generate_kwargs: Any) -> Li
     notebook cell). ``.stop()`` or the Stop button ends it after the current step (``result.metrics['stopped']``
     is then True); ``.join()`` waits and returns the GenerationResult. Extra keyword arguments go to
     ``generate`` (a ``callback`` there is called before the view's own); ``tokenizer=``, ``min_interval=``
-    (seconds between redraws) and ``start=`` configure the view."""
+    (seconds between redraws), ``details=`` (routing, cache and timeline of the latest step while it runs; on a
+    CUDA clock each of those redraws synchronises the device) and ``start=`` configure the view."""
     return LiveRun(engine, prompt, max_new_tokens, **generate_kwargs)
 
 
