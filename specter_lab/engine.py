@@ -117,7 +117,8 @@ class Engine:
             the full-precision routed-expert bytes, a byte count, or a string like ``"2GiB"``. Default 0.5.
         cache_slots: alternatively, full-precision slots per layer (the draft comes on top).
         draft: the draft's :class:`QuantSpec` (speculative strategies).
-        k: draft length, or ``"auto"`` for the per-window governor.
+        k: draft length, or ``"auto"`` for the per-window governor. With ``strategy="auto"``, ``draft`` and ``k``
+            pin the planner's speculative candidates: it decides whether to speculate, with your draft and K.
         hardware: a profile name in ``sl.PROFILES``, a :class:`HardwareProfile`, or ``"cuda"`` (real clock).
         cost_shape: price experts as a named real model (``sl.COST_SHAPES``); results are labelled projected.
         eviction, prefetch, chunking, shared_slots: override the strategy's (for ablations).
@@ -160,8 +161,9 @@ class Engine:
             else:
                 from .planner import plan as make_plan
 
+                # The caller's draft / k pin the speculative candidates instead of being overridden afterwards.
                 self.plan = make_plan(model, tokenizer, hardware, 0.5 if expert_budget is None else expert_budget,
-                                      cost_shape=cost_shape, progress=False)
+                                      cost_shape=cost_shape, progress=False, draft=draft, k=k)
             chosen = self.plan.engine_kwargs()
             strategy = chosen.pop("strategy")
             draft, k = chosen.get("draft", draft), chosen.get("k", k)

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from .drafts import DraftSpec
+from .drafts import DraftSpec, as_draft_spec
 from .quant import QuantSpec
 from .strategies import get_strategy
 
@@ -46,8 +46,11 @@ class Plan:
         return head + self.table.to_html(index=False, float_format=lambda v: f"{v:.3f}")
 
 
-def default_candidates(num_experts: int) -> list[tuple[str, str, dict[str, Any]]]:
-    """(label, strategy, engine options). No speculation, then speculation with each draft variant × K."""
+def default_candidates(num_experts: int, draft=None, k: "int | str | None" = None) -> list[tuple[str, str, dict[str, Any]]]:
+    """(label, strategy, engine options). No speculation, then speculation with each draft variant × K.
+
+    ``draft`` / ``k`` pin the speculative candidates to the caller's draft and draft length (the planner then
+    only decides *whether* to speculate, and with what split)."""
     cands: list[tuple[str, str, dict[str, Any]]] = [
         ("lru", "lru", {}),
         ("gate_lookahead", "gate_lookahead", {}),
@@ -58,9 +61,13 @@ def default_candidates(num_experts: int) -> list[tuple[str, str, dict[str, Any]]
         ("resident", DraftSpec("resident")),
         ("hybrid-int2", DraftSpec("hybrid", QuantSpec(2, 64), max(1, num_experts // 8))),
     ]
+    if draft is not None:
+        d = as_draft_spec(draft)
+        drafts = [(d.label, d)]
+    ks = (1, 4, 8) if k is None else (k,)  # k=1 is where the governor lands when copies dominate; 8 is the paper's
     for dname, d in drafts:
-        for k in (1, 4, 8):  # k=1 is where the governor lands when copies dominate; 8 is the paper's
-            cands.append((f"spec {dname} k={k}", "specter_plus", {"draft": d, "k": k}))
+        for kk in ks:
+            cands.append((f"spec {dname} k={kk}", "specter_plus", {"draft": d, "k": kk}))
     return cands
 
 
@@ -76,8 +83,11 @@ def calibration_prompts(tokenizer, n: int = 2, vocab: int = 256) -> list:
 
 def plan(model, tokenizer, hardware="rtx4090-pcie4", expert_budget=0.5, prompts: Sequence | None = None,
          cost_shape: str | None = None, max_new_tokens: int = 32, candidates=None, progress: bool = True,
-         margin: float = 0.1) -> Plan:
+         margin: float = 0.1, draft=None, k: "int | str | None" = None) -> Plan:
     """Choose strategy, draft variant, bits, K and slot split for this model, budget and hardware.
+
+    ``draft=`` / ``k=`` fix the speculative candidates' draft and K (see :func:`default_candidates`); they
+    cannot be combined with ``candidates=``.
 
     A speculative candidate is chosen only if its predicted TPOT beats the best non-speculative one by
     ``margin`` (10 %): calibration is a few short runs, and a near-tie does not survive other prompts."""
@@ -88,7 +98,9 @@ def plan(model, tokenizer, hardware="rtx4090-pcie4", expert_budget=0.5, prompts:
     prompts = list(prompts) if prompts is not None else calibration_prompts(tokenizer, vocab=info.vocab)
     if not prompts:
         raise ValueError("prompts is empty: the planner needs at least one calibration prompt.")
-    candidates = candidates or default_candidates(info.num_experts)
+    if candidates is not None and (draft is not None or k is not None):
+        raise ValueError("draft=/k= pin the default candidates; with candidates= put them in each candidate's options.")
+    candidates = candidates or default_candidates(info.num_experts, draft=draft, k=k)
     rows = []
     for label, strategy, opts in tqdm(candidates, desc="plan", disable=not progress):
         try:

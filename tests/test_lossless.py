@@ -122,3 +122,18 @@ def test_slots_shared_across_layers_stay_lossless_at_equal_memory(family_models,
         assert r.metrics["slot_bytes"] == 3 * n_layers * r.metrics["expert_bytes"]
     assert seen and all(sum(sizes) == 3 * n_layers for sizes in seen)  # the pool never grows or shrinks
     assert sum(moved) > 0 and any(len(set(sizes)) > 1 for sizes in seen)  # and it really was re-divided
+
+
+def test_auto_keeps_the_callers_draft_and_k(family_models):
+    """strategy='auto' with draft=/k= decides whether to speculate, but with the caller's draft and K."""
+    model = family_models["qwen2_moe"]
+    eng = sl.Engine(model, None, "auto", expert_budget=1.0, hardware="t4-pcie3", cost_shape="mixtral-8x7b",
+                    draft=sl.QuantSpec(2, 64), k=3)
+    spec_rows = eng.plan.table[eng.plan.table.candidate.str.startswith("spec")]
+    assert list(spec_rows.candidate) == [f"spec {sl.DraftSpec('quantized', sl.QuantSpec(2, 64)).label} k=3"]
+    if eng.strategy.speculative:
+        assert eng.strategy.k == 3 and eng.draft_cfg.quant == sl.QuantSpec(2, 64)
+    ids = PROMPTS[0]
+    assert eng.generate(ids, max_new_tokens=12).token_ids == hf_greedy(model, ids, 12)
+    with pytest.raises(ValueError, match="candidates="):
+        sl.plan(model, None, candidates=[("lru", "lru", {})], k=3, progress=False)
