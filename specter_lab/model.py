@@ -256,6 +256,7 @@ def load_model(name_or_path: str | Path = "tiny", *, dtype: torch.dtype | str = 
                          f"Bundled models: {sorted(BUNDLED)}.")
     else:
         source = key  # hub id: transformers downloads (needs network) and we insist on safetensors below
+        _check_hub_reachable(key, kwargs)
     try:
         model = AutoModelForCausalLM.from_pretrained(
             source, dtype=dtype, use_safetensors=True, trust_remote_code=trust_remote_code, **kwargs)
@@ -271,6 +272,38 @@ def load_model(name_or_path: str | Path = "tiny", *, dtype: torch.dtype | str = 
     else:
         model.to(dev)
     return model, tokenizer
+
+
+def _check_hub_reachable(key: str, kwargs: dict) -> None:
+    """Fail in seconds, not after the hub client's retries (~20 s), when a hub id is neither cached locally nor
+    downloadable: offline mode, or no route to the endpoint. A proxy in the environment skips the probe (the
+    direct connection it tries says nothing about the proxied one)."""
+    import os
+    import socket
+    from urllib.parse import urlparse
+
+    if kwargs.get("local_files_only"):
+        return
+    try:
+        from huggingface_hub import constants, try_to_load_from_cache
+
+        cached = try_to_load_from_cache(key, "config.json", revision=kwargs.get("revision"))
+    except Exception:  # an old or missing huggingface_hub: let from_pretrained decide
+        return
+    if isinstance(cached, str):
+        return  # in the local cache: transformers can load it offline
+    if constants.HF_HUB_OFFLINE:
+        raise ValueError(f"load_model({key!r}): HF_HUB_OFFLINE is set and {key!r} is not in the local Hugging Face "
+                         "cache. Unset HF_HUB_OFFLINE, download it on a machine with network, or pass a local folder.")
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return
+    url = urlparse(constants.ENDPOINT)
+    host, port = url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((host, port), timeout=5).close()
+    except OSError as e:
+        raise ValueError(f"load_model({key!r}): {key!r} is not in the local Hugging Face cache and {host}:{port} "
+                         f"cannot be reached ({e}). Offline? Pass a local model folder instead.") from e
 
 
 def place_for_offload(model: nn.Module, info: MoEModelInfo | None = None, device="cuda") -> nn.Module:

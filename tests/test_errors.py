@@ -304,3 +304,28 @@ def test_cli_rejects_after_loading(capsys, moe_dir, dense_dir):
         assert run_cli(["run", *argv]) == 2, argv
         err = capsys.readouterr().err
         assert re.search(match, err), err
+
+
+def test_load_model_hub_id_fails_fast_when_offline(monkeypatch):
+    """A hub id that is not cached and cannot be fetched fails in well under the hub client's ~20 s of retries."""
+    import socket
+    import time
+
+    from huggingface_hub import constants
+
+    for var in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(var, raising=False)
+
+    def no_route(*args, **kwargs):
+        raise OSError("no route to host (test)")
+
+    monkeypatch.setattr(socket, "create_connection", no_route)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    t = time.perf_counter()
+    with pytest.raises(ValueError, match=r"'specter-test/not-cached'.*not in the local Hugging Face cache.*cannot be "
+                                         r"reached.*local model folder"):
+        sl.load_model("specter-test/not-cached")
+    assert time.perf_counter() - t < 5
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(ValueError, match=r"HF_HUB_OFFLINE is set.*not in the local"):
+        sl.load_model("specter-test/not-cached")
