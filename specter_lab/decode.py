@@ -190,6 +190,8 @@ def speculative(dec: Decoder, prompt: torch.Tensor, strategy, planner: Lookahead
     rt, clock, trace = dec.rt, dec.clock, dec.trace
     num_layers = rt.info.num_layers
     dec.prefill(prompt)
+    if governor is not None:  # the prompt's routing seeds the governor's distinct-experts curve
+        governor.observe_routing([rt.routing[l] for l in sorted(rt.routing)], int(prompt.shape[-1]))
     rt.choose_hybrid_sets()
     step = 0
     k_fixed = None if strategy.k == "auto" else int(strategy.k)
@@ -203,13 +205,15 @@ def speculative(dec: Decoder, prompt: torch.Tensor, strategy, planner: Lookahead
         k_cap = min(k_fixed if k_fixed is not None else governor.k_max, remaining - 1)
         forecast = WindowForecast(num_layers)
         rt.forecast = forecast
+        if governor is not None:
+            governor.begin_window()
+            n_transfers, n_compute = len(trace.transfers), len(trace.compute)
         if planner is not None:
             planner.begin_window(max(k_cap, 1))
         drafts: list[int] = []
         qs: list[torch.Tensor] = []
         step_ends = []
         x = last
-        union_first = 0
         for j in range(k_cap):
             ts = clock.now()
             logits = dec.forward([x], "draft", "draft", keep=1)
@@ -229,11 +233,11 @@ def speculative(dec: Decoder, prompt: torch.Tensor, strategy, planner: Lookahead
             if d in dec.eos:
                 break
             if k_fixed is None:
-                union_first = union_first or forecast.union_size()
                 uncovered = sum(len(set(forecast.counts[l]) - rt.store.resident(l)) for l in range(num_layers))
+                miss = uncovered / max(1, forecast.union_size())
                 t_draft = planner.step_time_avg if planner and planner.step_time_avg else clock_elapsed(clock, ts, te)
-                if not governor.keep_drafting(j + 1, t_draft, rt.verify_estimate(j + 2),
-                                              rt.cost.copy_time(rt.cost.expert_bytes), uncovered):
+                if not governor.keep_drafting(j + 1, t_draft, rt.verify_estimate,
+                                              rt.cost.copy_time(rt.cost.expert_bytes), uncovered, miss):
                     break
         crop_to(dec.cache, n)
         window_forecast = forecast
@@ -254,6 +258,7 @@ def speculative(dec: Decoder, prompt: torch.Tensor, strategy, planner: Lookahead
             for e, c in counts.items():
                 trace.forecast.append((step, layer, e, c))
         logits = dec.forward([last] + drafts, "target", "verify", keep=0)
+        verify_routing = [rt.routing[l] for l in sorted(rt.routing)] if governor is not None else None
         if dec.sampling.do_sample:
             acc, nxt, kind = _verify_sampling(dec, logits, drafts, qs)
         else:
@@ -273,7 +278,11 @@ def speculative(dec: Decoder, prompt: torch.Tensor, strategy, planner: Lookahead
         trace.steps.append((step, "window", t0, clock.now(), len(drafts), acc, len(new)))
         if governor is not None:
             governor.update_acceptance(acc, len(drafts))
-            governor.update_growth(union_first, forecast.union_size(), len(drafts))
+            governor.observe_routing(verify_routing, acc + 1)  # rows of `last` and the accepted drafts
+            if clock.kind == "simulated":  # CUDA event times are not readable mid-run without a sync
+                stall = sum(a - r for *_, a, _z, r in trace.compute[n_compute:] if r is not None)
+                governor.observe_window(len(trace.transfers) - n_transfers, stall,
+                                        rt.cost.copy_time(rt.cost.expert_bytes))
         dec.end_step()
         dec._notify(step, new, len(drafts), acc)
     return dec.out

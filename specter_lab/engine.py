@@ -185,6 +185,8 @@ class Engine:
         self.record_routing = record_routing
         self.fault_hook: Callable[[int, int], None] | None = None  # passed to each run's ExpertStore (tests)
         self._draft: DraftExperts | None = None
+        # k="auto": the K governor, kept across generate() calls (set it to None to start its learning afresh).
+        self.governor: KGovernor | None = None
         self._host = None  # host copies of the experts (pinned on CUDA), made once and kept across runs
         # The device the model computes on: where its non-expert weights live (experts may sit in host memory).
         self.device = (model.get_input_embeddings().weight.device if hasattr(model, "get_input_embeddings")
@@ -356,7 +358,13 @@ class Engine:
         if st.speculative:
             planner = LookaheadPlanner(store, self.cost, chunking=st.chunking, protect=st.protect,
                                        shared_slots=st.shared_slots and store.can_share())
-            governor = KGovernor() if st.k == "auto" else None
+            if st.k == "auto":
+                # One governor per engine: what it learns about acceptance by depth and copy exposure carries
+                # over from one generate() to the next (a 48-token run is mostly learning otherwise).
+                if self.governor is None or self.governor.k_max != KGovernor.k_max:
+                    self.governor = KGovernor()
+                governor = self.governor
+                governor.new_sequence()
         if isinstance(policy, ForecastEviction):
             # Furthest forecast next use: the planner's live window forecast (none → recency).
             policy.next_use = lambda layer, e: rt.forecast.next_use(layer, e) if rt.forecast else math.inf

@@ -14,7 +14,7 @@ which experts happened to be resident.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Sequence, Callable
 
 import numpy as np
 import torch
@@ -88,12 +88,19 @@ class OffloadRuntime:
         self.forecast = None  # the live window forecast (speculative strategies), read by forecast eviction
         self.keep_cache = True  # False for on_demand: nothing is kept between steps
 
-    def verify_estimate(self, n_tokens: int) -> float:
-        """Cost-model time of a verification pass over n tokens with every expert resident (no stalls)."""
+    def verify_estimate(self, n_tokens: int, distinct: "Sequence[float] | None" = None) -> float:
+        """Cost-model time of a verification pass over n tokens with every expert resident (no stalls).
+
+        ``distinct``: expected distinct experts per layer (the K governor's measured curve). Without it every
+        token is assumed to bring top_k new experts, which overstates long windows: consecutive tokens share."""
         c = self.cost
-        per_layer = [c.dense_layer_time(n_tokens, self.context)
-                     + min(l.num_experts, l.top_k * n_tokens) * c.expert_time(max(1, l.top_k * n_tokens // l.num_experts))
-                     for l in self.info.layers]
+        per_layer = []
+        for i, l in enumerate(self.info.layers):
+            n_exp = min(l.num_experts, l.top_k * n_tokens)
+            if distinct is not None and i < len(distinct):
+                n_exp = max(1.0, min(float(n_exp), float(distinct[i])))
+            per_layer.append(c.dense_layer_time(n_tokens, self.context)
+                             + n_exp * c.expert_time(max(1, int(l.top_k * n_tokens / n_exp))))
         return sum(per_layer) + c.head_time(n_tokens)
 
     # ------------------------------------------------------------------ entry point

@@ -1,0 +1,125 @@
+"""The K governor (k="auto"): its distinct-experts curve and its stop rule, on routing built here."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specter_lab.predict import KGovernor, distinct_experts_curve
+
+
+def _history(rng, n_tokens, layers=3, experts=32, top_k=4):
+    return [[rng.choice(experts, size=top_k, replace=False) for _ in range(layers)] for _ in range(n_tokens)]
+
+
+def test_curve_of_uniform_routing_matches_the_closed_form():
+    rng = np.random.default_rng(0)
+    E, k = 32, 4
+    curve = distinct_experts_curve(_history(rng, 2000, experts=E, top_k=k), 12)
+    for n in (1, 2, 4, 8, 12):
+        expected = E * (1 - (1 - k / E) ** n)  # each expert is missed by n independent top-k draws
+        assert curve[n] == pytest.approx(np.full(3, expected), rel=0.03), n
+    assert curve[0].sum() == 0 and np.all(np.diff(curve, axis=0) >= 0)
+
+
+def test_curve_of_repeated_routing_is_flat():
+    same = [[np.array([1, 2, 3, 4])] * 2 for _ in range(50)]
+    curve = distinct_experts_curve(same, 16)
+    assert np.all(curve[1:] == 4)
+
+
+def test_curve_beyond_the_history_reuses_the_longest_window():
+    rng = np.random.default_rng(1)
+    curve = distinct_experts_curve(_history(rng, 5), 9)
+    assert np.all(curve[6:] == curve[5])
+
+
+def _governor(history, alpha):
+    g = KGovernor(alpha=alpha)
+    layers = len(history[0])
+    g.observe_routing([np.stack([tok[l] for tok in history]) for l in range(layers)], len(history))
+    return g
+
+
+def test_governor_drafts_long_when_routing_repeats_and_short_when_every_token_brings_new_experts():
+    rng = np.random.default_rng(2)
+    t_draft, t_verify, t_copy = 1.0, 2.0, 0.7
+    # Repeating routing and a draft that is nearly always right: a longer window adds no copies, so
+    # amortising verification and the copies over more tokens wins up to k_max.
+    flat = [[np.array([1, 2, 3, 4])] * 3 for _ in range(64)]
+    assert _governor(flat, 0.98).best_k(1, t_draft, t_verify, t_copy, uncovered_now=6) == 16
+    # At acceptance 0.9 the expected gain of the k-th token (0.9^k) falls below its draft cost first.
+    k90 = _governor(flat, 0.9).best_k(1, t_draft, t_verify, t_copy, uncovered_now=6)
+    assert 4 <= k90 < 16
+    # Fresh experts every token over 256 experts, all of them copies: each drafted token costs ~4 copies per
+    # layer, more than the token is worth at acceptance 0.5.
+    fresh = _governor(_history(rng, 64, experts=256), 0.9)
+    assert fresh.best_k(1, t_draft, t_verify, t_copy, uncovered_now=12) == 1
+    # The same routing with no copies at all (everything resident) drafts longer again.
+    assert fresh.best_k(1, t_draft, t_verify, t_copy, 0, miss_fraction=0.0) > 2
+
+
+def test_governor_keeps_only_committed_rows_and_a_bounded_history():
+    g = KGovernor(history=10)
+    rows = [np.arange(8).reshape(4, 2) for _ in range(2)]  # 4 positions, 2 layers
+    g.observe_routing(rows, committed=3)
+    assert len(g._hist) == 3
+    for _ in range(5):
+        g.observe_routing(rows, committed=4)
+    assert len(g._hist) == 10
+    assert g._curve is not None and g._curve.shape == (g.k_max + 2, 2)
+
+
+def test_governor_without_history_drafts_the_papers_k():
+    g = KGovernor()
+    assert [g.keep_drafting(j, 1.0, 2.0, 0.7, 5) for j in (1, 7, 8)] == [True, True, False]
+
+
+def test_depth_acceptance_sees_bursts_that_one_rate_misses():
+    """Half the windows fail at once, half accept all 8: after the first token the draft is always right. The
+    per-depth model predicts the true mean yield of a K=8 window (5 tokens); a geometric model with the pooled
+    per-token rate does not."""
+    g = KGovernor(prior=0.5, decay=1.0)
+    for _ in range(20):
+        g.update_acceptance(0, 8)
+        g.update_acceptance(8, 8)
+    a = g.depth_acceptance()
+    assert a[1] == pytest.approx(0.5, abs=0.05)
+    assert np.all(a[2:9] > 0.95)
+    pooled = 8 * 20 / (8 * 20 + 20)  # accepted / (accepted + failures) over all windows
+    geometric = sum(pooled ** i for i in range(9))
+    true_mean = (1 + 9) / 2  # 1 token (the correction) or 8 accepted + the bonus
+    assert g.expected_tokens(8) == pytest.approx(true_mean, abs=0.2)
+    assert abs(geometric - true_mean) > 0.8
+
+
+def test_exploring_windows_draft_to_k_max_and_exposure_is_measured():
+    g = KGovernor(k_max=6, explore_every=3)
+    g.observe_routing([np.arange(8).reshape(4, 2)] * 2, committed=4)
+    # Every token routes to 2 new experts per layer, each a 100 s copy: the model says "stop at once".
+    costly = dict(t_draft=1.0, t_verify=1.0, t_copy=100.0, uncovered_now=0)
+    seen = []
+    for _ in range(6):
+        g.begin_window()
+        seen.append(g.keep_drafting(1, costly["t_draft"], costly["t_verify"], costly["t_copy"],
+                                    costly["uncovered_now"]))
+        assert g.keep_drafting(6, 1.0, 1.0, 1.0, 0) is False  # never beyond k_max
+    assert seen == [False, False, True, False, False, True]  # every 3rd window explores
+    g.observe_window(copies=10, stall=3.5, t_copy=1.0)
+    assert g.exposure == pytest.approx(0.7 * 1.0 + 0.3 * 0.35)
+    g.observe_window(copies=0, stall=1.0, t_copy=1.0)  # nothing copied: nothing learnt
+    assert g.exposure == pytest.approx(0.805)
+
+
+def test_engine_keeps_one_governor_across_generate_calls():
+    import specter_lab as sl
+
+    model = sl.tiny_random_model("qwen2_moe", seed=3)
+    eng = sl.Engine(model, None, "specter", cache_slots=3, k="auto")
+    eng.generate([5, 6, 7, 8], max_new_tokens=10)
+    g = eng.governor
+    assert g is not None and g._windows >= 1 and g._reach[1] > 0
+    before = g._windows
+    eng.generate([9, 10, 11], max_new_tokens=10)
+    assert eng.governor is g and g._windows > before
+    assert sl.Engine(model, None, "specter", cache_slots=3, k=4).governor is None
