@@ -43,7 +43,7 @@ def main() -> int:
 
     ok = True
     print(f"\n1. lossless on the CUDA clock (budget {a.budget}, {a.tokens} tokens):")
-    results = {}
+    results, engines = {}, {}
     for s in [s for s in sl.STRATEGIES if s != "auto"]:
         eng = sl.Engine(model, tok, s, expert_budget=a.budget, hardware="cuda")
         t0 = time.perf_counter()
@@ -51,11 +51,15 @@ def main() -> int:
         wall = time.perf_counter() - t0
         same = r.token_ids == ref
         ok &= same
-        results[s] = r
+        results[s], engines[s] = r, eng
         m = r.metrics
         print(f"  {s:<15} lossless={same!s:<5} tpot={m['tpot_ms']:.3f} ms  stall/tok={m['stall_ms_per_token']:.3f} ms"
               f"  hit={m['hit_rate']:.2f}  h2d/tok={m['h2d_bytes_per_token'] / 1e6:.2f} MB  wall={wall:.2f} s"
               f"  clock={m['clock']}")
+
+    d = engines["specter"].draft
+    print(f"  specter's draft on {d.device}: stored {d.stored_bytes() / 1e6:.3f} MB (bit-packed={d.packed}), "
+          f"budgeted {d.packed_bytes / 1e6:.3f} MB")
 
     print("\n2. the link (calibrate):")
     prof = sl.calibrate("gpu-check", save=False)

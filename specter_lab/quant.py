@@ -6,7 +6,9 @@ Groups run along the last axis of each fused tensor; a group size that does not 
 
 What the draft costs on the device is the *packed* size: ``bits`` per weight, plus an fp16 scale and zero per
 group, plus fp16 biases. On the CPU the dequantized copy is kept for speed (CPU memory is not the budget); on
-CUDA the codes stay as uint8 and each expert is dequantized when the draft uses it.
+CUDA the codes are stored bit-packed (``bits`` bit-planes of 8 weights per byte, so 2, 3 and 4 bits cost exactly
+that) with fp16 scales and zeros — the device holds what the budget counts — and each expert is unpacked and
+dequantized when the draft uses it.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import torch
 SUPPORTED_BITS = (2, 3, 4, 8)
 METHODS = ("rtn", "hqq")
 
-__all__ = ["QuantSpec", "QuantizedTensor", "DraftExperts", "quantize_tensor", "SUPPORTED_BITS"]
+__all__ = ["QuantSpec", "QuantizedTensor", "DraftExperts", "quantize_tensor", "pack_codes", "unpack_codes",
+           "SUPPORTED_BITS"]
 
 
 @dataclass(frozen=True)
@@ -52,19 +55,58 @@ class QuantSpec:
         return math.ceil(padded * self.bits / 8) + rows * groups_per_row * 4
 
 
+def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """uint8 codes ``[E, ...]`` (values < 2**bits) → bit-planes ``[E, bits, ceil(n / 8)]`` uint8, n = weights per
+    expert: plane b holds bit b of 8 consecutive codes per byte. Any ``bits`` packs exactly, 3 included."""
+    E = codes.shape[0]
+    flat = codes.reshape(E, -1)
+    pad = (-flat.shape[1]) % 8
+    if pad:
+        flat = torch.nn.functional.pad(flat, (0, pad))
+    weights = (1 << torch.arange(8, device=codes.device, dtype=torch.int32))
+    planes = [(((flat >> b) & 1).to(torch.int32).reshape(E, -1, 8) * weights).sum(-1) for b in range(bits)]
+    return torch.stack(planes, 1).to(torch.uint8)
+
+
+def unpack_codes(packed: torch.Tensor, bits: int, n: int) -> torch.Tensor:
+    """Inverse of :func:`pack_codes`: bit-planes ``[..., bits, m]`` → uint8 codes ``[..., n]``."""
+    shifts = torch.arange(8, device=packed.device, dtype=torch.uint8)
+    bitsets = ((packed.unsqueeze(-1) >> shifts) & 1).reshape(*packed.shape[:-1], -1)  # [..., bits, 8m]
+    codes = torch.zeros(bitsets.shape[:-2] + bitsets.shape[-1:], dtype=torch.uint8, device=packed.device)
+    for b in range(bits):
+        codes |= bitsets[..., b, :] << b
+    return codes[..., :n]
+
+
 @dataclass
 class QuantizedTensor:
-    codes: torch.Tensor  # uint8 [..., G, g]
+    codes: torch.Tensor  # uint8 [..., G, g], or bit-planes [E, bits, m] when ``bits`` is set (pack_codes)
     scale: torch.Tensor  # [..., G, 1]
     zero: torch.Tensor  # [..., G, 1]
     shape: tuple[int, ...]  # original shape
     packed_bytes: int
     rel_error: float
+    bits: int | None = None  # set when ``codes`` are bit-packed
+    code_shape: tuple[int, ...] | None = None  # the uint8 codes' shape before packing
+
+    def pack(self, bits: int) -> None:
+        """Store the codes bit-packed (what the device budget counts); dequantize() unpacks on use."""
+        if self.bits is None:
+            self.code_shape = tuple(self.codes.shape)
+            self.codes = pack_codes(self.codes, bits)
+            self.bits = bits
+
+    def _codes(self, index=None) -> torch.Tensor:
+        if self.bits is None:
+            return self.codes if index is None else self.codes[index]
+        packed = self.codes if index is None else self.codes[index]
+        per_expert = self.code_shape[1:]
+        return unpack_codes(packed, self.bits, math.prod(per_expert)).reshape(*packed.shape[:-2], *per_expert)
 
     def dequantize(self, index=None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """All experts, or the one(s) at ``index`` along the first axis, as a dense tensor."""
-        c, s, z = (self.codes, self.scale, self.zero) if index is None else (
-            self.codes[index], self.scale[index], self.zero[index])
+        c = self._codes(index)
+        s, z = (self.scale, self.zero) if index is None else (self.scale[index], self.zero[index])
         w = (c.to(dtype) - z.to(dtype)) * s.to(dtype)
         last = self.shape[-1]
         lead = self.shape[:-1] if index is None else self.shape[1:-1]
@@ -117,9 +159,12 @@ class DraftExperts:
     Biases stay in full precision (they are tiny). Everything else the draft uses is the target's own tensor."""
 
     def __init__(self, info, spec: QuantSpec, device: torch.device | str = "cpu",
-                 compute_dtype: torch.dtype | None = None) -> None:
+                 compute_dtype: torch.dtype | None = None, pack: bool | None = None) -> None:
         self.spec = spec
         self.device = torch.device(device)
+        # Off the CPU the device memory is the budget: keep packed codes there (pack=True forces it on the CPU,
+        # for tests and for measuring what the device would hold).
+        self.packed = self.device.type != "cpu" if pack is None else bool(pack)
         self.layers: list[dict[str, QuantizedTensor | torch.Tensor]] = []
         self._dense: list[dict[str, torch.Tensor]] = []  # CPU: dequantized once, for speed
         self.dtype = compute_dtype
@@ -141,9 +186,11 @@ class DraftExperts:
                 packed += qt.packed_bytes
                 numel += t.numel()
                 errs.append((qt.rel_error, t.numel()))
-                if self.device.type == "cpu":
+                if not self.packed:
                     dense[name] = qt.dequantize(dtype=dtype)
                 else:
+                    if spec.bits < 8:
+                        qt.pack(spec.bits)
                     qt.codes, qt.scale, qt.zero = (qt.codes.to(self.device), qt.scale.half().to(self.device),
                                                    qt.zero.half().to(self.device))
                 q[name] = qt
@@ -154,9 +201,18 @@ class DraftExperts:
         self.fp16_ratio = packed / (2 * numel) if numel else 0.0
         self.rel_error = sum(e * n for e, n in errs) / max(1, sum(n for _, n in errs))
 
+    def stored_bytes(self) -> int:
+        """Bytes the quantized experts actually occupy (codes + scales + zeros + biases), as stored."""
+        total = 0
+        for q in self.layers:
+            for t in q.values():
+                parts = (t.codes, t.scale, t.zero) if isinstance(t, QuantizedTensor) else (t,)
+                total += sum(p.numel() * p.element_size() for p in parts)
+        return total
+
     def weights(self, layer: int, expert: int) -> dict[str, torch.Tensor]:
         dense = self._dense[layer]
-        if dense and self.device.type == "cpu":
+        if dense and not self.packed:
             return {name: t[expert] for name, t in dense.items()}
         return {name: (t.dequantize(expert, dtype=self.dtype) if isinstance(t, QuantizedTensor) else t[expert])
                 for name, t in self.layers[layer].items()}

@@ -113,6 +113,29 @@ def test_draft_shares_everything_but_routed_experts():
     assert d.fp16_ratio == pytest.approx(0.25 + 4 / 32 / 2)  # int4 + fp16 scale and zero per 32 weights
 
 
+@pytest.mark.parametrize("bits", [2, 3, 4])
+def test_bit_packed_draft_holds_what_the_budget_counts(bits):
+    """The layout used on CUDA (pack=True, forced here on the CPU): codes as bit-planes, fp16 scale and zero. It
+    dequantizes to exactly the CPU path's weights, and what it stores is the packed size the budget charges."""
+    from specter_lab.quant import DraftExperts, pack_codes, unpack_codes
+
+    codes = torch.randint(0, 2**bits, (3, 5, 11), dtype=torch.uint8)
+    assert torch.equal(unpack_codes(pack_codes(codes, bits), bits, 55).reshape(codes.shape), codes)
+    model = sl.tiny_random_model("mixtral", seed=4)
+    info = sl.inspect_model(model)
+    spec = sl.QuantSpec(bits, 32)
+    dense, packed = DraftExperts(info, spec), DraftExperts(info, spec, pack=True)
+    for layer in (0, info.num_layers - 1):
+        for expert in (0, 3):
+            a, b = dense.weights(layer, expert), packed.weights(layer, expert)
+            assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    stored = packed.stored_bytes()
+    assert stored == pytest.approx(packed.packed_bytes, rel=0.01)
+    unpacked_codes = sum(t.code_shape and math.prod(t.code_shape) for q in packed.layers for t in q.values()
+                         if hasattr(t, "code_shape"))
+    assert stored < unpacked_codes * (bits / 8 + 0.15)  # uint8 codes alone would be 8 / bits times larger
+
+
 def test_equal_memory_across_strategies():
     model = sl.tiny_random_model("mixtral", seed=2)
     for budget in (0.5, 0.75, 1.0):
