@@ -64,7 +64,8 @@ def default_candidates(num_experts: int, draft=None, k: "int | str | None" = Non
     if draft is not None:
         d = as_draft_spec(draft)
         drafts = [(d.label, d)]
-    ks = (1, 4, 8) if k is None else (k,)  # k=1 is where the governor lands when copies dominate; 8 is the paper's
+    # k=1 wins when copies dominate; 8 is the paper's; "auto" (the governor) went to K≈10 on the bundled model.
+    ks = (1, 4, 8, "auto") if k is None else (k,)
     for dname, d in drafts:
         for kk in ks:
             cands.append((f"spec {dname} k={kk}", "specter_plus", {"draft": d, "k": kk}))
