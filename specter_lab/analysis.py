@@ -86,6 +86,7 @@ def cache_bounds(result, slots: int | None = None) -> pd.DataFrame:
                      "belady_hit_rate": bh / bt if bt else float("nan")})
     df = pd.DataFrame(rows)
     if len(df):
+        df["layer"] = df["layer"].astype(object)  # the summary row's layer is "all"
         df.loc[len(df)] = {"layer": "all", "slots": slots, "measured_hit_rate": df.measured_hit_rate.mean(),
                            "lru_hit_rate": df.lru_hit_rate.mean(), "belady_hit_rate": df.belady_hit_rate.mean()}
     return df
