@@ -30,11 +30,28 @@ def test_heldout_split_is_disjoint():
     root = mod.stdlib_root()
     rel_held = {p.relative_to(root).as_posix() for p in held}
     assert "heapq.py" in rel_held and "json/__init__.py" in rel_held
-    for p in train:
-        rel = p.relative_to(root).as_posix()
+    rel_train = [p.relative_to(root).as_posix() for p in train]
+    for rel in rel_train:
         assert not mod.is_heldout(rel)
         assert "site-packages" not in rel
-        assert not any(part in ("test", "tests", "idle_test") for part in rel.split("/"))
+        # the held-out modules' own unit tests quote their code: never trained on
+        assert not mod._matches(rel, mod.HELDOUT_TESTS), rel
+    if (root / "test" / "test_heapq.py").is_file():
+        assert "test/test_heapq.py" not in rel_train
+        assert any(r.startswith("test/") for r in rel_train)  # the rest of the suite is in
+    no_tests, held2 = mod.collect_files(tests=False)
+    assert held2 == held and set(no_tests) < set(train)
+    assert not any(mod.is_test(p.relative_to(root).as_posix()) for p in no_tests)
+
+
+def test_generated_codec_tables_are_skipped():
+    mod = _load_script()
+    root = mod.stdlib_root()
+    table = root / "encodings" / "cp1252.py"
+    if not table.is_file():
+        pytest.skip("this interpreter has no encodings/cp1252.py")
+    assert mod.read_text(table) is None
+    assert mod.read_text(root / "heapq.py")
 
 
 @pytest.mark.timeout(120)
