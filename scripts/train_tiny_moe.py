@@ -275,10 +275,11 @@ def revive_experts(model, train_ids, seq_len: int, below: float, seed: int, chun
     with torch.no_grad():
         for li, (layer, counts) in enumerate(zip([l for l in model.model.layers if hasattr(l.mlp, "gate")], usage_counts)):
             share = counts.double() / counts.sum()
-            order = torch.argsort(share, descending=True).tolist()
-            donors = iter(order)
-            for e in [int(i) for i in torch.nonzero(share < below).flatten()]:
-                d = next(donors)
+            order = [d for d in torch.argsort(share, descending=True).tolist() if share[d] >= below]
+            if not order:  # nothing healthy to copy from: leave the layer as it is
+                continue
+            for n, e in enumerate(int(i) for i in torch.nonzero(share < below).flatten()):
+                d = order[n % len(order)]  # busiest first; a donor serves twice only if the layer runs out
                 gate, ex = layer.mlp.gate.weight, layer.mlp.experts
                 gate[e] = gate[d] + 1e-3 * gate[d].abs().mean() * torch.randn(gate.shape[1], generator=g)
                 for name in ("gate_up_proj", "down_proj"):
@@ -507,12 +508,13 @@ def main(argv=None) -> dict:
         pad_token_id=tok.eos_token_id,
         bos_token_id=None,
     )
+    revived: list = []
     model = Qwen2MoeForCausalLM(cfg) if not args.init_from else Qwen2MoeForCausalLM.from_pretrained(args.init_from)
     if args.init_from:
         model.config.router_aux_loss_coef = args.aux_coef
         cfg = model.config
         if args.revive_below > 0:
-            revive_experts(model, train_ids, args.seq_len, args.revive_below, args.seed)
+            revived = revive_experts(model, train_ids, args.seq_len, args.revive_below, args.seed)
     try:
         model.set_experts_implementation(args.experts_impl)
     except Exception as e:  # pragma: no cover - older transformers
@@ -662,6 +664,7 @@ def main(argv=None) -> dict:
         tests=not args.no_tests,
         note=args.note,
         init_from=args.init_from,
+        revived=revived,
         train_loss=train_loss,
         usage=usage,
         samples=samples,

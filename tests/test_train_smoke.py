@@ -109,3 +109,25 @@ def test_train_smoke(tmp_path):
         gen = model.generate(**ids, max_new_tokens=5, do_sample=False)
     assert gen.shape[1] > ids["input_ids"].shape[1]
     assert "heapq.py" in (out / "README.md").read_text()
+
+    # Stage 2: continue from it with its tokenizer (reused, not retrained).
+    out2 = tmp_path / "tiny2"
+    info2 = mod.main(["--init-from", str(out), "--out", str(out2), "--max-files", "6", "--steps", "2",
+                      "--minutes", "1", "--batch", "2", "--seq-len", "32", "--eval-chunks", "2",
+                      "--threads", str(threads)])
+    assert info2["steps"] == 2 and info2["init_from"] == str(out) and info2["revived"] == []
+    assert AutoTokenizer.from_pretrained(out2).get_vocab() == tok.get_vocab()
+    assert "continued from" in (out2 / "README.md").read_text()
+
+    # Expert splitting: a threshold between the least and the most used expert of layer 0 re-seeds the least
+    # used one(s) from a busier expert, router row and weights alike.
+    ids = mod.encode_corpus(tok, [t for t in map(mod.read_text, mod.collect_files()[0][:6]) if t])
+    _, _, counts = mod.evaluate(model, ids[: 33 * 8 + 1], 32, return_counts=True)
+    share = counts[0].double() / counts[0].sum()
+    below = float(share.min() + share.max()) / 2
+    revived = mod.revive_experts(model, ids, 32, below, seed=0, chunks=8)
+    assert revived and all(s < below and d != e for _, e, d, s in revived)
+    layer0, expert, donor, _ = revived[0]
+    mlp = model.model.layers[layer0].mlp
+    assert torch.allclose(mlp.gate.weight[expert], mlp.gate.weight[donor], rtol=0.05, atol=1e-3)
+    assert torch.allclose(mlp.experts.down_proj[expert], mlp.experts.down_proj[donor], rtol=0.1, atol=1e-3)
