@@ -35,7 +35,7 @@ def test_curve_beyond_the_history_reuses_the_longest_window():
 
 
 def _governor(history, alpha):
-    g = KGovernor(alpha=alpha)
+    g = KGovernor(alpha=alpha, optimism=0.0)  # the cost model alone, no exploration bonus
     layers = len(history[0])
     g.observe_routing([np.stack([tok[l] for tok in history]) for l in range(layers)], len(history))
     return g
@@ -79,7 +79,7 @@ def test_depth_acceptance_sees_bursts_that_one_rate_misses():
     """Half the windows fail at once, half accept all 8: after the first token the draft is always right. The
     per-depth model predicts the true mean yield of a K=8 window (5 tokens); a geometric model with the pooled
     per-token rate does not."""
-    g = KGovernor(prior=0.5, decay=1.0)
+    g = KGovernor(prior=0.5, decay=1.0, optimism=0.0)
     for _ in range(20):
         g.update_acceptance(0, 8)
         g.update_acceptance(8, 8)
@@ -123,3 +123,17 @@ def test_engine_keeps_one_governor_across_generate_calls():
     eng.generate([9, 10, 11], max_new_tokens=10)
     assert eng.governor is g and g._windows > before
     assert sl.Engine(model, None, "specter", cache_slots=3, k=4).governor is None
+
+
+def test_optimism_is_large_where_unmeasured_and_fades_with_evidence():
+    g = KGovernor(alpha=0.7, optimism=0.2, decay=1.0)
+    for _ in range(30):
+        g.update_acceptance(1, 2)  # depth 1 accepted, depth 2 rejected: nothing seen beyond depth 2
+    a = g.depth_acceptance()
+    assert a[1] > 0.95 and a[2] < 0.15  # measured depths: the bonus has faded (0.2 / sqrt(32) = 0.035)
+    # never reached: the pooled rate plus the full bonus, 0.2 / sqrt(prior)
+    assert a[3:] == pytest.approx(np.full(len(a) - 3, g.alpha + 0.2 / np.sqrt(g.prior)))
+    plain = KGovernor(alpha=0.7, optimism=0.0, decay=1.0)
+    for _ in range(30):
+        plain.update_acceptance(1, 2)
+    assert np.all(plain.depth_acceptance()[3:] < a[3:])
