@@ -21,3 +21,17 @@ def family_models():
 def hf_greedy(model, ids, n):
     out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False)
     return out[0, len(ids):].tolist()
+
+
+@pytest.fixture(scope="module")
+def model():
+    """A fresh tiny Qwen2-MoE per test module, so modules that break and repair it stay isolated."""
+    from specter_lab import tiny_random_model
+
+    return tiny_random_model("qwen2_moe", seed=1)
+
+
+@pytest.fixture(scope="module")
+def ref(model, request):
+    """The lossless reference: HF greedy continuation of the module's ``IDS`` for ``N`` tokens."""
+    return hf_greedy(model, request.module.IDS, request.module.N)

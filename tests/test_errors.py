@@ -18,16 +18,6 @@ NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is present:
 
 
 @pytest.fixture(scope="module")
-def model():
-    return sl.tiny_random_model("qwen2_moe", seed=1)
-
-
-@pytest.fixture(scope="module")
-def ref(model):
-    return hf_greedy(model, IDS, N)
-
-
-@pytest.fixture(scope="module")
 def dense_model():
     cfg = tf.LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128)

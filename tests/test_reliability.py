@@ -22,16 +22,6 @@ N = 24
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def model():
-    return sl.tiny_random_model("qwen2_moe", seed=1)
-
-
-@pytest.fixture(scope="module")
-def ref(model):
-    return hf_greedy(model, IDS, N)
-
-
 @contextlib.contextmanager
 def capture_runs(layer_hook=None):
     """Record the ExpertStore and OffloadRuntime each ``generate`` builds (and optionally add a layer hook to the

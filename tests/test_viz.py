@@ -20,11 +20,6 @@ PROMPT = [5, 6, 7, 8]
 
 
 @pytest.fixture(scope="module")
-def model():
-    return sl.tiny_random_model("qwen2_moe", seed=1)
-
-
-@pytest.fixture(scope="module")
 def spec_run(model):
     # A 2-bit draft disagrees with the target now and then, so the run has rejected and corrected tokens.
     eng = sl.Engine(model, None, "specter", cache_slots=3, hardware="rtx4090-pcie4", draft=sl.QuantSpec(2, 64))
