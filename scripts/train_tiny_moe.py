@@ -550,8 +550,7 @@ def main(argv=None) -> dict:
         elapsed = time.time() - t_train - eval_seconds
         if args.eval_every > 0 and elapsed >= next_eval:
             t_ev = time.time()
-            vl, _, _ = evaluate(model, held_ids, L, max_chunks=args.eval_chunks)
-            model.train()
+            vl, _, _ = evaluate(model, held_ids, L, max_chunks=args.eval_chunks)  # restores train mode
             curve.append((elapsed / 60, tokens_seen, vl))
             print(f"[eval] {elapsed / 60:.1f} min, {tokens_seen:,} tokens: held-out loss {vl:.4f}", flush=True)
             eval_seconds += time.time() - t_ev

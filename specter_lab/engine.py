@@ -361,7 +361,7 @@ class Engine:
             if st.k == "auto":
                 # One governor per engine: what it learns about acceptance by depth and copy exposure carries
                 # over from one generate() to the next (a 48-token run is mostly learning otherwise).
-                if self.governor is None or self.governor.k_max != KGovernor.k_max:
+                if self.governor is None:
                     self.governor = KGovernor()
                 governor = self.governor
                 governor.new_sequence()

@@ -301,9 +301,12 @@ class KGovernor:
             a = a + self.optimism / np.sqrt(self._reach + self.prior)
         return np.clip(a, 0.0, 0.995)
 
+    def _expected(self) -> np.ndarray:
+        """E[tokens](K) for K = 0..k_max: 1 + Σ_{i≤K} Π_{m≤i} α_m."""
+        return np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(self.depth_acceptance()[1:]))])
+
     def expected_tokens(self, k: int) -> float:
-        a = self.depth_acceptance()
-        return 1.0 + float(np.cumprod(a[1: k + 1]).sum()) if k > 0 else 1.0
+        return float(self._expected()[k])
 
     def _distinct(self, n: int) -> "np.ndarray | None":
         c = self._curve
@@ -320,11 +323,11 @@ class KGovernor:
               miss_fraction: float = 1.0) -> dict[int, float]:
         """Predicted time per committed token for each K in [j, k_max]. ``t_verify``: seconds, or a function
         ``(n_tokens, distinct_per_layer or None) -> seconds``."""
-        out = {}
+        out, expected = {}, self._expected()
         for k in range(j, self.k_max + 1):
             tv = t_verify(k + 1, self._distinct(k + 1)) if callable(t_verify) else t_verify
             grown = uncovered_now + miss_fraction * self._growth(j, k)
-            out[k] = (k * t_draft + tv + self.exposure * t_copy * grown) / self.expected_tokens(k)
+            out[k] = (k * t_draft + tv + self.exposure * t_copy * grown) / expected[k]
         return out
 
     def best_k(self, j: int, t_draft: float, t_verify, t_copy: float, uncovered_now: int,
