@@ -86,6 +86,8 @@ def test_train_smoke(tmp_path):
     assert info["tokens_seen"] == 3 * 2 * 32
     assert info["val_loss"] > 0 and info["val_tokens"] > 0
     assert len(info["usage"]) == 2
+    bk = info["by_kind"]  # the held-out file (bisect.py) has docstrings and code
+    assert 0 < bk["prose_share"] < 1 and bk["prose_loss"] > 0 and bk["code_loss"] > 0
 
     for name in ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
                  "tokenizer_config.json", "README.md"):
@@ -112,10 +114,18 @@ def test_train_smoke(tmp_path):
 
     # Stage 2: continue from it with its tokenizer (reused, not retrained).
     out2 = tmp_path / "tiny2"
+    # (with the options the bundled model was trained with: bf16 autocast, library-weighted sampling, bf16 storage)
     info2 = mod.main(["--init-from", str(out), "--out", str(out2), "--max-files", "6", "--steps", "2",
                       "--minutes", "1", "--batch", "2", "--seq-len", "32", "--eval-chunks", "2",
-                      "--threads", str(threads)])
+                      "--threads", str(threads), "--bf16", "--lib-weight", "0.5", "--save-dtype", "bfloat16"])
     assert info2["steps"] == 2 and info2["init_from"] == str(out) and info2["revived"] == []
+    assert info2["val_loss_sliding"] > 0
+    from safetensors import safe_open
+
+    with safe_open(str(out2 / "model.safetensors"), "pt") as f:
+        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}
+    card2 = (out2 / "README.md").read_text()
+    assert "stored in bfloat16" in card2 and "probability 0.5" in card2 and "bfloat16 autocast" in card2
     assert AutoTokenizer.from_pretrained(out2).get_vocab() == tok.get_vocab()
     assert "continued from" in (out2 / "README.md").read_text()
 
@@ -131,3 +141,27 @@ def test_train_smoke(tmp_path):
     mlp = model.model.layers[layer0].mlp
     assert torch.allclose(mlp.gate.weight[expert], mlp.gate.weight[donor], rtol=0.05, atol=1e-3)
     assert torch.allclose(mlp.experts.down_proj[expert], mlp.experts.down_proj[donor], rtol=0.1, atol=1e-3)
+
+
+def test_sliding_eval_matches_chunks_and_scores_every_token_once():
+    mod = _load_script()
+    torch.manual_seed(0)
+    cfg = transformers.Qwen2MoeConfig(vocab_size=64, hidden_size=32, intermediate_size=32, num_hidden_layers=2,
+                                      num_attention_heads=2, num_key_value_heads=1, num_experts=4,
+                                      num_experts_per_tok=2, moe_intermediate_size=16,
+                                      shared_expert_intermediate_size=32)
+    model = transformers.Qwen2MoeForCausalLM(cfg)
+    ids = torch.randint(0, 64, (16 * 5 + 1,))
+    chunked, n_chunked, _ = mod.evaluate(model, ids, 16)
+    same, n_same = mod.evaluate_sliding(model, ids, 16, 16)  # stride = window: the same chunks
+    assert n_same == n_chunked == 80 and same == pytest.approx(chunked, rel=1e-5)
+    for length, stride in ((100, 5), (81, 4), (17, 8)):
+        loss, n = mod.evaluate_sliding(model, torch.randint(0, 64, (length,)), 16, stride)
+        assert n == length - 1 and loss > 0  # every target scored exactly once
+
+
+def test_prose_mask_marks_comments_and_docstrings_only():
+    mod = _load_script()
+    text = 'def f(x):\n    """Doc\n    string."""\n    # note\n    return "s" + x  # tail\n'
+    marked = "".join(c for c, m in zip(text, mod.prose_mask(text)) if m)
+    assert marked == '"""Doc\n    string."""# note# tail'
