@@ -289,8 +289,8 @@ def prose_mask(text: str) -> list[bool]:
     import io
     import tokenize
 
-    starts = [0]
-    for line in text.splitlines(keepends=True):
+    starts = [0]  # character offset of each line, split exactly as tokenize reads them (not at form feeds)
+    for line in io.StringIO(text).readlines():
         starts.append(starts[-1] + len(line))
     mask = [False] * len(text)
     try:

@@ -162,6 +162,6 @@ def test_sliding_eval_matches_chunks_and_scores_every_token_once():
 
 def test_prose_mask_marks_comments_and_docstrings_only():
     mod = _load_script()
-    text = 'def f(x):\n    """Doc\n    string."""\n    # note\n    return "s" + x  # tail\n'
+    text = 'def f(x):\n    """Doc\n    string."""\n\x0c\n    # note\n    return "s" + x  # tail\n'
     marked = "".join(c for c, m in zip(text, mod.prose_mask(text)) if m)
     assert marked == '"""Doc\n    string."""# note# tail'
