@@ -581,7 +581,7 @@ def main(argv=None) -> dict:
     pairs = [(f, t) for f, t in zip(train_files, map(read_text, train_files)) if t]
     train_texts = [t for _, t in pairs]
     # Library code vs the test suite, for --lib-weight (held-out modules are library code).
-    lib_mask = [not is_test(f.relative_to(root).as_posix()) if f.is_relative_to(root) else True for f, _ in pairs]
+    lib_mask = [not is_test(f.relative_to(root).as_posix()) for f, _ in pairs]
     held_texts = [t for t in map(read_text, held_files) if t]
     print(f"[data] {len(train_texts)} train files, {len(held_texts)} held-out files", flush=True)
 
