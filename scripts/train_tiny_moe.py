@@ -22,6 +22,7 @@ Example (the command used for ``specter_lab/assets/tiny-moe``)::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -187,15 +188,33 @@ def train_tokenizer(texts: list[str], vocab_size: int):
     return hf
 
 
-def encode_corpus(tok, texts: list[str]):
+def encode_files(tok, texts: list[str]) -> list[list[int]]:
+    """Token ids of each text, each followed by the EOS separator."""
+    return [enc + [tok.eos_token_id] for enc in tok(texts, add_special_tokens=False)["input_ids"]]
+
+
+def join_ids(files: list[list[int]]):
     import torch
 
-    eos = tok.eos_token_id
-    ids: list[int] = []
-    for enc in tok(texts, add_special_tokens=False)["input_ids"]:
-        ids.extend(enc)
-        ids.append(eos)
-    return torch.tensor(ids, dtype=torch.long)
+    return torch.tensor([i for ids in files for i in ids], dtype=torch.long)
+
+
+def encode_corpus(tok, texts: list[str]):
+    return join_ids(encode_files(tok, texts))
+
+
+@contextlib.contextmanager
+def inference(model):
+    """Eval mode and no autograd for the block; the model's train/eval mode is restored after."""
+    import torch
+
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        model.train(was_training)
 
 
 # --------------------------------------------------------------------------- eval
@@ -219,11 +238,9 @@ def evaluate(model, data, seq_len: int, max_chunks: int | None = None, batch: in
             counts[i] += torch.bincount(idx.reshape(-1), minlength=E)
 
         handles.append(layer.mlp.gate.register_forward_hook(hook))
-    was_training = model.training
-    model.eval()
     tot_loss, tot_tok = 0.0, 0
     try:
-        with torch.no_grad():
+        with inference(model):
             for s in range(0, n, batch):
                 rows = [data[j * seq_len : j * seq_len + seq_len + 1] for j in range(s, min(n, s + batch))]
                 x = torch.stack(rows)
@@ -236,7 +253,6 @@ def evaluate(model, data, seq_len: int, max_chunks: int | None = None, batch: in
     finally:
         for h in handles:
             h.remove()
-        model.train(was_training)
     usage = []
     for c in counts:
         p = c.double() / c.sum().clamp(min=1)
@@ -262,25 +278,20 @@ def evaluate_sliding(model, data, seq_len: int, stride: int, batch: int = 8) -> 
     starts = list(range(0, max(n - seq_len, 0) + 1, stride))
     if starts[-1] + seq_len < n:
         starts.append(n - seq_len)
-    was_training = model.training
-    model.eval()
     tot_loss, tot_tok, scored_to = 0.0, 0, 0
-    try:
-        with torch.no_grad():
-            for b in range(0, len(starts), batch):
-                group = starts[b : b + batch]
-                x = torch.stack([data[w : w + seq_len + 1] for w in group])
-                logits = model(input_ids=x[:, :-1]).logits.float()
-                nll = torch.nn.functional.cross_entropy(
-                    logits.reshape(-1, logits.size(-1)), x[:, 1:].reshape(-1), reduction="none"
-                ).view(len(group), seq_len)
-                for row, w in enumerate(group):
-                    first = max(scored_to - w, 0)  # targets w+first.. not scored yet
-                    tot_loss += float(nll[row, first:].sum())
-                    tot_tok += seq_len - first
-                    scored_to = w + seq_len
-    finally:
-        model.train(was_training)
+    with inference(model):
+        for b in range(0, len(starts), batch):
+            group = starts[b : b + batch]
+            x = torch.stack([data[w : w + seq_len + 1] for w in group])
+            logits = model(input_ids=x[:, :-1]).logits.float()
+            nll = torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.size(-1)), x[:, 1:].reshape(-1), reduction="none"
+            ).view(len(group), seq_len)
+            for row, w in enumerate(group):
+                first = max(scored_to - w, 0)  # targets w+first.. not scored yet
+                tot_loss += float(nll[row, first:].sum())
+                tot_tok += seq_len - first
+                scored_to = w + seq_len
     return tot_loss / max(tot_tok, 1), tot_tok
 
 
@@ -310,32 +321,28 @@ def loss_by_kind(model, tok, texts: list[str], seq_len: int) -> dict:
     non-overlapping windows: which kind of text the model finds hard."""
     import torch
 
-    sums = {"prose": [0.0, 0], "code": [0.0, 0]}
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            for text in texts:
-                enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
-                ids = torch.tensor(enc["input_ids"])
-                mask = prose_mask(text)
-                kind = [mask[a] if a < len(mask) else False for a, _ in enc["offset_mapping"]]
-                for s0 in range(0, len(ids) - 1, seq_len):
-                    x = ids[s0 : s0 + seq_len + 1]
-                    nll = torch.nn.functional.cross_entropy(model(input_ids=x[None, :-1]).logits[0].float(), x[1:],
-                                                            reduction="none")
-                    for j, v in enumerate(nll.tolist()):
-                        acc = sums["prose" if kind[s0 + 1 + j] else "code"]
-                        acc[0] += v
-                        acc[1] += 1
-    finally:
-        model.train(was_training)
-    n = sums["prose"][1] + sums["code"][1]
+    prose_nll, code_nll, n_prose, n_code = 0.0, 0.0, 0, 0
+    with inference(model):
+        for text in texts:
+            enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+            ids = torch.tensor(enc["input_ids"])
+            mask = prose_mask(text)
+            prose = torch.tensor([a < len(mask) and mask[a] for a, _ in enc["offset_mapping"]])
+            for s0 in range(0, len(ids) - 1, seq_len):
+                x = ids[s0 : s0 + seq_len + 1]
+                nll = torch.nn.functional.cross_entropy(model(input_ids=x[None, :-1]).logits[0].float(), x[1:],
+                                                        reduction="none")
+                is_prose = prose[s0 + 1 : s0 + len(x)]  # the kind of each target token
+                prose_nll += float(nll[is_prose].sum())
+                code_nll += float(nll[~is_prose].sum())
+                n_prose += int(is_prose.sum())
+                n_code += int((~is_prose).sum())
+    n = n_prose + n_code
     return dict(
-        prose_share=sums["prose"][1] / max(n, 1),
-        prose_loss=sums["prose"][0] / max(sums["prose"][1], 1),
-        code_loss=sums["code"][0] / max(sums["code"][1], 1),
-        loss=(sums["prose"][0] + sums["code"][0]) / max(n, 1),
+        prose_share=n_prose / max(n, 1),
+        prose_loss=prose_nll / max(n_prose, 1),
+        code_loss=code_nll / max(n_code, 1),
+        loss=(prose_nll + code_nll) / max(n, 1),
     )
 
 
@@ -594,10 +601,11 @@ def main(argv=None) -> dict:
     else:
         tok = train_tokenizer(train_texts, args.vocab_size)
         print(f"[tokenizer] vocab {len(tok)} trained in {time.time() - t0:.1f}s", flush=True)
-    train_ids = encode_corpus(tok, train_texts)
+    train_files_ids = encode_files(tok, train_texts)
+    train_ids = join_ids(train_files_ids)
     if args.lib_weight is not None:
-        lib_ids = encode_corpus(tok, [t for t, m in zip(train_texts, lib_mask) if m])
-        test_ids = encode_corpus(tok, [t for t, m in zip(train_texts, lib_mask) if not m])
+        lib_ids = join_ids([f for f, m in zip(train_files_ids, lib_mask) if m])
+        test_ids = join_ids([f for f, m in zip(train_files_ids, lib_mask) if not m])
         print(f"[data] --lib-weight {args.lib_weight}: {len(lib_ids):,} library tokens, "
               f"{len(test_ids):,} test-suite tokens", flush=True)
     held_ids = encode_corpus(tok, held_texts)
@@ -657,11 +665,10 @@ def main(argv=None) -> dict:
     gen = torch.Generator().manual_seed(args.seed)
     L = args.seq_len
     n_starts = len(train_ids) - L - 1
-    if n_starts <= 0:
-        raise SystemExit("training corpus too small for --seq-len")
     streams = [train_ids] if args.lib_weight is None else [lib_ids, test_ids]
     if any(len(st) - L - 1 <= 0 for st in streams):
-        raise SystemExit("library or test-suite stream too small for --seq-len; drop --lib-weight")
+        raise SystemExit("training corpus (or, with --lib-weight, its library or test-suite part) too small "
+                         "for --seq-len")
 
     def batch_rows():
         if args.lib_weight is None:
