@@ -49,21 +49,20 @@ def trace_records(trace) -> dict[str, int]:
 
 
 def trace_mb(trace) -> float:
-    """Rough deep size of the trace's record lists (lists, tuples, floats, numpy arrays; shared ints and
-    strings not counted) in MiB: what the trace itself holds in memory."""
-    import numpy as np
-
+    """Rough deep size of the trace's records (the record objects, their float times and routing lists; shared
+    ints and strings not counted) in MiB: what the trace itself holds in memory."""
     total = 0
     for name in ("steps", "tokens", "routing_raw", "forecast", "cache_events", "transfers", "compute"):
         rows = getattr(trace, name)
         total += sys.getsizeof(rows)
         for row in rows:
             total += sys.getsizeof(row)
-            for x in row:
+            for f in row.__slots__:
+                x = getattr(row, f)
                 if isinstance(x, float):
                     total += sys.getsizeof(x)
-                elif isinstance(x, np.ndarray):
-                    total += sys.getsizeof(x) + (0 if x.base is None else x.nbytes)
+                elif isinstance(x, list):  # routing ids: a list of per-token lists
+                    total += sys.getsizeof(x) + sum(sys.getsizeof(t) for t in x)
     return total / 2**20
 
 
@@ -133,23 +132,14 @@ def main(argv: list[str] | None = None) -> int:
                 run.setdefault("records", {})[label] = {**trace_records(run["trace"]),
                                                         "approx_mb": round(trace_mb(run["trace"]), 2)}
 
-    # The trace of the running generate: capture it from the store the engine builds (read-only).
-    import specter_lab.engine as engine_mod
-
-    base_store = engine_mod.ExpertStore
-
-    class _Capture(base_store):
-        def __init__(self, *args, **kw):
-            super().__init__(*args, **kw)
-            run["trace"] = self.trace
-
     sample("before", 0)
-    engine_mod.ExpertStore = _Capture
+    prepared = engine.prepare(ids, max_new_tokens=a.tokens, callback=on_step)
+    run["trace"] = prepared.trace  # read by the step callback, while the run records
     t0 = time.perf_counter()
     try:
-        result = engine.generate(ids, max_new_tokens=a.tokens, callback=on_step)
+        result = prepared.execute()
     finally:
-        engine_mod.ExpertStore = base_store
+        prepared.store.release()
     wall = time.perf_counter() - t0
     sample("after_generate", len(result.token_ids))
 

@@ -5,12 +5,24 @@ that forecasts routing (Specter, arXiv 2511.14102), and notebook views of what t
     model, tok = sl.load_model("tiny")
     engine = sl.Engine(model, tok, strategy="specter", expert_budget=0.5, hardware="rtx4090-pcie4")
     result = engine.generate("def fib(n):", max_new_tokens=32)
+
+This module is the top of the package: it imports the layers below it (see the README's code map), never the
+reverse. The notebook views (``sl.viz``) load on first use, so importing specter_lab loads neither plotly nor
+ipywidgets.
 """
 
-from .engine import Engine, GenerationResult
-from .model import inspect_model, load_model, tiny_random_model
-from .offload.hardware import COST_SHAPES, PROFILES, CostShape, HardwareProfile, calibrate
+from . import planner  # registers sl.plan as the planner behind strategy="auto"
+from .bench import compare, summarize
 from .drafts import DRAFT_VARIANTS, DraftSpec
+from .engine import Engine, GenerationResult
+from .errors import BudgetTooSmall, CopyFault, NotExact
+from .fidelity import fidelity
+from .model import inspect_model, load_model, tiny_random_model
+from .offload.calibrate import calibrate
+from .offload.profiles import PROFILES, HardwareProfile
+from .offload.shapes import COST_SHAPES, CostShape
+from .planner import Plan, plan, regime_map
+from .prompts import heldout_prompts
 from .quant import QuantSpec
 from .strategies import STRATEGIES, Strategy
 
@@ -18,22 +30,16 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Engine", "GenerationResult", "load_model", "inspect_model", "tiny_random_model", "HardwareProfile", "PROFILES",
-    "COST_SHAPES", "CostShape", "calibrate", "QuantSpec", "DraftSpec", "DRAFT_VARIANTS", "STRATEGIES", "Strategy", "compare", "fidelity", "plan", "viz",
+    "COST_SHAPES", "CostShape", "calibrate", "QuantSpec", "DraftSpec", "DRAFT_VARIANTS", "STRATEGIES", "Strategy",
+    "compare", "summarize", "fidelity", "plan", "Plan", "regime_map", "heldout_prompts", "BudgetTooSmall",
+    "CopyFault", "NotExact", "viz",
 ]
 
 
 def __getattr__(name):
-    # Heavy or optional pieces load on first use: no import-time side effects, no plotly/ipywidgets unless asked.
-    if name in ("compare", "fidelity"):
-        from . import bench
-
-        return getattr(bench, name)
-    if name in ("plan", "regime_map"):
-        from . import planner
-
-        return getattr(planner, name)
-    if name in ("viz", "bench", "planner"):
+    # The views load on first use: no plotly/ipywidgets unless asked.
+    if name == "viz":
         import importlib
 
-        return importlib.import_module(f".{name}", __name__)
+        return importlib.import_module(".viz", __name__)
     raise AttributeError(f"module 'specter_lab' has no attribute {name!r}")

@@ -5,14 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
+from typing import Any
 
-
-def _budget(text: str):
-    try:
-        v = float(text)
-    except ValueError:
-        return text  # '2GiB' etc.: the Engine parses and validates it
-    return v if v <= 1 else int(v)
+__all__ = ["main"]
 
 
 def _k(text: str):
@@ -20,8 +16,10 @@ def _k(text: str):
 
 
 def _add_common(p: argparse.ArgumentParser) -> None:
+    from .units import budget_from_text
+
     p.add_argument("--model", default="tiny", help="'tiny' (bundled), a local HF MoE folder, or a hub id")
-    p.add_argument("--expert-budget", type=_budget, default=None,
+    p.add_argument("--expert-budget", type=budget_from_text, default=None,
                    help="fraction of routed-expert bytes (0-1], bytes, or '2GiB' (default 0.5)")
     p.add_argument("--bits", type=int, default=4, help="draft bits: 2, 3, 4 or 8")
     p.add_argument("--group-size", type=int, default=64)
@@ -32,14 +30,15 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trust-remote-code", action="store_true")
 
 
+# ----------------------------------------------------------------------------------------- run
 def cmd_run(a) -> int:
     import specter_lab as sl
+    from .offload.profiles import get_profile
+    from .offload.shapes import get_cost_shape
+    from .strategies import get_strategy
 
     spec = sl.QuantSpec(a.bits, a.group_size, a.method)
     # Check names and counts before loading the model (the slow part); the Engine checks the rest.
-    from .offload.hardware import get_cost_shape, get_profile
-    from .strategies import get_strategy
-
     get_strategy(a.strategy), get_profile(a.hardware), get_cost_shape(a.cost_shape)
     for flag, v in (("--max-new-tokens", a.max_new_tokens), ("--cache-slots", a.cache_slots), ("--k", a.k)):
         if isinstance(v, int) and v < 1:
@@ -52,22 +51,27 @@ def cmd_run(a) -> int:
     if a.json:
         print(json.dumps({"text": r.text, "token_ids": r.token_ids, "metrics": _jsonable(r.metrics)}, indent=2))
         return 0
-    print(a.prompt + (r.text or ""))
-    print()
-    label = r.metrics["clock"] + (" (projected as " + r.metrics["cost_shape"] + ")" if r.metrics["projected"] else "")
-    print(f"strategy {r.strategy} · clock {label}")
-    keys = ["tpot_ms", "tokens_per_s", "hit_rate", "h2d_bytes_per_token", "stall_ms_per_token", "acceptance_rate",
-            "mean_accepted", "recall", "precision", "prefetch_waste_bytes", "slots_per_layer", "draft_bytes",
-            "slot_bytes", "budget_bytes", "new_tokens"]
-    for k in keys:
-        v = r.metrics.get(k)
-        if v is None:
-            continue
-        print(f"  {k:<22} {v:,.4g}" if isinstance(v, float) else f"  {k:<22} {v:,}")
+    _print_run(a, r)
     if a.html:
         r.to_html(a.html)
         print(f"report written to {a.html}")
     return 0
+
+
+_RUN_KEYS = ["tpot_ms", "tokens_per_s", "hit_rate", "h2d_bytes_per_token", "stall_ms_per_token", "acceptance_rate",
+             "mean_accepted", "recall", "precision", "prefetch_waste_bytes", "slots_per_layer", "draft_bytes",
+             "slot_bytes", "budget_bytes", "new_tokens"]
+
+
+def _print_run(a, r) -> None:
+    print(a.prompt + (r.text or ""))
+    print()
+    label = r.metrics["clock"] + (" (projected as " + r.metrics["cost_shape"] + ")" if r.metrics["projected"] else "")
+    print(f"strategy {r.strategy} · clock {label}")
+    for k in _RUN_KEYS:
+        v = r.metrics.get(k)
+        if v is not None:
+            print(f"  {k:<22} {v:,.4g}" if isinstance(v, float) else f"  {k:<22} {v:,}")
 
 
 def _jsonable(d):
@@ -79,32 +83,133 @@ def _jsonable(d):
     return out
 
 
-def cmd_calibrate(a) -> int:
-    import specter_lab as sl
+# ----------------------------------------------------------------------------------------- bench
+def _bench_budgets(a) -> list:
+    """--budgets, or the one --expert-budget (same forms as everywhere: fraction, bytes, '2GiB')."""
+    from .units import budget_from_text, parse_budget
 
-    prof = sl.calibrate(a.name, save=True)
+    if a.expert_budget is not None and a.budgets is not None:
+        raise ValueError("bench: give --budgets (several) or --expert-budget (one), not both.")
+    budgets = [a.expert_budget] if a.expert_budget is not None else [
+        budget_from_text(b) for b in (a.budgets or "0.5,0.35").split(",") if b.strip()]
+    for b in budgets:
+        parse_budget(b, "--budgets")
+    return budgets
+
+
+def cmd_bench(a) -> int:
+    from . import bench
+    from .model import load_model
+    from .prompts import heldout_prompts
+    from .quant import QuantSpec
+    from .strategies import STRATEGIES
+
+    # The default set is the paper's comparison plus our own; `auto` (a calibration per cell) is in --regimes.
+    strategies = a.strategies.split(",") if a.strategies else [s for s in STRATEGIES if s != "auto"]
+    hardware = [h for h in a.hardware.split(",") if h]
+    budgets = _bench_budgets(a)
+    cost_shape = None if (a.cost_shape or "deepseek-v2-lite") == "none" else (a.cost_shape or "deepseek-v2-lite")
+    spec = QuantSpec(a.bits, a.group_size, a.method)
+    model, tok = load_model(a.model, trust_remote_code=a.trust_remote_code)
+    prompts = heldout_prompts(a.prompts)
+    t0 = time.perf_counter()
+    out: dict[str, Any] = {"model": a.model, "cost_shape": cost_shape, "draft": spec.label,
+                           "max_new_tokens": a.max_new_tokens, "prompts": len(prompts),
+                           "note": "simulated clock" + (f", projected as {cost_shape}" if cost_shape else "")}
+    df = bench.compare(model, tok, strategies, prompts, hardware, a.max_new_tokens, budgets, cost_shape, a.k, spec,
+                       progress=not a.json)
+    summ = bench.summarize(df)
+    out["runs"], out["summary"] = df.to_dict(orient="records"), summ.to_dict(orient="records")
+    out.update(_bench_extras(a, model, tok, prompts, hardware, budgets, cost_shape, spec))
+    out["seconds"] = time.perf_counter() - t0
+    if a.json:
+        print(json.dumps(out, indent=1, default=lambda v: v.item() if hasattr(v, "item") else str(v)))
+    else:
+        _print_bench(out, df, summ, a, spec, prompts)
+    if a.html:
+        from .viz.report import bench_html
+
+        with open(a.html, "w", encoding="utf-8") as f:
+            f.write(bench_html(df, summ, out))
+        if not a.json:
+            print(f"report written to {a.html}")
+    return 0
+
+
+def _bench_extras(a, model, tok, prompts, hardware, budgets, cost_shape, spec) -> dict[str, Any]:
+    """The optional tables: ablations + K sweep, CPU overhead, the regime map."""
+    from . import bench
+    from .strategies import STRATEGIES
+
+    out: dict[str, Any] = {}
+    quiet = a.json
+    tightest = min(budgets, key=lambda b: b if isinstance(b, float) else float("inf"))
+    if a.ablations:
+        out["ablations"] = bench.ablations(model, tok, prompts, hardware[0], tightest, cost_shape, a.max_new_tokens,
+                                           spec, progress=not quiet).to_dict(orient="records")
+        out["k_sweep"] = bench.k_sweep(model, tok, prompts, hardware=hardware[0], expert_budget=tightest,
+                                       cost_shape=cost_shape, max_new_tokens=a.max_new_tokens, draft=spec,
+                                       progress=not quiet).to_dict(orient="records")
+    if a.overhead:
+        strategies = a.strategies.split(",") if a.strategies else [s for s in STRATEGIES if s != "auto"]
+        out["cpu_overhead"] = bench.cpu_overhead(model, tok, prompts[0], max_new_tokens=a.max_new_tokens,
+                                                 strategies=strategies).to_dict(orient="records")
+    if a.regimes:
+        from .planner import regime_map
+
+        out["regimes"] = regime_map(model, tok, prompts[:2], progress=not quiet,
+                                    max_new_tokens=min(a.max_new_tokens, 32)).to_dict(orient="records")
+    return out
+
+
+def _fmt(df) -> str:
+    return df.to_string(index=False, float_format=lambda v: f"{v:.4g}")
+
+
+def _print_bench(out, df, summ, a, spec, prompts) -> None:
+    import pandas as pd
+
+    print(f"specter-lab bench · model {a.model} · {out['note']} · draft {spec.label} · "
+          f"{len(prompts)} held-out prompts × {a.max_new_tokens} tokens")
+    mean = df.groupby(["hardware", "expert_budget", "strategy"], sort=False)[
+        ["tpot_ms", "hit_rate", "acceptance_rate", "recall", "stall_ms_per_token", "h2d_bytes_per_token",
+         "slots_per_layer"]].mean().reset_index()
+    print("\nMean over prompts (TPOT in ms, simulated):")
+    print(_fmt(mean))
+    print("\nSpeedup of specter over the strongest baseline, and specter / oracle:")
+    print(_fmt(summ[[c for c in summ.columns if not c.startswith("tpot_")]]))
+    for key, title in (("ablations", "Ablations (specter, lowest budget, first profile)"),
+                       ("k_sweep", "K sweep"), ("cpu_overhead", "CPU wall-clock vs HF generate (full budget)"),
+                       ("regimes", "Regime map")):
+        if key in out:
+            print(f"\n{title}:")
+            print(_fmt(pd.DataFrame(out[key])))
+    print(f"\n({out['seconds']:.0f} s)")
+
+
+# ----------------------------------------------------------------------------------------- calibrate
+def cmd_calibrate(a) -> int:
+    from .offload.calibrate import calibrate
+
+    prof = calibrate(a.name, save=True)
     print(prof.to_json())
     print(f"saved: use hardware={a.name!r}")
     return 0
 
 
-def cmd_bench(a) -> int:
-    from .bench import bench_main
-
-    return bench_main(a)
-
-
-def main(argv: list[str] | None = None) -> int:
-    import specter_lab as sl
+# ----------------------------------------------------------------------------------------- parser
+def _parser() -> argparse.ArgumentParser:
+    from .offload.profiles import PROFILES
+    from .strategies import STRATEGIES
 
     parser = argparse.ArgumentParser(prog="specter-lab", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="generate once and print the text and metrics")
     _add_common(r)
-    r.add_argument("--strategy", default="specter", help=f"one of {list(sl.STRATEGIES)}")
+    r.add_argument("--strategy", default="specter", help=f"one of {list(STRATEGIES)}")
     # Ends mid-line on purpose: with byte-level BPE a trailing newline splits the usual newline+indent token.
     r.add_argument("--prompt", default='def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n    if n < 2:')
-    r.add_argument("--hardware", default="rtx4090-pcie4", help=f"one of {sorted(sl.PROFILES)} or 'cuda'")
+    r.add_argument("--hardware", default="rtx4090-pcie4", help=f"one of {sorted(PROFILES)} or 'cuda'")
     r.add_argument("--cache-slots", type=int, default=None)
     r.add_argument("--sample", action="store_true")
     r.add_argument("--temperature", type=float, default=1.0)
@@ -117,7 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     _add_common(b)
     b.add_argument("--strategies", default=None, help="comma-separated (default: all but auto; add auto to plan per cell)")
     b.add_argument("--hardware", default="rtx4090-pcie4,a100-40g-pcie4")
-    b.add_argument("--budgets", default="0.5,0.35")
+    b.add_argument("--budgets", default=None,
+                   help="comma-separated budgets, each a fraction, bytes or '2GiB' (default 0.5,0.35)")
     b.add_argument("--prompts", type=int, default=4, help="how many held-out prompts")
     b.add_argument("--ablations", action="store_true", help="also the ablation table and K sweep")
     b.add_argument("--regimes", action="store_true", help="speedup map over budgets × profiles × cost shapes")
@@ -130,7 +236,11 @@ def main(argv: list[str] | None = None) -> int:
     c.set_defaults(fn=cmd_calibrate)
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (default 1: the bundled model's ops are too small to share)")
-    a = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = _parser().parse_args(argv)
     import torch
 
     torch.set_num_threads(max(1, a.threads))

@@ -24,7 +24,7 @@ from .quant import QuantSpec
 
 DRAFT_VARIANTS = ("quantized", "resident", "hybrid", "host")
 
-__all__ = ["DraftSpec", "DRAFT_VARIANTS", "as_draft_spec"]
+__all__ = ["DraftSpec", "DRAFT_VARIANTS", "as_draft_spec", "draft_expert_bytes", "draft_device_experts"]
 
 
 @dataclass(frozen=True)
@@ -69,3 +69,38 @@ def as_draft_spec(draft) -> DraftSpec:
     if isinstance(draft, str):
         return DraftSpec(draft)
     raise TypeError(f"draft={draft!r}: pass a sl.QuantSpec, a variant name {DRAFT_VARIANTS}, or a sl.DraftSpec.")
+
+
+def draft_expert_bytes(info, spec: QuantSpec, cost_shape, expert_params: int) -> float:
+    """Packed bytes of one draft expert, priced like the fp ones: at the cost shape's dimensions when projected
+    (so a tiny model's group padding is not carried over to a real model's experts), else from the model's own
+    tensor shapes (``expert_params``: params of one fp expert in the cost model)."""
+    if cost_shape is None:
+        return _draft_ratio(info, spec) * 2 * expert_params
+    inter = cost_shape.expert_params // (3 * cost_shape.hidden)
+    # gate/up rows run along hidden, down rows along the expert's intermediate width
+    return spec.packed_bytes(2 * inter * cost_shape.hidden, cost_shape.hidden) + spec.packed_bytes(
+        cost_shape.hidden * inter, inter)
+
+
+def draft_device_experts(info, cfg: DraftSpec) -> int:
+    """How many low-bit experts the draft keeps on the device (0 for variants without low-bit copies)."""
+    if not cfg.uses_lowbit:
+        return 0
+    if cfg.variant == "hybrid":
+        return sum(min(cfg.hybrid_experts, l.num_experts) for l in info.layers)
+    return sum(l.num_experts for l in info.layers)
+
+
+def _draft_ratio(info, spec: QuantSpec) -> float:
+    """Packed draft bytes per fp16 byte of routed-expert weights, computed from shapes (no quantization)."""
+    packed = numel = 0
+    for layer in info.layers:
+        for name in layer.param_names:
+            t = getattr(layer.experts, name)
+            if name.endswith("_bias"):
+                packed += t.numel() * 2
+            else:
+                packed += spec.packed_bytes(t.numel(), t.shape[-1])
+                numel += t.numel()
+    return packed / (2 * numel)

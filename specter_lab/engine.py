@@ -2,62 +2,63 @@
 the full trace of every copy and compute span.
 
 Every argument is checked before any work is done, and an error names the argument, the value and what would be
-accepted. Nothing is left half-applied: the model is attached to the runtime only inside ``generate`` and is a
-plain HF model again afterwards, whatever happened inside (errors, KeyboardInterrupt).
+accepted. Nothing is left half-applied: the model is attached to the runtime only inside a run and is a plain HF
+model again afterwards, whatever happened inside (errors, KeyboardInterrupt).
+
+A run has parts (store, runtime, decoder, trace); :meth:`Engine.prepare` builds them and returns a :class:`Run`,
+so tests and tools can observe a run through its parts (e.g. the runtime's named hook points) before
+:meth:`Run.execute`. :meth:`Engine.generate` is prepare + execute.
 """
 
 from __future__ import annotations
 
-import math
 import weakref
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
 import torch
 
-from .drafts import DraftSpec, as_draft_spec
-from .decode import Decoder, Sampling, StepInfo, StopGeneration, autoregressive, speculative
+from .budget import BudgetSplit, split_budget, split_slots
+from .decode import Decoder, Sampling, Speculation, StepInfo, StopGeneration, autoregressive, speculative
+from .drafts import DraftSpec, as_draft_spec, draft_device_experts, draft_expert_bytes
+from .metrics import compute_metrics
 from .model import MoEModelInfo, attached, inspect_model
-from .offload.cache import ForecastEviction, make_policy
+from .offload.cache import make_policy
 from .offload.clock import CudaClock, SimClock
-from .offload.hardware import PROFILES, CostModel, HardwareProfile, build_cost_model, get_cost_shape, get_profile, parse_bytes
-from .offload.runtime import OffloadRuntime
+from .offload.cost import CostModel, build_cost_model
+from .offload.profiles import PROFILES, HardwareProfile, get_profile
+from .offload.runtime import DraftSource, OffloadRuntime
+from .offload.shapes import get_cost_shape
 from .offload.store import ExpertStore
-from .predict import KGovernor, LookaheadPlanner
+from .predict import KGovernor, LookaheadPrefetcher
 from .quant import DraftExperts, QuantSpec
 from .strategies import Strategy, get_strategy
-from .trace import Trace, compute_metrics
+from .trace import Trace
+from .units import parse_budget
 
-if TYPE_CHECKING:
-    from .planner import Plan
-
-__all__ = ["Engine", "GenerationResult", "BudgetSplit"]
+__all__ = ["Engine", "GenerationResult", "BudgetSplit", "Run", "PlanLike", "register_auto_planner"]
 
 # Quantizing the draft is the slow part of building an engine; engines on the same model share drafts.
 _DRAFTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-@dataclass
-class BudgetSplit:
-    """How the device memory for routed experts is spent: the resident draft plus full-precision slots."""
+class PlanLike(Protocol):
+    """What an Engine needs of a plan (``sl.plan`` returns one): the chosen engine options and a label."""
 
-    budget_bytes: int
-    draft_bytes: int
-    slots_per_layer: list[int]
-    expert_bytes: int
+    label: str
 
-    @property
-    def slot_bytes(self) -> int:
-        return sum(self.slots_per_layer) * self.expert_bytes
+    def engine_kwargs(self) -> dict[str, Any]: ...
 
-    @property
-    def device_bytes(self) -> int:
-        return self.draft_bytes + self.slot_bytes
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"budget_bytes": self.budget_bytes, "draft_bytes": self.draft_bytes, "slot_bytes": self.slot_bytes,
-                "device_bytes": self.device_bytes, "slots_per_layer": int(min(self.slots_per_layer)),
-                "expert_bytes": self.expert_bytes}
+# strategy="auto" plans with the function registered here (specter_lab.planner registers sl.plan on import), so
+# the engine never imports the planner that builds engines.
+_AUTO_PLANNER: list[Callable[..., PlanLike]] = []
+
+
+def register_auto_planner(fn: Callable[..., PlanLike]) -> None:
+    """Make ``fn(model, tokenizer, hardware, expert_budget, cost_shape=, progress=, draft=, k=)`` the planner
+    that ``strategy="auto"`` runs."""
+    _AUTO_PLANNER[:] = [fn]
 
 
 @dataclass
@@ -78,7 +79,7 @@ class GenerationResult:
 
     def to_html(self, path: str) -> str:
         """Write a standalone HTML report of this run (figures + metrics). Returns the path."""
-        from .viz.figures import report_html
+        from .viz.report import report_html  # the view layer, on request only (see tests/test_layers.py)
 
         with open(path, "w", encoding="utf-8") as f:
             f.write(report_html(self, self.tokenizer))
@@ -91,18 +92,17 @@ class GenerationResult:
                 f"clock={m.get('clock')!r})")
 
 
-def _draft_ratio(info: MoEModelInfo, spec: QuantSpec) -> float:
-    """Packed draft bytes per fp16 byte of routed-expert weights, computed from shapes (no quantization)."""
-    packed = numel = 0
-    for layer in info.layers:
-        for name in layer.param_names:
-            t = getattr(layer.experts, name)
-            if name.endswith("_bias"):
-                packed += t.numel() * 2
-            else:
-                packed += spec.packed_bytes(t.numel(), t.shape[-1])
-                numel += t.numel()
-    return packed / (2 * numel)
+def _check_options(k, eviction, prefetch, chunking) -> None:
+    if k is not None and k != "auto" and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+        raise ValueError(f"k={k!r}: use an integer draft length >= 1 or 'auto'.")
+    if eviction is not None:
+        make_policy(eviction)
+    if prefetch is not None and prefetch not in ("none", "gate", "draft", "oracle"):
+        raise ValueError(f"prefetch={prefetch!r}: use 'none', 'gate', 'draft' or 'oracle'.")
+    if chunking is not None and chunking not in ("adaptive", "budgeted") and not (
+            isinstance(chunking, tuple) and chunking
+            and all(isinstance(f, (int, float)) and not isinstance(f, bool) and 0 <= f <= 1 for f in chunking)):
+        raise ValueError(f"chunking={chunking!r}: use 'adaptive', 'budgeted' or a tuple of draft fractions in [0, 1].")
 
 
 class Engine:
@@ -111,23 +111,23 @@ class Engine:
     Args:
         model: any transformers ≥5 MoE model (its experts use the experts interface).
         tokenizer: optional; needed for string prompts and ``result.text``.
-        strategy: a name in ``sl.STRATEGIES``, a :class:`Strategy`, or a plan from ``sl.plan`` (``"auto"`` plans
-            here, which runs a short calibration first).
+        strategy: a name in ``sl.STRATEGIES``, a :class:`Strategy`, or a plan from ``sl.plan``
+            (:meth:`from_plan`). ``"auto"`` is shorthand for planning here, which runs a short calibration first.
         expert_budget: device bytes for routed experts (draft + full-precision slots): a fraction in (0, 1] of
             the full-precision routed-expert bytes, a byte count, or a string like ``"2GiB"``. Default 0.5.
         cache_slots: alternatively, full-precision slots per layer (the draft comes on top).
-        draft: the draft's :class:`QuantSpec` (speculative strategies).
+        draft: the draft's :class:`QuantSpec` (speculative strategies), or a :class:`DraftSpec` / variant name.
         k: draft length, or ``"auto"`` for the per-window governor. With ``strategy="auto"``, ``draft`` and ``k``
             pin the planner's speculative candidates: it decides whether to speculate, with your draft and K.
         hardware: a profile name in ``sl.PROFILES``, a :class:`HardwareProfile`, or ``"cuda"`` (real clock).
         cost_shape: price experts as a named real model (``sl.COST_SHAPES``); results are labelled projected.
         eviction, prefetch, chunking, shared_slots: override the strategy's (for ablations).
 
-    Attribute ``fault_hook`` (default None): a ``fn(layer, expert)`` that ``generate`` hands to each run's
-    ExpertStore; it is called before every host→device copy and may raise to inject a failed copy (tests).
+    Attribute ``fault_hook`` (default None): a ``fn(layer, expert)`` that each run's ExpertStore calls before
+    every host→device copy; it may raise to inject a failed copy (tests).
     """
 
-    def __init__(self, model, tokenizer=None, strategy: "str | Strategy | Plan" = "specter", *,
+    def __init__(self, model, tokenizer=None, strategy: "str | Strategy | PlanLike" = "specter", *,
                  expert_budget: "float | int | str | None" = None, cache_slots: int | None = None,
                  draft: "QuantSpec | DraftSpec | str | None" = None, k: "int | str | None" = None,
                  hardware: "str | HardwareProfile | None" = None, cost_shape: str | None = None,
@@ -136,37 +136,13 @@ class Engine:
                  record_routing: bool = True) -> None:
         self.info = inspect_model(model)  # raises on a dense model
         # The caller's own arguments first, before any planning/calibration work (strategy='auto').
-        if k is not None and k != "auto" and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
-            raise ValueError(f"k={k!r}: use an integer draft length >= 1 or 'auto'.")
-        if eviction is not None:
-            make_policy(eviction)
-        if prefetch is not None and prefetch not in ("none", "gate", "draft", "oracle"):
-            raise ValueError(f"prefetch={prefetch!r}: use 'none', 'gate', 'draft' or 'oracle'.")
-        if chunking is not None and chunking not in ("adaptive", "budgeted") and not (
-                isinstance(chunking, tuple) and chunking
-                and all(isinstance(f, (int, float)) and not isinstance(f, bool) and 0 <= f <= 1 for f in chunking)):
-            raise ValueError(f"chunking={chunking!r}: use 'adaptive', 'budgeted' or a tuple of draft fractions in [0, 1].")
+        _check_options(k, eviction, prefetch, chunking)
+        if cache_slots is not None and expert_budget is not None:
+            raise ValueError("give either expert_budget= or cache_slots=, not both.")
         self.plan = None
-        from .planner import Plan
-
-        if strategy == "auto" or isinstance(strategy, Plan):
-            if cache_slots is not None:
-                raise ValueError("strategy='auto' plans the slot split itself: give expert_budget=, not cache_slots=.")
-            get_profile(hardware), get_cost_shape(cost_shape)  # fail before the calibration runs
-            as_draft_spec(draft)
-            if isinstance(expert_budget, str):
-                parse_bytes(expert_budget)  # a malformed size, not "too small for every candidate"
-            if isinstance(strategy, Plan):
-                self.plan = strategy  # a plan made earlier with sl.plan(...)
-            else:
-                from .planner import plan as make_plan
-
-                # The caller's draft / k pin the speculative candidates instead of being overridden afterwards.
-                self.plan = make_plan(model, tokenizer, hardware, 0.5 if expert_budget is None else expert_budget,
-                                      cost_shape=cost_shape, progress=False, draft=draft, k=k)
-            chosen = self.plan.engine_kwargs()
-            strategy = chosen.pop("strategy")
-            draft, k = chosen.get("draft", draft), chosen.get("k", k)
+        if strategy == "auto" or hasattr(strategy, "engine_kwargs"):
+            strategy, draft, k = self._resolve_plan(model, tokenizer, strategy, expert_budget, cache_slots, draft, k,
+                                                    hardware, cost_shape)
         self.strategy = get_strategy(strategy).with_options(k=k, eviction=eviction, prefetch=prefetch,
                                                              chunking=chunking, shared_slots=shared_slots)
         self.draft_cfg = as_draft_spec(draft)
@@ -175,8 +151,8 @@ class Engine:
         self.profile = profile or PROFILES["rtx4090-pcie4"]  # CUDA clock: profile only feeds planner estimates
         self.cost_shape = get_cost_shape(cost_shape)
         # On the CUDA clock bytes are the real ones (the model's dtype); simulated runs price the deployment dtype.
-        wbytes = getattr(self.info.layers[0].experts, self.info.layers[0].param_names[0]).element_size() \
-            if self.use_cuda_clock else 2.0
+        first = self.info.layers[0]
+        wbytes = getattr(first.experts, first.param_names[0]).element_size() if self.use_cuda_clock else 2.0
         self.cost: CostModel = build_cost_model(self.info, self.profile, self.cost_shape, weight_bytes=wbytes)
         self.model = model
         self.tokenizer = tokenizer
@@ -192,6 +168,33 @@ class Engine:
         self.device = (model.get_input_embeddings().weight.device if hasattr(model, "get_input_embeddings")
                        else next(model.parameters()).device)
 
+    @classmethod
+    def from_plan(cls, model, tokenizer, plan: PlanLike, **kwargs) -> "Engine":
+        """The engine a plan (``sl.plan(...)``) chose, at the budget, hardware and cost shape it was planned for
+        (``plan.expert_budget``, ``plan.hardware``, ``plan.cost_shape``) unless given here."""
+        for name in ("expert_budget", "hardware", "cost_shape"):
+            if name not in kwargs and getattr(plan, name, None) is not None:
+                kwargs[name] = getattr(plan, name)
+        return cls(model, tokenizer, plan, **kwargs)
+
+    def _resolve_plan(self, model, tokenizer, strategy, expert_budget, cache_slots, draft, k, hardware, cost_shape):
+        """strategy='auto' (plan now) or a plan made earlier: (strategy name, draft, k) it chose."""
+        if cache_slots is not None:
+            raise ValueError("strategy='auto' plans the slot split itself: give expert_budget=, not cache_slots=.")
+        get_profile(hardware), get_cost_shape(cost_shape)  # fail before the calibration runs
+        as_draft_spec(draft)
+        if isinstance(expert_budget, str):
+            parse_budget(expert_budget)  # a malformed size, not "too small for every candidate"
+        if strategy == "auto":
+            if not _AUTO_PLANNER:
+                raise RuntimeError("strategy='auto' needs a planner: import specter_lab.planner first.")
+            # The caller's draft / k pin the speculative candidates instead of being overridden afterwards.
+            strategy = _AUTO_PLANNER[0](model, tokenizer, hardware, 0.5 if expert_budget is None else expert_budget,
+                                        cost_shape=cost_shape, progress=False, draft=draft, k=k)
+        self.plan = strategy
+        chosen = strategy.engine_kwargs()
+        return chosen.pop("strategy"), chosen.get("draft", draft), chosen.get("k", k)
+
     # ------------------------------------------------------------------ budget
     @property
     def draft_spec(self) -> QuantSpec:
@@ -201,64 +204,20 @@ class Engine:
     @property
     def draft_bytes(self) -> int:
         """Device bytes the draft keeps resident, out of the expert budget."""
-        cfg = self.draft_cfg
-        if not self.strategy.speculative or not cfg.uses_lowbit:
+        if not self.strategy.speculative:
             return 0
-        if cfg.variant == "hybrid":
-            n = sum(min(cfg.hybrid_experts, l.num_experts) for l in self.info.layers)
-        else:
-            n = sum(l.num_experts for l in self.info.layers)
-        return int(self.draft_expert_bytes * n)
+        return int(self.draft_expert_bytes * draft_device_experts(self.info, self.draft_cfg))
 
     @property
     def draft_expert_bytes(self) -> float:
-        """Packed bytes of one draft expert, priced like the fp ones (the cost shape's dims when projected, so a
-        tiny model's group padding is not carried over to a real model's experts)."""
-        shape = self.cost_shape
-        if shape is None:
-            return _draft_ratio(self.info, self.draft_spec) * 2 * self.cost.expert_params
-        inter = shape.expert_params // (3 * shape.hidden)
-        spec = self.draft_spec
-        # gate/up rows run along hidden, down rows along the expert's intermediate width
-        return spec.packed_bytes(2 * inter * shape.hidden, shape.hidden) + spec.packed_bytes(shape.hidden * inter, inter)
+        """Packed bytes of one draft expert, priced like the fp ones."""
+        return draft_expert_bytes(self.info, self.draft_spec, self.cost_shape, self.cost.expert_params)
 
     def _resolve_budget(self, expert_budget, cache_slots) -> BudgetSplit:
-        info, eb = self.info, self.cost.expert_bytes
-        n_layers = info.num_layers
-        full = eb * sum(l.num_experts for l in info.layers)
-        draft = self.draft_bytes
-        min_slots = 1
-        if cache_slots is not None and expert_budget is not None:
-            raise ValueError("give either expert_budget= or cache_slots=, not both.")
+        eb, draft, name = self.cost.expert_bytes, self.draft_bytes, self.strategy.name
         if cache_slots is not None:
-            if isinstance(cache_slots, bool) or not isinstance(cache_slots, int) or cache_slots < min_slots:
-                raise ValueError(f"cache_slots={cache_slots!r}: strategy {self.strategy.name!r} needs at least "
-                                 f"{min_slots} full-precision slot per layer; pass an integer >= {min_slots}.")
-            slots = [min(cache_slots, l.num_experts) for l in info.layers]
-            return BudgetSplit(draft + sum(slots) * eb, draft, slots, eb)
-        if expert_budget is None:
-            expert_budget = 0.5
-        if isinstance(expert_budget, str):
-            budget = parse_bytes(expert_budget)
-        elif isinstance(expert_budget, bool) or not isinstance(expert_budget, (int, float)) or not math.isfinite(expert_budget):
-            raise ValueError(f"expert_budget={expert_budget!r}: use a fraction in (0, 1], a byte count, or '2GiB'.")
-        elif isinstance(expert_budget, float) and expert_budget <= 1.0:
-            if expert_budget <= 0:
-                raise ValueError(f"expert_budget={expert_budget!r}: a fraction must be in (0, 1].")
-            budget = int(expert_budget * full)
-        else:
-            if expert_budget <= 1:
-                raise ValueError(f"expert_budget={expert_budget!r}: a fraction must be in (0, 1]; a byte count > 1.")
-            budget = int(expert_budget)
-        per_layer = (budget - draft) // (n_layers * eb) if budget > draft else 0
-        if per_layer < min_slots:
-            need = draft + min_slots * n_layers * eb
-            raise ValueError(
-                f"expert_budget={expert_budget!r} ({budget:,} B) is too small for strategy {self.strategy.name!r}: "
-                f"it needs the draft ({draft:,} B) plus {min_slots} full-precision slot per layer "
-                f"({n_layers} × {eb:,} B), i.e. at least {need:,} B = {need / full:.3f} of the routed-expert bytes.")
-        slots = [min(int(per_layer), l.num_experts) for l in info.layers]
-        return BudgetSplit(budget, draft, slots, eb)
+            return split_slots(self.info, cache_slots, draft, eb, name)
+        return split_budget(self.info, expert_budget, draft, eb, name)
 
     # ------------------------------------------------------------------ draft
     @property
@@ -322,6 +281,17 @@ class Engine:
                  callback: Callable[[StepInfo], None] | None = None) -> GenerationResult:
         """Generate up to ``max_new_tokens`` tokens (EOS stops, as HF generate). Greedy output equals HF's
         ``model.generate(do_sample=False)``; sampling draws from the target's distribution (seeded)."""
+        run = self.prepare(prompt, max_new_tokens, do_sample=do_sample, temperature=temperature, top_p=top_p,
+                           seed=seed, callback=callback)
+        try:
+            return run.execute()
+        finally:
+            run.store.release()
+
+    def prepare(self, prompt, max_new_tokens: int = 64, *, do_sample: bool = False, temperature: float = 1.0,
+                top_p: float = 1.0, seed: int | None = 0,
+                callback: Callable[[StepInfo], None] | None = None) -> "Run":
+        """Validate the arguments and build one run's parts (nothing runs yet): see :class:`Run`."""
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={max_new_tokens!r}: use an integer >= 1.")
         if do_sample and not (isinstance(temperature, (int, float)) and temperature > 0):
@@ -329,51 +299,85 @@ class Engine:
         if do_sample and not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
             raise ValueError(f"top_p={top_p!r}: use a number in (0, 1].")
         ids = self.encode(prompt)
-        st = self.strategy
-        cfg = self.draft_cfg
-        draft = self.draft if st.speculative and cfg.uses_lowbit else None
+        st, cfg = self.strategy, self.draft_cfg
         clock = CudaClock(self.device) if self.use_cuda_clock else SimClock(self.profile)
-        trace = Trace(meta={
-            "clock": clock.label, "simulated": clock.kind == "simulated", "profile": self.profile.name,
-            "projected": self.cost.projected, "cost_shape": self.cost.shape_name, "strategy": st.name,
-            "expert_bytes": self.cost.expert_bytes, "num_layers": self.info.num_layers,
-            "num_experts": self.info.num_experts, "top_k": self.info.top_k, "k": st.k,
-        }, record_routing=self.record_routing)
-        if st.eviction == "forecast":
-            policy = ForecastEviction()
-        else:
-            policy = make_policy(st.eviction)
-        store = ExpertStore(self.info, self.split.slots_per_layer, clock, self.cost, policy, trace, self.device,
-                            host=self._host)
+        trace = Trace(meta=self._meta(clock), record_routing=self.record_routing)
+        store = ExpertStore(self.info, self.split.slots_per_layer, clock, self.cost, make_policy(st.eviction), trace,
+                            self.device, host=self._host)
         self._host = store.host
         store.fault_hook = self.fault_hook
-        rt = OffloadRuntime(self.info, store, clock, self.cost, trace, draft=draft, draft_variant=cfg.variant,
-                            gate_lookahead=st.prefetch == "gate", draft_expert_bytes=self.draft_expert_bytes)
-        rt.hybrid_size = cfg.hybrid_experts if cfg.variant == "hybrid" else 0
-        rt.keep_cache = st.keep
-        eos = self.info.eos_token_ids
-        dec = Decoder(self.model, rt, Sampling(do_sample, float(temperature), float(top_p), seed), eos,
-                      max_new_tokens, callback)
-        planner = governor = None
-        if st.speculative:
-            planner = LookaheadPlanner(store, self.cost, chunking=st.chunking, protect=st.protect,
-                                       shared_slots=st.shared_slots and store.can_share())
-            if st.k == "auto":
-                # One governor per engine: what it learns about acceptance by depth and copy exposure carries
-                # over from one generate() to the next (a 48-token run is mostly learning otherwise).
-                if self.governor is None:
-                    self.governor = KGovernor()
-                governor = self.governor
-                governor.new_sequence()
-        if isinstance(policy, ForecastEviction):
-            # Furthest forecast next use: the planner's live window forecast (none → recency).
-            policy.next_use = lambda layer, e: rt.forecast.next_use(layer, e) if rt.forecast else math.inf
-        prompt_t = torch.tensor([ids], dtype=torch.long)
+        draft = DraftSource(cfg.variant, self.draft if st.speculative and cfg.uses_lowbit else None,
+                            self.draft_expert_bytes, cfg.hybrid_experts if cfg.variant == "hybrid" else 0)
+        rt = OffloadRuntime(self.info, store, clock, self.cost, trace, draft=draft, gate_lookahead=st.prefetch == "gate")
+        dec = Decoder(self.model, rt, Sampling(do_sample, float(temperature), float(top_p), seed),
+                      self.info.eos_token_ids, max_new_tokens, callback, keep_cache=st.keep)
+        return Run(self, ids, trace, clock, store, rt, dec, self._speculation(store) if st.speculative else None)
+
+    def _meta(self, clock) -> dict[str, Any]:
+        st = self.strategy
+        return {"clock": clock.label, "simulated": clock.kind == "simulated", "profile": self.profile.name,
+                "projected": self.cost.projected, "cost_shape": self.cost.shape_name, "strategy": st.name,
+                "expert_bytes": self.cost.expert_bytes, "num_layers": self.info.num_layers,
+                "num_experts": self.info.num_experts, "top_k": self.info.top_k, "k": st.k}
+
+    def _speculation(self, store: ExpertStore) -> Speculation:
+        st = self.strategy
+        prefetcher = None
+        if st.prefetch in ("draft", "oracle"):
+            prefetcher = LookaheadPrefetcher(store, self.cost, chunking=st.chunking, protect=st.protect,
+                                             shared_slots=st.shared_slots and store.can_share())
+        governor = None
+        if st.k == "auto":
+            # One governor per engine: what it learns about acceptance by depth and copy exposure carries
+            # over from one generate() to the next (a 48-token run is mostly learning otherwise).
+            if self.governor is None:
+                self.governor = KGovernor()
+            governor = self.governor
+            governor.new_sequence()
+        return Speculation(st.k, st.prefetch, prefetcher, governor)
+
+    def _metrics(self, run: "Run", stopped: bool) -> dict[str, Any]:
+        st, cfg = self.strategy, self.draft_cfg
+        metrics = compute_metrics(run.trace)
+        metrics.update(self.split.as_dict())
+        metrics.update({"strategy": "auto" if self.plan else st.name, "plan": self.plan.label if self.plan else None,
+                        "profile": self.profile.name, "projected": self.cost.projected,
+                        "cost_shape": self.cost.shape_name, "draft": cfg.label if st.speculative else None,
+                        "k": st.k, "stopped": stopped})
+        if run.runtime.draft.experts is not None:
+            metrics["draft_rel_error"] = run.runtime.draft.experts.rel_error
+        return metrics
+
+    def __repr__(self) -> str:
+        s = self.split
+        return (f"Engine(strategy={self.strategy.name!r}, slots/layer={min(s.slots_per_layer)}, "
+                f"draft={self.draft_cfg.label if self.strategy.speculative else None}, "
+                f"budget={s.budget_bytes:,} B, clock={'cuda' if self.use_cuda_clock else self.profile.name})")
+
+
+@dataclass
+class Run:
+    """One generation's parts, built by :meth:`Engine.prepare`: observe them (``runtime.hooks``, ``store``,
+    ``trace``) before :meth:`execute`, or after it to see how the run ended."""
+
+    engine: Engine
+    prompt_ids: list[int]
+    trace: Trace
+    clock: Any
+    store: ExpertStore
+    runtime: OffloadRuntime
+    decoder: Decoder
+    speculation: Speculation | None = None
+
+    def execute(self) -> GenerationResult:
+        """Generate (the model is attached for exactly this call), then finalize the trace and the metrics."""
+        eng, dec = self.engine, self.decoder
+        prompt_t = torch.tensor([self.prompt_ids], dtype=torch.long)
         stopped = False
-        with attached(self.model, self.info, rt), torch.no_grad():
+        with attached(eng.model, eng.info, self.runtime), torch.no_grad():
             try:
-                if st.speculative:
-                    speculative(dec, prompt_t, st, planner if st.prefetch in ("draft", "oracle") else None, governor)
+                if self.speculation is not None:
+                    speculative(dec, prompt_t, self.speculation)
                 else:
                     autoregressive(dec, prompt_t)
             except StopGeneration:
@@ -381,23 +385,12 @@ class Engine:
             finally:
                 # Copies still in flight on a CUDA copy stream must land before anything (an error handler, the
                 # caching allocator) touches their buffers again. A no-op on the simulated clock.
-                clock.synchronize()
-        store.flush_unused_prefetches()
-        trace.finalize(clock)
-        metrics = compute_metrics(trace)
-        metrics.update(self.split.as_dict())
-        metrics.update({"strategy": "auto" if self.plan else st.name, "plan": self.plan.label if self.plan else None,
-                        "profile": self.profile.name, "projected": self.cost.projected,
-                        "cost_shape": self.cost.shape_name, "draft": cfg.label if st.speculative else None,
-                        "k": st.k, "stopped": stopped})
-        if draft is not None:
-            metrics["draft_rel_error"] = draft.rel_error
-        text = self.tokenizer.decode(dec.out, skip_special_tokens=False) if self.tokenizer is not None else None
-        return GenerationResult(list(dec.out), text, metrics, trace, ids, metrics["strategy"],
-                                config={"strategy": st, "split": self.split, "draft": cfg}, tokenizer=self.tokenizer)
-
-    def __repr__(self) -> str:
-        s = self.split
-        return (f"Engine(strategy={self.strategy.name!r}, slots/layer={min(s.slots_per_layer)}, "
-                f"draft={self.draft_cfg.label if self.strategy.speculative else None}, "
-                f"budget={s.budget_bytes:,} B, clock={'cuda' if self.use_cuda_clock else self.profile.name})")
+                self.clock.synchronize()
+                self.store.policy.follow(None)
+        self.store.flush_unused_prefetches()
+        self.trace.finalize(self.clock)
+        metrics = eng._metrics(self, stopped)
+        text = eng.tokenizer.decode(dec.out, skip_special_tokens=False) if eng.tokenizer is not None else None
+        return GenerationResult(list(dec.out), text, metrics, self.trace, self.prompt_ids, metrics["strategy"],
+                                config={"strategy": eng.strategy, "split": eng.split, "draft": eng.draft_cfg},
+                                tokenizer=eng.tokenizer)

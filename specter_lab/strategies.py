@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-__all__ = ["Strategy", "STRATEGIES", "get_strategy"]
+__all__ = ["Strategy", "STRATEGIES", "BASELINES", "get_strategy"]
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,10 @@ STRATEGIES: dict[str, Strategy] = {
                  description="bound: specter's schedule with the target's true routing as the forecast"),
     ]
 }
+
+
+# What the paper's method is compared with: every strategy that is not Specter, its extension or a bound.
+BASELINES = ("on_demand", "lru", "gate_lookahead", "spec_lru", "specmoeoff")
 
 
 def get_strategy(name: "str | Strategy") -> Strategy:

@@ -107,12 +107,12 @@ def test_engine_rejects_bad_arguments(model, ref, kwargs, exc, match):
 ])
 def test_auto_strategy_rejects_bad_arguments_before_planning(model, monkeypatch, kwargs, exc, match):
     """strategy='auto' runs a planner (calibration runs on the model): a bad argument must fail before it."""
-    import specter_lab.planner as planner
+    import specter_lab.engine as engine
 
     def no_planning(*a, **k):
         raise AssertionError("the planner ran before the arguments were checked")
 
-    monkeypatch.setattr(planner, "plan", no_planning)
+    monkeypatch.setattr(engine, "_AUTO_PLANNER", [no_planning])
     with pytest.raises(exc, match=match):
         sl.Engine(model, None, "auto", **kwargs)
 

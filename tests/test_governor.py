@@ -105,9 +105,9 @@ def test_exploring_windows_draft_to_k_max_and_exposure_is_measured():
                                     costly["uncovered_now"]))
         assert g.keep_drafting(6, 1.0, 1.0, 1.0, 0) is False  # never beyond k_max
     assert seen == [False, False, True, False, False, True]  # every 3rd window explores
-    g.observe_window(copies=10, stall=3.5, t_copy=1.0)
+    g.observe_exposure(copies=10, stall=3.5, t_copy=1.0)
     assert g.exposure == pytest.approx(0.7 * 1.0 + 0.3 * 0.35)
-    g.observe_window(copies=0, stall=1.0, t_copy=1.0)  # nothing copied: nothing learnt
+    g.observe_exposure(copies=0, stall=1.0, t_copy=1.0)  # nothing copied: nothing learnt
     assert g.exposure == pytest.approx(0.805)
 
 

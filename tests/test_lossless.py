@@ -100,12 +100,12 @@ def test_auto_plan_is_lossless_and_chooses_the_fastest(family_models, family):
 @pytest.mark.parametrize("family", ["qwen2_moe", "deepseek_v3"])
 def test_slots_shared_across_layers_stay_lossless_at_equal_memory(family_models, family, monkeypatch):
     """Beyond the paper (c): one slot pool re-divided across layers by forecast demand during drafting."""
-    from specter_lab.predict import LookaheadPlanner
+    from specter_lab.predict import LookaheadPrefetcher
 
     model = family_models[family]
     n_layers = sl.inspect_model(model).num_layers
     seen, moved = [], []
-    rebalance = LookaheadPlanner.rebalance
+    rebalance = LookaheadPrefetcher.rebalance
 
     def watched(self, forecast):
         moved.append(rebalance(self, forecast))
@@ -113,7 +113,7 @@ def test_slots_shared_across_layers_stay_lossless_at_equal_memory(family_models,
         seen.append([s.size for s in self.store.slots])
         return moved[-1]
 
-    monkeypatch.setattr(LookaheadPlanner, "rebalance", watched)
+    monkeypatch.setattr(LookaheadPrefetcher, "rebalance", watched)
     ids = PROMPTS[1]
     ref = hf_greedy(model, ids, 24)
     for strategy in ("specter", "oracle"):

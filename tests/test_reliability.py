@@ -3,7 +3,6 @@ failed host→device copy (CopyFault) and a long generation leave nothing broken
 model is a plain HF model again, no slot is marked ready with stale data, and the same Engine's next run is
 lossless."""
 
-import contextlib
 import json
 import runpy
 import sys
@@ -13,7 +12,6 @@ import pytest
 import torch
 
 import specter_lab as sl
-import specter_lab.engine as engine_mod
 from conftest import hf_greedy
 from specter_lab.offload.store import CopyFault
 
@@ -22,30 +20,13 @@ N = 24
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@contextlib.contextmanager
-def capture_runs(layer_hook=None):
-    """Record the ExpertStore and OffloadRuntime each ``generate`` builds (and optionally add a layer hook to the
-    runtime) by swapping the classes the engine module uses for recording subclasses."""
-    runs = {"stores": [], "runtimes": []}
-    base_store, base_rt = engine_mod.ExpertStore, engine_mod.OffloadRuntime
-
-    class Store(base_store):
-        def __init__(self, *a, **k):
-            super().__init__(*a, **k)
-            runs["stores"].append(self)
-
-    class Runtime(base_rt):
-        def __init__(self, *a, **k):
-            super().__init__(*a, **k)
-            if layer_hook is not None:
-                self.layer_hooks.append(layer_hook)
-            runs["runtimes"].append(self)
-
-    engine_mod.ExpertStore, engine_mod.OffloadRuntime = Store, Runtime
-    try:
-        yield runs
-    finally:
-        engine_mod.ExpertStore, engine_mod.OffloadRuntime = base_store, base_rt
+def prepared(engine, layer_hook=None, **generate_kw):
+    """One run's parts (Engine.prepare), with ``layer_hook`` on the runtime's "moe.routing" hook point: the
+    test runs it with ``run.execute()`` and inspects ``run.store`` / ``run.runtime`` however it ended."""
+    run = engine.prepare(IDS, max_new_tokens=N, **generate_kw)
+    if layer_hook is not None:
+        run.runtime.hooks["moe.routing"].append(layer_hook)
+    return run
 
 
 def assert_store_clean(store):
@@ -57,8 +38,8 @@ def assert_store_clean(store):
                 assert s.ready[slot] is None, f"layer {layer} slot {slot}: empty but marked ready"
                 continue
             assert s.ready[slot] is not None, f"layer {layer} slot {slot}: holds {e} but was never marked ready"
-            for name, buf in s.buffers.items():
-                assert torch.equal(buf[slot], store.host[layer][name][e]), \
+            for name, buf in store.weights(layer, slot).items():
+                assert torch.equal(buf, store.host[layer][name][e]), \
                     f"layer {layer} slot {slot} marked ready for expert {e} holds stale {name}"
 
 
@@ -89,11 +70,12 @@ def test_keyboard_interrupt_from_step_callback(model, ref, strategy):
         if info.step == 2:
             raise KeyboardInterrupt
 
-    with capture_runs() as runs, pytest.raises(KeyboardInterrupt):
-        engine.generate(IDS, max_new_tokens=N, callback=callback)
+    run = prepared(engine, callback=callback)
+    with pytest.raises(KeyboardInterrupt):
+        run.execute()
     assert seen == [0, 1, 2]
-    assert runs["runtimes"][-1].mode == "target"
-    assert_store_clean(runs["stores"][-1])
+    assert run.runtime.fwd is None  # no forward left in progress (draft mode cannot leak into the next run)
+    assert_store_clean(run.store)
     assert_recovers(engine, model, ref)
 
 
@@ -104,16 +86,17 @@ def test_keyboard_interrupt_inside_experts_forward(model, ref, strategy, mode, l
     engine = sl.Engine(model, None, strategy, cache_slots=3)
     fired = []
 
-    def hook(rt, l, idx):
-        if rt.step == 2 and rt.mode == mode and l == layer and not fired:
-            fired.append((rt.step, rt.mode, l))
+    def hook(fwd, l, idx):
+        if fwd.step == 2 and fwd.mode == mode and l == layer and not fired:
+            fired.append((fwd.step, fwd.mode, l))
             raise KeyboardInterrupt
 
-    with capture_runs(hook) as runs, pytest.raises(KeyboardInterrupt):
-        engine.generate(IDS, max_new_tokens=N)
+    run = prepared(engine, hook)
+    with pytest.raises(KeyboardInterrupt):
+        run.execute()
     assert fired
-    assert runs["runtimes"][-1].mode == "target"
-    assert_store_clean(runs["stores"][-1])
+    assert run.runtime.fwd is None
+    assert_store_clean(run.store)
     assert_recovers(engine, model, ref)
 
 
@@ -128,9 +111,10 @@ def test_keyboard_interrupt_during_a_copy_leaves_the_slot_empty(model, ref, stra
             raise KeyboardInterrupt
 
     engine.fault_hook = fault
-    with capture_runs() as runs, pytest.raises(KeyboardInterrupt):
-        engine.generate(IDS, max_new_tokens=N)
-    store = runs["stores"][-1]
+    run = prepared(engine)
+    with pytest.raises(KeyboardInterrupt):
+        run.execute()
+    store = run.store
     layer, expert = calls[-1]
     assert store.lookup(layer, expert) is None
     assert_store_clean(store)
@@ -183,19 +167,20 @@ def test_copy_fault_names_layer_and_expert_and_leaves_slot_empty(model, ref, str
     engine = sl.Engine(model, None, strategy, cache_slots=3)
     # A clean run says which copy (in issue order) is the first decode-time copy of this kind.
     clean = engine.generate(IDS, max_new_tokens=N)
-    kinds = [(step, r) for step, _l, _e, _s, _b, _t0, _t1, r in clean.trace.transfers]
+    kinds = [(t.step, t.reason) for t in clean.trace.transfers]
     index = next((i for i, (step, r) in enumerate(kinds) if step >= 1 and r == reason), None)
     if index is None:
         assert reason == "prefetch" and strategy in ("on_demand", "lru")  # these never prefetch
         return
     engine.fault_hook, calls = _fail_at(index)
-    with capture_runs() as runs, pytest.raises(CopyFault) as err:
-        engine.generate(IDS, max_new_tokens=N)
+    run = prepared(engine)
+    with pytest.raises(CopyFault) as err:
+        run.execute()
     layer, expert = calls[-1]
     assert len(calls) == index + 1
     assert f"layer {layer} expert {expert} " in str(err.value) and "link down" in str(err.value)
     assert isinstance(err.value.__cause__, RuntimeError)
-    store = runs["stores"][-1]
+    store = run.store
     assert store.lookup(layer, expert) is None
     assert sum(e < 0 for e in store.slots[layer].expert) >= 1  # the slot it targeted is left empty
     assert_store_clean(store)
@@ -206,9 +191,10 @@ def test_copy_fault_names_layer_and_expert_and_leaves_slot_empty(model, ref, str
 def test_copy_fault_in_prefill(model, ref):
     engine = sl.Engine(model, None, "specter", cache_slots=2)
     engine.fault_hook, calls = _fail_at(0, "DMA error")
-    with capture_runs() as runs, pytest.raises(CopyFault, match=r"copy of layer 0 expert \d+ into slot 0 failed: DMA"):
-        engine.generate(IDS, max_new_tokens=N)
-    assert runs["stores"][-1].resident_count() == 0
+    run = prepared(engine)
+    with pytest.raises(CopyFault, match=r"copy of layer 0 expert \d+ into slot 0 failed: DMA"):
+        run.execute()
+    assert run.store.resident_count() == 0
     engine.fault_hook = None
     assert_recovers(engine, model, ref)
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import specter_lab as sl
-from specter_lab.decode import Sampling, _verify_sampling
+from specter_lab.decode import Sampling, verify_sampling
 
 
 class _Dec:
@@ -29,7 +29,7 @@ def _first_token_counts(p_logits, q, n, accept_all=False):
         if accept_all:
             counts[d] += 1
             continue
-        acc, nxt, _ = _verify_sampling(dec, torch.stack([p_logits, p_logits]), [d], [q])
+        acc, nxt, _ = verify_sampling(dec.sampling, dec.gen, torch.stack([p_logits, p_logits]), [d], [q])
         counts[d if acc == 1 else nxt] += 1
     return counts
 

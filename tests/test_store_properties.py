@@ -7,13 +7,14 @@ Invariants checked:
 * every slot marked ready holds exactly its expert's host weights (no stale data), and experts outputs equal
   HF's eager experts forward;
 * a prefetch never evicts an expert it protects; a plan leaves its top-M experts resident;
-* every compute reads a slot whose copy finished (in sim time: the latest copy of (layer, expert) that started
-  before the compute ended at or before the compute start);
+* every compute reads a slot whose copy finished: the transfer it names (``copy_id``) is a copy of its (layer,
+  expert) that ended at or before the compute started;
 * copies on the copy stream never overlap;
 * stall = compute start − the time the compute stream was ready, and a compute that stalled starts exactly
-  when the copy it waited for ended;
-* counters add up: hits + misses = requests, prefetch_used + prefetch_wasted = prefetches (after the end-of-run
-  flush, ≤ before), h2d bytes = copies × expert bytes, evictions = evict events.
+  when the copy it waited for (``copy_id``) ended;
+* the trace's records add up: hits + misses = requests, prefetch_used + prefetch_wasted = prefetches (after the
+  end-of-run flush, ≤ before), every copy moves one expert's bytes, and every copy made an expert resident that
+  is either still resident or was evicted (copies = evict events + resident experts).
 """
 
 import functools
@@ -25,19 +26,29 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import specter_lab as sl
-import specter_lab.engine as engine_mod
 from conftest import hf_greedy
 from specter_lab.offload.cache import POLICIES, ForecastEviction, make_policy
 from specter_lab.offload.clock import SimClock
-from specter_lab.offload.hardware import PROFILES, build_cost_model
-from specter_lab.offload.runtime import OffloadRuntime
+from specter_lab.offload.cost import build_cost_model
+from specter_lab.offload.profiles import PROFILES
+from specter_lab.offload.runtime import ForwardInfo, OffloadRuntime
 from specter_lab.offload.store import ExpertStore
-from specter_lab.predict import LookaheadPlanner, WindowForecast
+from specter_lab.predict import LookaheadPrefetcher, WindowForecast
 from specter_lab.trace import Trace
 
 E, K, L = 8, 2, 2  # tiny mixtral: experts per layer, top-k, MoE layers
 EPS = 1e-9  # ms
 PROPS = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+class _Forecast:
+    """A fixed forecast for ForecastEviction: next use per (layer, expert), never = inf."""
+
+    def __init__(self, next_use):
+        self.table = next_use
+
+    def next_use(self, layer, expert):
+        return self.table.get((layer, expert), math.inf)
 
 
 @functools.lru_cache(maxsize=None)
@@ -57,49 +68,44 @@ def assert_store_clean(store):
                 assert s.ready[slot] is None and not s.prefetched[slot]
                 continue
             assert s.ready[slot] is not None
-            for name, buf in s.buffers.items():
-                assert torch.equal(buf[slot], store.host[layer][name][e]), f"stale slot {layer}/{slot} ({e})"
+            for name, buf in store.weights(layer, slot).items():
+                assert torch.equal(buf, store.host[layer][name][e]), f"stale slot {layer}/{slot} ({e})"
 
 
 def check_trace_times(transfers, compute, phases=("prefill", "decode", "verify")):
     """On a finalized trace (times in ms): copies never overlap; every expert compute of a target phase reads a
-    copy that had finished; stall bookkeeping."""
-    ordered = sorted(transfers, key=lambda t: (t[5], t[6]))
+    copy of its own (layer, expert) that had finished; stall bookkeeping."""
+    ordered = sorted(transfers, key=lambda t: (t.start, t.end))
     for prev, cur in zip(ordered, ordered[1:]):
-        assert cur[5] >= prev[6] - EPS, f"copies overlap: {prev} / {cur}"
+        assert cur.start >= prev.end - EPS, f"copies overlap: {prev} / {cur}"
     for t in transfers:
-        assert t[6] >= t[5]
-    by_key = {}
-    for t in ordered:
-        by_key.setdefault((t[1], t[2]), []).append(t)
-    for step, phase, layer, expert, start, end, stall in compute:
-        assert stall >= -EPS and end >= start
-        if layer < 0 or expert < 0 or phase not in phases:
+        assert t.end >= t.start
+    by_id = {t.id: t for t in transfers}
+    for c in compute:
+        assert c.stall >= -EPS and c.end >= c.start
+        if c.layer < 0 or c.expert < 0 or c.phase not in phases:
             continue
-        before = [t for t in by_key.get((layer, expert), []) if t[5] <= start + EPS]
-        assert before, f"compute of layer {layer} expert {expert} at {start} read a slot never copied"
-        # The compute read a copy that had finished.  Not necessarily the latest one to *start* before it: the
-        # trace does not record which slot a compute read, and a prefetch issued later in program order but
-        # backdated (issue_at) may copy the same expert into another, already idle slot while this compute runs.
-        done = [t for t in before if t[6] <= start + EPS]
-        assert done, f"compute at {start} read layer {layer} expert {expert} before any copy of it ended " \
-                     f"(copies end at {[t[6] for t in before]})"
-        if stall > EPS:
-            assert any(math.isclose(start, t[6], rel_tol=1e-9, abs_tol=EPS) for t in done), \
-                f"stalled compute at {start} did not start when a copy ended ({[t[6] for t in done]})"
+        assert c.copy_id in by_id, f"compute of layer {c.layer} expert {c.expert} names no recorded copy"
+        t = by_id[c.copy_id]
+        assert (t.layer, t.expert) == (c.layer, c.expert), f"compute of {c.layer}/{c.expert} read a copy of {t}"
+        assert t.end <= c.start + EPS, f"compute at {c.start} read layer {c.layer} expert {c.expert} before its " \
+                                       f"copy ended at {t.end}"
+        if c.stall > EPS:
+            assert math.isclose(c.start, t.end, rel_tol=1e-9, abs_tol=EPS), \
+                f"stalled compute at {c.start} did not start when its copy ended ({t.end})"
 
 
-def check_counters(store, trace, flushed):
-    c = store.counters
-    assert c.h2d_bytes == len(trace.transfers) * store.cost.expert_bytes
-    assert c.prefetches == sum(t[7] == "prefetch" for t in trace.transfers)
-    assert c.prefetch_used + c.prefetch_wasted <= c.prefetches
+def check_records(store, trace, flushed):
+    """The trace's own records add up (nothing is counted beside the trace)."""
+    assert all(t.bytes == store.cost.expert_bytes for t in trace.transfers)
+    events = [ev.event for ev in trace.cache_events]
+    prefetches = sum(t.reason == "prefetch" for t in trace.transfers)
+    assert events.count("prefetch") == prefetches
+    used, wasted = events.count("prefetch_used"), events.count("prefetch_wasted")
+    assert used + wasted <= prefetches
     if flushed:
-        assert c.prefetch_used + c.prefetch_wasted == c.prefetches
-    events = [ev[3] for ev in trace.cache_events]
-    assert c.evictions == events.count("evict")
-    assert c.prefetch_used == events.count("prefetch_used")
-    assert c.prefetch_wasted == events.count("prefetch_wasted")
+        assert used + wasted == prefetches
+    assert len(trace.transfers) == events.count("evict") + store.resident_count()
 
 
 # --------------------------------------------------------------------------------------------- direct driving
@@ -133,10 +139,10 @@ def test_store_invariants_under_random_routing_and_prefetch(slots, policy, next_
     clock, cost, trace = SimClock(profile), build_cost_model(info, profile), Trace()
     pol = make_policy(policy)
     if isinstance(pol, ForecastEviction):
-        pol.next_use = lambda layer, e: next_use.get((layer, e), math.inf)
+        pol.follow(_Forecast(next_use))
     store = ExpertStore(info, slots, clock, cost, pol, trace)
     rt = OffloadRuntime(info, store, clock, cost, trace)
-    planner = LookaheadPlanner(store, cost)
+    planner = LookaheadPrefetcher(store, cost)
     requests = 0
     step = 0
     for op in program:
@@ -148,8 +154,8 @@ def test_store_invariants_under_random_routing_and_prefetch(slots, policy, next_
             x = torch.randn(len(rows), info.hidden, generator=g)
             w = torch.rand(len(rows), K, generator=g)
             mod = info.layers[layer].experts
-            rt.mode, rt.phase, rt.step = "target", "decode", step
-            out = rt.experts_forward(layer, mod, x, idx, w)
+            with rt.forward(ForwardInfo(step, "target", "decode", 0)):
+                out = rt.experts_forward(layer, mod, x, idx, w)
             ref = type(mod).forward.__wrapped__(mod, x, idx, w)
             torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
             requests += len({e for r in rows for e in r})
@@ -178,17 +184,17 @@ def test_store_invariants_under_random_routing_and_prefetch(slots, policy, next_
                 assert set(fc.top(layer, store.slots[layer].size)) <= store.resident(layer)
         elif kind == "step":
             step += 1
-            store.step = step
+            trace.begin_step(step)
         elif kind == "drop":  # on_demand's end of step: evict a whole layer
             for slot in range(store.slots[op[1]].size):
                 store.evict(op[1], slot)
         assert_store_clean(store)
-        check_counters(store, trace, flushed=False)
+        check_records(store, trace, flushed=False)
     store.flush_unused_prefetches()
     trace.finalize(clock)
-    check_counters(store, trace, flushed=True)
+    check_records(store, trace, flushed=True)
     check_trace_times(trace.transfers, trace.compute)
-    events = [ev[3] for ev in trace.cache_events]
+    events = [ev.event for ev in trace.cache_events]
     assert events.count("hit") + events.count("miss") == requests
 
 
@@ -223,28 +229,17 @@ def test_engine_runs_keep_the_invariants(family, strategy, slots, eviction, ids,
     model, info = tiny(family)
     speculative = sl.STRATEGIES[strategy].speculative
     engine = sl.Engine(model, None, strategy, cache_slots=slots, eviction=eviction, k=k if speculative else None)
-    stores = []
-    base = engine_mod.ExpertStore
-
-    class Recording(base):
-        def __init__(self, *a, **kw):
-            super().__init__(*a, **kw)
-            stores.append(self)
-
-    engine_mod.ExpertStore = Recording
-    try:
-        r = engine.generate(list(ids), max_new_tokens=n)
-    finally:
-        engine_mod.ExpertStore = base
+    run = engine.prepare(list(ids), max_new_tokens=n)
+    r = run.execute()
     assert tuple(r.token_ids) == greedy_ref(family, ids, n)
-    (store,) = stores
+    store = run.store
     assert_store_clean(store)
-    check_counters(store, r.trace, flushed=True)
+    check_records(store, r.trace, flushed=True)
     check_trace_times(r.trace.transfers, r.trace.compute)
     # hits + misses = requests: one event per distinct expert of every target forward and layer
-    requests = sum(len(set(np.asarray(a).reshape(-1).tolist())) for _s, src, _l, _p, a in r.trace.routing_raw
-                   if src == "target")
-    events = [ev[3] for ev in r.trace.cache_events]
+    requests = sum(len(set(np.asarray(rec.ids).reshape(-1).tolist())) for rec in r.trace.routing_raw
+                   if rec.source == "target")
+    events = [ev.event for ev in r.trace.cache_events]
     assert events.count("hit") + events.count("miss") == requests
     f = r.frames()
     assert len(f["transfers"]) == len(r.trace.transfers)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Callable, Sequence
+from typing import Sequence
 
 __all__ = ["EvictionPolicy", "LRU", "LFU", "ForecastEviction", "POLICIES", "make_policy"]
 
@@ -21,6 +21,9 @@ class EvictionPolicy:
     def __init__(self) -> None:
         self.tick = 0
         self.last_use: dict[tuple[int, int], int] = {}
+
+    def follow(self, forecast) -> None:
+        """The window forecast the policy may rank by (only :class:`ForecastEviction` uses it)."""
 
     def touch(self, layer: int, expert: int) -> None:
         """The target (or a prefetch that counts as a use) touched (layer, expert)."""
@@ -69,19 +72,24 @@ class ForecastEviction(EvictionPolicy):
     """Belady with the draft's lookahead: evict the expert whose *forecast* next use is furthest away; experts
     the forecast does not mention come first (furthest = never), then recency decides.
 
-    ``next_use(layer, expert)`` returns a number, smaller = needed sooner (e.g. the first draft step that routed
-    to it, or minus its route count), or ``math.inf`` when the forecast does not mention it.
-    """
+    The forecast is the current window's (:meth:`follow`, called by the decode loop at every window): anything
+    with a ``next_use(layer, expert) -> float`` (smaller = needed sooner, ``math.inf`` = not forecast). Without
+    one, this is LRU."""
 
     name = "forecast"
 
-    def __init__(self, next_use: Callable[[int, int], float] | None = None) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self.next_use = next_use or (lambda layer, expert: math.inf)
+        self.forecast = None
+
+    def follow(self, forecast) -> None:
+        self.forecast = forecast
 
     def score(self, layer: int, expert: int) -> tuple:
+        nxt = self.forecast.next_use(layer, expert) if self.forecast is not None else math.inf
         # Larger next use → evict first → more negative score.
-        return (-self.next_use(layer, expert), self.last_use.get((layer, expert), -1))
+        return (-nxt, self.last_use.get((layer, expert), -1))
+
 
 
 POLICIES = {"lru": LRU, "lfu": LFU, "forecast": ForecastEviction}

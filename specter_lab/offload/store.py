@@ -1,9 +1,15 @@
-"""ExpertStore: one host copy of every routed expert, a fixed pool of device slots per layer, the residency table,
-and per-slot ready / last-use handles.
+"""ExpertStore: one host copy of every routed expert, a fixed pool of device slots, the residency table, and
+per-slot ready / last-use handles.
 
-On the CPU the "device" slots are separate tensors and a transfer is a real ``copy_`` into them, so a slot that
-holds the wrong expert, or a compute that reads a slot before its copy, changes the output and the lossless
-tests catch it. On CUDA the host copies are pinned and copies are non-blocking on the clock's copy stream.
+Device memory is allocated once per run: for each fused tensor name one pool ``[total slots, ...]``, and every
+layer owns a list of rows of it. When all layers' experts have the same shapes the pool is shared, so a slot can
+move from one layer to another (``shared_slots``) by handing over its row: no device memory is reallocated
+while copies into other rows are in flight, and the row keeps its handles (a copy into it waits for the last
+read of its old contents).
+
+On the CPU the "device" slots are separate memory and a transfer is a real ``copy_`` into them, so a slot that
+holds the wrong expert, or a compute that reads a slot before its copy, changes the output and the lossless tests
+catch it. On CUDA the host copies are pinned and copies are non-blocking on the clock's copy stream.
 """
 
 from __future__ import annotations
@@ -13,39 +19,41 @@ from typing import Callable, Iterable
 
 import torch
 
+from ..errors import CopyFault
 from .cache import EvictionPolicy
 from .clock import Handle
 
 __all__ = ["ExpertStore", "LayerSlots", "CopyFault"]
 
 
-class CopyFault(RuntimeError):
-    """A host→device copy failed; the slot it targeted is left empty (never marked ready)."""
-
-
 @dataclass
 class LayerSlots:
+    """One layer's slots. ``rows[i]`` is slot i's row in the store's pools."""
+
+    rows: list[int]
     expert: list[int]  # expert id held by each slot, -1 = empty
     ready: list[Handle | None]  # when the copy into the slot finished
+    copy_id: list[int | None]  # the trace id of that copy
     last_use: list[Handle | None]  # when the last compute reading the slot finished
     prefetched: list[bool]  # loaded by a prefetch and not used by the target since
     where: dict[int, int] = field(default_factory=dict)  # expert → slot
-    buffers: dict[str, torch.Tensor] = field(default_factory=dict)  # name → [S, ...]
 
     @property
     def size(self) -> int:
         return len(self.expert)
 
+    def add(self, row: int, last_use: Handle | None = None) -> None:
+        for lst, v in ((self.rows, row), (self.expert, -1), (self.ready, None), (self.copy_id, None),
+                       (self.last_use, last_use), (self.prefetched, False)):
+            lst.append(v)
 
-@dataclass
-class Counters:
-    hits: int = 0
-    misses: int = 0
-    prefetches: int = 0
-    prefetch_used: int = 0
-    prefetch_wasted: int = 0
-    evictions: int = 0
-    h2d_bytes: int = 0
+    def remove(self, slot: int) -> int:
+        """Take slot ``slot`` (empty) out of this layer; returns its row."""
+        row = self.rows[slot]
+        for lst in (self.rows, self.expert, self.ready, self.copy_id, self.last_use, self.prefetched):
+            del lst[slot]
+        self.where = {e: i for i, e in enumerate(self.expert) if e >= 0}
+        return row
 
 
 def _host_copy(t: torch.Tensor, pin: bool) -> torch.Tensor:
@@ -57,12 +65,17 @@ def _host_copy(t: torch.Tensor, pin: bool) -> torch.Tensor:
     return t if t.is_pinned() else t.pin_memory()
 
 
+def _signature(host: dict[str, torch.Tensor]) -> tuple:
+    return tuple((n, tuple(t.shape[1:]), t.dtype) for n, t in host.items())
+
+
 class ExpertStore:
     """Residency of routed experts in a fixed number of device slots per layer.
 
     ``host[layer][name]`` are the fused expert tensors ``[E, ...]`` (the model's own parameters on CPU: no extra
-    host memory). ``slots[layer].buffers[name]`` are ``[S, ...]`` device tensors. ``priced_bytes`` is what one
-    expert copy costs on the link in the cost model (deployment dtype, maybe projected).
+    host memory). ``pools[group][name]`` are ``[rows, ...]`` device tensors, one group per distinct expert shape
+    (one group when every layer is alike). ``cost.expert_bytes`` is what one expert copy costs on the link in the
+    cost model (deployment dtype, maybe projected).
     """
 
     def __init__(self, info, slots_per_layer: list[int], clock, cost, policy: EvictionPolicy, trace,
@@ -74,20 +87,25 @@ class ExpertStore:
         self.trace = trace
         self.device = torch.device(device)
         self.fault_hook: Callable[[int, int], None] | None = None  # test hook: raise to inject a failed copy
-        self.counters = Counters()
-        self.step = 0
-        self.host: list[dict[str, torch.Tensor]] = []
-        self.slots: list[LayerSlots] = []
         pin = self.device.type == "cuda"
-        for i, (layer, n) in enumerate(zip(info.layers, slots_per_layer)):
-            if host is not None:  # pinned copies made by an earlier run of the same engine
-                self.host.append(host[i])
-            else:
-                self.host.append({name: _host_copy(getattr(layer.experts, name).detach(), pin)
-                                  for name in layer.param_names})
-            host_i = self.host[-1]
-            bufs = {name: torch.empty((n, *t.shape[1:]), dtype=t.dtype, device=self.device) for name, t in host_i.items()}
-            self.slots.append(LayerSlots([-1] * n, [None] * n, [None] * n, [False] * n, {}, bufs))
+        self.host: list[dict[str, torch.Tensor]] = host if host is not None else [
+            {name: _host_copy(getattr(layer.experts, name).detach(), pin) for name in layer.param_names}
+            for layer in info.layers]
+        sigs = [_signature(h) for h in self.host]
+        self.group = [sigs.index(s) for s in sigs]  # layer → pool group (same shapes share a pool)
+        self.pools: list[dict[str, torch.Tensor]] = []
+        self.slots: list[LayerSlots] = [LayerSlots([], [], [], [], [], []) for _ in info.layers]
+        for g in sorted(set(self.group)):
+            members = [l for l in range(len(self.host)) if self.group[l] == g]
+            rows = sum(slots_per_layer[l] for l in members)
+            self.pools.append({name: torch.empty((rows, *t.shape[1:]), dtype=t.dtype, device=self.device)
+                               for name, t in self.host[members[0]].items()})
+            row = 0
+            for l in members:
+                for _ in range(slots_per_layer[l]):
+                    self.slots[l].add(row)
+                    row += 1
+        self.group = [sorted(set(self.group)).index(g) for g in self.group]
 
     # ------------------------------------------------------------------ queries
     @property
@@ -101,13 +119,21 @@ class ExpertStore:
         return self.slots[layer].where.get(expert)
 
     def weights(self, layer: int, slot: int) -> dict[str, torch.Tensor]:
-        return {name: buf[slot] for name, buf in self.slots[layer].buffers.items()}
+        row = self.slots[layer].rows[slot]
+        return {name: pool[row] for name, pool in self.pools[self.group[layer]].items()}
 
     def ready(self, layer: int, slot: int) -> Handle | None:
         return self.slots[layer].ready[slot]
 
+    def copy_id(self, layer: int, slot: int) -> int | None:
+        return self.slots[layer].copy_id[slot]
+
     def resident_count(self) -> int:
         return sum(len(s.where) for s in self.slots)
+
+    def device_bytes(self) -> int:
+        """Bytes the slot pools really hold on the device."""
+        return sum(t.numel() * t.element_size() for pool in self.pools for t in pool.values())
 
     # ------------------------------------------------------------------ loading
     def _choose_slot(self, layer: int, protected: Iterable[int]) -> int | None:
@@ -127,14 +153,18 @@ class ExpertStore:
         if e < 0:
             return
         if s.prefetched[slot]:
-            self.counters.prefetch_wasted += 1
-            self.trace.cache(self.step, layer, e, "prefetch_wasted", self.clock.now())
-        self.counters.evictions += 1
-        self.trace.cache(self.step, layer, e, "evict", self.clock.now())
+            self.trace.cache(layer, e, "prefetch_wasted", self.clock.now())
+        self.trace.cache(layer, e, "evict", self.clock.now())
         del s.where[e]
         s.expert[slot] = -1
-        s.ready[slot] = None
+        s.ready[slot] = s.copy_id[slot] = None
         s.prefetched[slot] = False
+
+    def evict_all(self) -> None:
+        """Drop every resident expert (``on_demand``: nothing is kept between steps)."""
+        for layer, s in enumerate(self.slots):
+            for slot in range(s.size):
+                self.evict(layer, slot)
 
     def load(self, layer: int, expert: int, reason: str, protected: Iterable[int] = (),
              issue_at: Handle | None = None) -> int | None:
@@ -148,31 +178,32 @@ class ExpertStore:
             return None
         after = [s.last_use[slot], s.ready[slot]]  # never overwrite a slot still being read or written
         self.evict(layer, slot)
-        host = self.host[layer]
-        bufs = s.buffers
-
-        def do_copy() -> None:
-            if self.fault_hook is not None:
-                self.fault_hook(layer, expert)
-            for name, buf in bufs.items():
-                buf[slot].copy_(host[name][expert], non_blocking=True)
-
-        nbytes = self.cost.expert_bytes
-        try:
-            span = self.clock.copy(self.cost.copy_time(nbytes), do_copy, after=after, issue_at=issue_at)
-        except Exception as exc:  # the slot stays empty: nothing stale can be marked ready
-            raise CopyFault(f"copy of layer {layer} expert {expert} into slot {slot} failed: {exc}") from exc
+        span = self._copy(layer, expert, slot, after, issue_at)
         s.expert[slot] = expert
         s.where[expert] = slot
         s.ready[slot] = span.end
         s.prefetched[slot] = reason == "prefetch"
-        self.counters.h2d_bytes += nbytes
         if reason == "prefetch":
-            self.counters.prefetches += 1
-            self.trace.cache(self.step, layer, expert, "prefetch", span.start)
+            self.trace.cache(layer, expert, "prefetch", span.start)
         self.policy.loaded(layer, expert)
-        self.trace.transfer(self.step, layer, expert, slot, nbytes, span.start, span.end, reason)
+        s.copy_id[slot] = self.trace.transfer(layer, expert, slot, self.cost.expert_bytes, span.start, span.end,
+                                              reason)
         return slot
+
+    def _copy(self, layer: int, expert: int, slot: int, after, issue_at):
+        host, dst = self.host[layer], self.weights(layer, slot)
+
+        def do_copy() -> None:
+            if self.fault_hook is not None:
+                self.fault_hook(layer, expert)
+            for name, buf in dst.items():
+                buf.copy_(host[name][expert], non_blocking=True)
+
+        try:
+            return self.clock.copy(self.cost.copy_time(self.cost.expert_bytes), do_copy, after=after,
+                                   issue_at=issue_at)
+        except Exception as exc:  # the slot stays empty: nothing stale can be marked ready
+            raise CopyFault(f"copy of layer {layer} expert {expert} into slot {slot} failed: {exc}") from exc
 
     def prefetch(self, layer: int, expert: int, protected: Iterable[int] = (), issue_at: Handle | None = None) -> bool:
         """Start an asynchronous copy unless already resident. False when no slot may be evicted."""
@@ -185,22 +216,25 @@ class ExpertStore:
         s.last_use[slot] = end
         if s.prefetched[slot]:
             s.prefetched[slot] = False
-            self.counters.prefetch_used += 1
-            self.trace.cache(self.step, layer, s.expert[slot], "prefetch_used", end)
+            self.trace.cache(layer, s.expert[slot], "prefetch_used", end)
         self.policy.touch(layer, s.expert[slot])
+
+    def note_read(self, layer: int, slot: int, end: Handle) -> None:
+        """The draft read a slot: a later copy into it must wait, but this is not a target use (no LRU touch)."""
+        self.slots[layer].last_use[slot] = end
 
     # ------------------------------------------------------------------ sharing slots across layers
     def can_share(self) -> bool:
         """Slots can move between layers only if every layer's experts have the same tensor shapes."""
-        shapes = [tuple((n, tuple(t.shape[1:]), t.dtype) for n, t in h.items()) for h in self.host]
-        return all(sh == shapes[0] for sh in shapes)
+        return len(self.pools) == 1
 
     def move_slot(self, src: int, dst: int, protected: Iterable[int] = ()) -> bool:
         """Give one slot of layer ``src`` to layer ``dst`` (total device memory unchanged): an empty slot if there
-        is one, else the policy's victim among the unprotected. The moved slot arrives empty at ``dst``; a copy
-        into it still waits for the last read of its old contents. False if ``src`` has no slot it may give."""
+        is one, else the policy's victim among the unprotected. The moved slot arrives empty at ``dst`` with its
+        row of the shared pool; a copy into it still waits for the last read of its old contents. False if
+        ``src`` has no slot it may give."""
         s, d = self.slots[src], self.slots[dst]
-        if s.size <= 1:
+        if s.size <= 1 or self.group[src] != self.group[dst]:
             return False
         empty = [i for i, e in enumerate(s.expert) if e < 0]
         if empty:
@@ -213,35 +247,34 @@ class ExpertStore:
             i = self.policy.victim(src, cands)
         carried = [h for h in (s.last_use[i], s.ready[i]) if h is not None]
         self.evict(src, i)
-        for lst in (s.expert, s.ready, s.last_use, s.prefetched):
-            del lst[i]
-        s.where = {e: j for j, e in enumerate(s.expert) if e >= 0}
-        for name, buf in s.buffers.items():
-            s.buffers[name] = torch.cat([buf[:i], buf[i + 1:]])
-            d.buffers[name] = torch.cat([d.buffers[name], torch.empty_like(buf[:1])])
-        d.expert.append(-1)
-        d.ready.append(None)
-        # The new slot's memory was last read by src's compute: its first copy must wait for that.
-        d.last_use.append(max(carried) if carried and all(isinstance(h, float) for h in carried)
-                          else (carried[0] if carried else None))
-        d.prefetched.append(False)
+        d.add(s.remove(i), last_use=self._latest(carried))
         return True
 
-    def note_read(self, layer: int, slot: int, end: Handle) -> None:
-        """The draft read a slot: a later copy into it must wait, but this is not a target use (no LRU touch)."""
-        self.slots[layer].last_use[slot] = end
+    @staticmethod
+    def _latest(handles: list) -> Handle | None:
+        # The row's memory was last read or written by these ops: its next copy must wait for the later one.
+        if not handles:
+            return None
+        return max(handles) if all(isinstance(h, float) for h in handles) else handles[-1]
 
     def flush_unused_prefetches(self) -> None:
         """End of a run: prefetched experts that were never used count as waste."""
         for layer, s in enumerate(self.slots):
             for slot, p in enumerate(s.prefetched):
                 if p:
-                    self.counters.prefetch_wasted += 1
-                    self.trace.cache(self.step, layer, s.expert[slot], "prefetch_wasted", self.clock.now())
+                    self.trace.cache(layer, s.expert[slot], "prefetch_wasted", self.clock.now())
                     s.prefetched[slot] = False
+
+    def release(self) -> None:
+        """Free the device pools (the end of ``generate``): no slot memory outlives its run on the device, even
+        while something still holds the store (a result, a notebook variable, a reference cycle)."""
+        self.pools = [{name: t[:0] for name, t in pool.items()} for pool in self.pools]
 
     def check_invariants(self, budget_slots: list[int] | None = None) -> None:
         """Raise AssertionError if the residency table disagrees with the slots (used by tests)."""
+        rows = [r for s in self.slots for r in s.rows]
+        assert len(rows) == len(set((self.group[l], r) for l, s in enumerate(self.slots) for r in s.rows)), \
+            "a pool row belongs to two slots"
         for layer, s in enumerate(self.slots):
             assert len(s.where) <= s.size, f"layer {layer}: {len(s.where)} resident > {s.size} slots"
             for e, slot in s.where.items():

@@ -1,0 +1,61 @@
+"""How the device memory for routed experts is spent: the resident draft plus full-precision slots per layer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import BudgetTooSmall
+from .units import parse_budget
+
+__all__ = ["BudgetSplit", "split_budget", "split_slots"]
+
+
+@dataclass
+class BudgetSplit:
+    """The resident draft's bytes plus full-precision slots per layer, out of ``budget_bytes``."""
+
+    budget_bytes: int
+    draft_bytes: int
+    slots_per_layer: list[int]
+    expert_bytes: int
+
+    @property
+    def slot_bytes(self) -> int:
+        return sum(self.slots_per_layer) * self.expert_bytes
+
+    @property
+    def device_bytes(self) -> int:
+        return self.draft_bytes + self.slot_bytes
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"budget_bytes": self.budget_bytes, "draft_bytes": self.draft_bytes, "slot_bytes": self.slot_bytes,
+                "device_bytes": self.device_bytes, "slots_per_layer": int(min(self.slots_per_layer)),
+                "expert_bytes": self.expert_bytes}
+
+
+def split_slots(info, cache_slots, draft_bytes: int, expert_bytes: int, strategy: str) -> BudgetSplit:
+    """``cache_slots`` full-precision slots per layer (capped at each layer's experts), the draft on top."""
+    if isinstance(cache_slots, bool) or not isinstance(cache_slots, int) or cache_slots < 1:
+        raise ValueError(f"cache_slots={cache_slots!r}: strategy {strategy!r} needs at least "
+                         f"1 full-precision slot per layer; pass an integer >= 1.")
+    slots = [min(cache_slots, l.num_experts) for l in info.layers]
+    return BudgetSplit(draft_bytes + sum(slots) * expert_bytes, draft_bytes, slots, expert_bytes)
+
+
+def split_budget(info, expert_budget, draft_bytes: int, expert_bytes: int, strategy: str) -> BudgetSplit:
+    """Slots per layer that ``expert_budget`` leaves after the draft. Raises :class:`BudgetTooSmall` (naming the
+    minimum) when not even one slot per layer fits."""
+    full = expert_bytes * sum(l.num_experts for l in info.layers)
+    budget = parse_budget(0.5 if expert_budget is None else expert_budget).resolve(full)
+    n_layers = info.num_layers
+    per_layer = (budget - draft_bytes) // (n_layers * expert_bytes) if budget > draft_bytes else 0
+    if per_layer < 1:
+        need = draft_bytes + n_layers * expert_bytes
+        raise BudgetTooSmall(
+            f"expert_budget={expert_budget!r} ({budget:,} B) is too small for strategy {strategy!r}: "
+            f"it needs the draft ({draft_bytes:,} B) plus 1 full-precision slot per layer "
+            f"({n_layers} × {expert_bytes:,} B), i.e. at least {need:,} B = {need / full:.3f} of the routed-expert "
+            "bytes.", need, need / full)
+    slots = [min(int(per_layer), l.num_experts) for l in info.layers]
+    return BudgetSplit(budget, draft_bytes, slots, expert_bytes)

@@ -1,0 +1,186 @@
+"""The speculative loop: draft a window of K tokens → forecast → verify and commit, once per step.
+
+The draft is the same model with the runtime in draft mode; it continues from the target's committed cache,
+which is cut back to the committed length before verification. During drafting the draft's routing is counted
+per layer (the window forecast) and the lookahead prefetcher copies forecast experts at its boundaries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..predict import KGovernor, LookaheadPrefetcher, WindowForecast, WindowOutcome
+from .decoder import Decoder
+from .sampling import verify_greedy, verify_sampling
+
+__all__ = ["Speculation", "DraftWindow", "Verdict", "speculative"]
+
+
+@dataclass
+class Speculation:
+    """How one strategy speculates: draft length (or ``"auto"``: the governor decides), where prefetches come
+    from (``none`` | ``draft``: boundaries during drafting | ``oracle``: the target's own routing), and the parts
+    that carry state across windows."""
+
+    k: int | str
+    prefetch: str = "none"
+    prefetcher: LookaheadPrefetcher | None = None
+    governor: KGovernor | None = None
+
+
+@dataclass
+class DraftWindow:
+    """The drafted tokens of one window. ``n``: cache length at its start (``last`` is not cached yet);
+    ``context``: cache length at the last draft forward; ``step_ends``: clock handle after each draft step."""
+
+    n: int
+    last: int
+    drafts: list[int] = field(default_factory=list)
+    qs: list[torch.Tensor] = field(default_factory=list)
+    step_ends: list = field(default_factory=list)
+    forecast: WindowForecast | None = None
+    context: int = 0
+
+
+@dataclass
+class Verdict:
+    """What verification kept: ``new`` tokens (accepted drafts + the target's own) and their statuses, and the
+    verification pass's routing per layer (ascending layer id)."""
+
+    accepted: int
+    new: list[int]
+    status: list[str]
+    routing: list
+
+
+def speculative(dec: Decoder, prompt: torch.Tensor, spec: Speculation) -> list[int]:
+    """Chain drafting of K tokens, multi-step lookahead prefetch during drafting, one verification pass."""
+    info = dec.prefill(prompt)
+    if spec.governor is not None:  # the prompt's routing seeds the governor's distinct-experts curve
+        spec.governor.observe_routing(_by_layer(info.routing), int(prompt.shape[-1]))
+    dec.rt.choose_hybrid_sets(info.routing)
+    while not dec.done():
+        dec.begin_step()
+        t0 = dec.clock.now()
+        marks = (len(dec.trace.transfers), len(dec.trace.compute))
+        window = draft_window(dec, spec)
+        dec.kv.crop_to(window.n)
+        forecast = oracle_forecast(dec, spec, window) if spec.prefetch == "oracle" else window.forecast
+        for layer, counts in enumerate(forecast.counts):
+            for e, c in counts.items():
+                dec.trace.forecast_count(layer, e, c)
+        verdict = verify(dec, window)
+        commit_window(dec, window, verdict, t0)
+        if spec.governor is not None:
+            spec.governor.observe(_outcome(dec, window, verdict, marks))
+        dec.end_step()
+        dec.notify(verdict.new, len(window.drafts), verdict.accepted)
+    return dec.out
+
+
+def _by_layer(routing: dict) -> list:
+    return [routing[l] for l in sorted(routing)]
+
+
+def draft_window(dec: Decoder, spec: Speculation) -> DraftWindow:
+    """Draft up to K tokens (fewer at EOS, at max_new_tokens, or when the governor stops), counting the draft's
+    routing into the window forecast and running the prefetcher's boundaries as drafting goes."""
+    rt, clock, governor, prefetcher = dec.rt, dec.clock, spec.governor, spec.prefetcher
+    k_fixed = None if spec.k == "auto" else int(spec.k)
+    k_cap = min(k_fixed if k_fixed is not None else governor.k_max, dec.max_new - len(dec.out) - 1)
+    w = DraftWindow(dec.kv.length, dec.out[-1], forecast=WindowForecast(rt.info.num_layers))
+    rt.store.policy.follow(w.forecast)
+    if governor is not None:
+        governor.begin_window()
+    if prefetcher is not None:
+        prefetcher.begin_window(max(k_cap, 1))
+    x = w.last
+    for j in range(k_cap):
+        ts = clock.now()
+        logits, info = dec.forward([x], "draft", "draft", keep=1)
+        w.forecast.add(info.routing, j)
+        w.context = info.pos0
+        x, q = dec.sampling.pick(logits[-1], dec.gen)
+        w.drafts.append(x)
+        if q is not None:
+            w.qs.append(q)
+        te = clock.now()
+        w.step_ends.append(te)
+        if prefetcher is not None:
+            if clock.kind == "simulated":
+                prefetcher.observe_step(clock.elapsed(ts, te))
+            if spec.prefetch == "draft" and prefetcher.due(j + 1):
+                prefetcher.boundary(j + 1, w.forecast)
+        if x in dec.eos or (k_fixed is None and not _keep_drafting(dec, spec, w, j + 1, ts, te)):
+            break
+    return w
+
+
+def _keep_drafting(dec: Decoder, spec: Speculation, w: DraftWindow, j: int, ts, te) -> bool:
+    """The governor's stop rule after draft step j, on what this window has forecast so far."""
+    rt, clock, prefetcher = dec.rt, dec.clock, spec.prefetcher
+    layers = range(rt.info.num_layers)
+    uncovered = sum(len(set(w.forecast.counts[l]) - rt.store.resident(l)) for l in layers)
+    miss = uncovered / max(1, w.forecast.union_size())
+    if prefetcher is not None and prefetcher.step_time_avg:
+        t_draft = prefetcher.step_time_avg
+    else:
+        t_draft = clock.elapsed(ts, te) if clock.kind == "simulated" else 1e-3
+    context = w.context
+    return spec.governor.keep_drafting(j, t_draft, lambda n, d=None: rt.verify_estimate(n, context, d),
+                                       rt.cost.copy_time(rt.cost.expert_bytes), uncovered, miss)
+
+
+def oracle_forecast(dec: Decoder, spec: Speculation, w: DraftWindow) -> WindowForecast:
+    """The bound: look at the target's true routing of this window (off the clock), then issue the same boundary
+    schedule with that knowledge, at the times the boundaries happened."""
+    _, info = dec.forward([w.last] + w.drafts, "shadow", "verify")
+    dec.kv.crop_to(w.n)
+    forecast = WindowForecast(dec.rt.info.num_layers)
+    forecast.add(info.routing, 0)
+    dec.rt.store.policy.follow(forecast)
+    prefetcher = spec.prefetcher
+    if prefetcher is not None and w.drafts:
+        prefetcher.begin_window(len(w.drafts))
+        for j, te in enumerate(w.step_ends):
+            if prefetcher.due(j + 1):
+                prefetcher.boundary(j + 1, forecast, issue_at=te)
+    return forecast
+
+
+def verify(dec: Decoder, w: DraftWindow) -> Verdict:
+    """One target pass over [last, d1..dK]; keep the accepted drafts plus the target's own next token, and stop
+    at the first EOS exactly as HF generate does."""
+    logits, info = dec.forward([w.last] + w.drafts, "target", "verify", keep=0)
+    if dec.sampling.do_sample:
+        acc, nxt, kind = verify_sampling(dec.sampling, dec.gen, logits, w.drafts, w.qs)
+    else:
+        acc, nxt, kind = verify_greedy(logits, w.drafts)
+    new, status = w.drafts[:acc] + [nxt], ["accepted"] * acc + [kind]
+    for i, tok in enumerate(new):
+        if tok in dec.eos:
+            new, status = new[: i + 1], status[: i + 1]
+            break
+    return Verdict(acc, new, status, _by_layer(info.routing))
+
+
+def commit_window(dec: Decoder, w: DraftWindow, v: Verdict, t0) -> None:
+    """Record the rejected drafts, commit the kept tokens, and cut the cache to them: it keeps `last` and the
+    accepted drafts; the new last token has no cache entry yet."""
+    t = dec.clock.now()
+    for i, d in enumerate(w.drafts[v.accepted:]):
+        dec.trace.token(len(dec.out) + v.accepted + i, d, "rejected", False, t)
+    dec.commit(v.new, v.status)
+    dec.kv.crop_to(w.n + len(v.new))
+    dec.trace.step_done("window", t0, dec.clock.now(), len(w.drafts), v.accepted, len(v.new))
+
+
+def _outcome(dec: Decoder, w: DraftWindow, v: Verdict, marks: tuple[int, int]) -> WindowOutcome:
+    cost, trace = dec.rt.cost, dec.trace
+    stall = None
+    if dec.clock.kind == "simulated":  # CUDA event times are not readable mid-run without a sync
+        stall = sum(c.start - c.stall for c in trace.compute[marks[1]:] if c.stall is not None)
+    return WindowOutcome(v.accepted, len(w.drafts), v.routing, len(trace.transfers) - marks[0], stall,
+                         cost.copy_time(cost.expert_bytes))

@@ -1,0 +1,31 @@
+"""Typed errors: callers (the planner, ``compare``, the CLI) branch on the type, never on the message text.
+
+Each one subclasses the built-in it used to be raised as (``ValueError``, ``RuntimeError``), so ``except
+ValueError`` in user code keeps working; but an unrelated ``ValueError`` raised by a bug no longer reads as "this
+candidate does not fit".
+"""
+
+from __future__ import annotations
+
+__all__ = ["BudgetTooSmall", "CopyFault", "NotExact"]
+
+
+class BudgetTooSmall(ValueError):
+    """The expert budget cannot hold what the strategy needs (its draft plus one full-precision slot per layer).
+
+    ``minimum_bytes`` is the smallest budget that would work and ``minimum_fraction`` the same as a fraction of
+    the routed-expert bytes, so a table can say "does not fit (needs ≥ 0.31)" instead of failing."""
+
+    def __init__(self, message: str, minimum_bytes: int, minimum_fraction: float) -> None:
+        super().__init__(message)
+        self.minimum_bytes = minimum_bytes
+        self.minimum_fraction = minimum_fraction
+
+
+class CopyFault(RuntimeError):
+    """A host→device copy failed; the slot it targeted is left empty (never marked ready)."""
+
+
+class NotExact(ValueError):
+    """This model, cache kind or strategy cannot be run token-identical to HF ``generate``: refused before any
+    generation starts (the message names the family, the layer kind and what does work)."""

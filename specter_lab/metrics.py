@@ -1,0 +1,92 @@
+"""Every metric of a run, computed from its trace's frames (nothing is counted beside the trace).
+
+Decode-phase metrics exclude the prefill (step 0), as TPOT does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from .trace import Trace
+
+__all__ = ["compute_metrics", "forecast_quality", "forecast_hits"]
+
+
+def compute_metrics(trace: Trace) -> dict[str, Any]:
+    f = trace.frames()
+    meta = trace.meta
+    out: dict[str, Any] = {"clock": meta.get("clock"), **_latency(f["tokens"])}
+    decode_tokens = max(out["new_tokens"] - 1, 1)
+    out.update(_cache(f["cache"], int(meta.get("expert_bytes", 0))))
+    out.update(_link(f["transfers"], decode_tokens))
+    co = f["compute"]
+    out["stall_ms_per_token"] = float(co[co.step >= 1].stall.sum()) / decode_tokens
+    st = f["steps"]
+    out["prefill_ms"] = float(st.end.iloc[0] - st.start.iloc[0]) if len(st) else float("nan")
+    out.update(_windows(st, co, out["hit_rate"]))
+    out["recall"], out["precision"] = forecast_quality(f)
+    return out
+
+
+def _latency(tok: pd.DataFrame) -> dict[str, Any]:
+    committed = tok[tok.committed]
+    n = len(committed)
+    out: dict[str, Any] = {"new_tokens": n, "tpot_ms": float("nan"), "tokens_per_s": float("nan")}
+    if n >= 2:
+        out["tpot_ms"] = float(committed.time.iloc[-1] - committed.time.iloc[0]) / (n - 1)
+        out["tokens_per_s"] = 1e3 / out["tpot_ms"] if out["tpot_ms"] > 0 else float("inf")
+    return out
+
+
+def _cache(ce: pd.DataFrame, expert_bytes: int) -> dict[str, Any]:
+    dec = ce[ce.step >= 1]
+    hits, misses = int((dec.event == "hit").sum()), int((dec.event == "miss").sum())
+    n_pref = int((ce.event == "prefetch").sum())
+    return {"hit_rate": hits / (hits + misses) if hits + misses else float("nan"),
+            "demand_hits": hits, "demand_misses": misses,
+            "prefetch_waste_bytes": int((ce.event == "prefetch_wasted").sum()) * expert_bytes,
+            "prefetch_used_fraction": int((ce.event == "prefetch_used").sum()) / n_pref if n_pref else float("nan")}
+
+
+def _link(tr: pd.DataFrame, decode_tokens: int) -> dict[str, float]:
+    trd = tr[tr.step >= 1]
+    return {"h2d_bytes_per_token": float(trd.bytes.sum()) / decode_tokens,
+            "demand_bytes_per_token": float(trd[trd.reason == "demand"].bytes.sum()) / decode_tokens,
+            "prefetch_bytes_per_token": float(trd[trd.reason == "prefetch"].bytes.sum()) / decode_tokens}
+
+
+def _windows(st: pd.DataFrame, co: pd.DataFrame, hit_rate: float) -> dict[str, Any]:
+    windows = st[st.kind == "window"]
+    if not len(windows):
+        return {"acceptance_rate": float("nan"), "mean_accepted": float("nan")}
+    drafted, accepted = int(windows.drafted.sum()), int(windows.accepted.sum())
+    dr = co[(co.phase == "draft") & (co.step >= 1)]
+    return {"acceptance_rate": accepted / drafted if drafted else float("nan"),
+            "mean_accepted": float(windows.accepted.mean()), "mean_k": float(windows.drafted.mean()),
+            "accept_hist": {int(k): int(v) for k, v in windows.accepted.value_counts().sort_index().items()},
+            "coverage": hit_rate,
+            # what one draft token costs: every draft span (dense parts, experts, head) over the tokens drafted
+            "draft_step_ms": float((dr.end - dr.start).sum()) / drafted if drafted else float("nan")}
+
+
+def forecast_hits(frames: dict[str, pd.DataFrame]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(used, predicted, both): distinct (step, layer, expert) the target used in forecast steps, that the
+    forecast named, and both. Recall and precision, per run or per step, are ratios of their sizes."""
+    fc, ro = frames["forecast"], frames["routing"]
+    cols = ["step", "layer", "expert"]
+    used = ro[(ro.source == "target") & ro.step.isin(fc.step.unique())][cols].drop_duplicates()
+    pred = fc[cols].drop_duplicates()
+    return used, pred, used.merge(pred, on=cols)
+
+
+def forecast_quality(frames: dict[str, pd.DataFrame]) -> tuple[float, float]:
+    """Micro-averaged recall |P∩U|/|U| and precision |P∩U|/|P| of the forecast against the experts the target
+    used, per (step, layer), over the steps that had a forecast."""
+    if frames["forecast"].empty or frames["routing"].empty:
+        return float("nan"), float("nan")
+    used, pred, both = forecast_hits(frames)
+    recall = len(both) / len(used) if len(used) else float("nan")
+    precision = len(both) / len(pred) if len(pred) else float("nan")
+    return recall, precision

@@ -1,0 +1,123 @@
+"""Hardware profiles: a handful of effective numbers per GPU + host link (not datasheet peaks) that the
+simulated clock turns into time.
+
+How fast the host→device link really moves pinned memory, what one copy costs to start, how fast kernels stream
+weights from device memory, what a kernel launch costs, and what the host CPU can do. Only the CUDA clock
+measures time; a profile from :func:`specter_lab.offload.calibrate.calibrate` holds measured numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+GB = 1e9
+
+__all__ = ["HardwareProfile", "PROFILES", "DEFAULT_PROFILE", "get_profile", "profile_dir", "GB"]
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """Effective speeds of one GPU + host link, used by the simulated clock.
+
+    Bandwidths in bytes/s, times in seconds, FLOP/s for dense fp16/bf16 matmul. ``cpu_*`` fields price work done
+    on the host (the ``host`` draft variant). ``measured`` is True only for a profile produced by
+    :func:`calibrate` on a real GPU.
+    """
+
+    name: str
+    pcie_bandwidth: float  # effective pinned host→device bytes/s
+    copy_latency: float  # fixed cost of one cudaMemcpyAsync (driver + DMA setup), s
+    hbm_bandwidth: float  # effective device-memory read bandwidth for weight streaming, bytes/s
+    peak_flops: float  # effective dense half-precision FLOP/s at the small batch sizes of decoding
+    launch_overhead: float = 6e-6  # per kernel launch in eager PyTorch, s
+    pageable_bandwidth: float | None = None  # host→device from pageable memory, bytes/s
+    cpu_mem_bandwidth: float = 40 * GB  # host DRAM bandwidth one process really gets, bytes/s
+    cpu_flops: float = 0.6e12  # host fp32 FLOP/s (AVX2/AVX-512 over all cores)
+    device_memory: float | None = None  # bytes, informative
+    measured: bool = False
+    notes: str = ""
+
+    def __post_init__(self) -> None:
+        for f in ("pcie_bandwidth", "hbm_bandwidth", "peak_flops", "cpu_mem_bandwidth", "cpu_flops"):
+            if not getattr(self, f) > 0:
+                raise ValueError(f"HardwareProfile.{f} must be > 0, got {getattr(self, f)!r}")
+        if self.copy_latency < 0 or self.launch_overhead < 0:
+            raise ValueError("HardwareProfile latencies must be >= 0")
+
+    @property
+    def clock_label(self) -> str:
+        return f"cuda:{self.name}" if self.measured else f"simulated:{self.name}"
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> "HardwareProfile":
+        return cls(**json.loads(text))
+
+
+# Effective numbers: public specs discounted by what pinned cudaMemcpyAsync and decode-size kernels reach.
+#  * PCIe 3.0 x16 is 15.75 GB/s raw, ~12 GB/s pinned in practice; PCIe 4.0 x16 32 GB/s raw, ~25 GB/s pinned;
+#    PCIe 5.0 x16 64 GB/s raw, ~50 GB/s pinned (nvbandwidth / bandwidthTest figures reported by vendors and users).
+#  * hbm_bandwidth ≈ 80–85 % of the datasheet memory bandwidth (what a streaming GEMV reaches).
+#  * peak_flops ≈ half of the datasheet dense FP16 tensor throughput: decode GEMMs are skinny.
+PROFILES: dict[str, HardwareProfile] = {
+    p.name: p
+    for p in [
+        HardwareProfile("t4-pcie3", 12 * GB, 10e-6, 260 * GB, 30e12, 7e-6, 6 * GB, 25 * GB, 0.3e12, 16 * GB,
+                        notes="T4 16GB: 320 GB/s GDDR6, 65 TFLOPS fp16 tensor, PCIe 3.0 x16"),
+        HardwareProfile("rtx3090-pcie4", 25 * GB, 9e-6, 780 * GB, 60e12, 6e-6, 10 * GB, 40 * GB, 0.6e12, 24 * GB,
+                        notes="RTX 3090 24GB: 936 GB/s GDDR6X, 142 TFLOPS fp16 tensor (sparse), PCIe 4.0 x16"),
+        HardwareProfile("rtx4090-pcie4", 25 * GB, 8e-6, 850 * GB, 80e12, 5e-6, 10 * GB, 60 * GB, 1.0e12, 24 * GB,
+                        notes="RTX 4090 24GB: 1008 GB/s GDDR6X, 165 TFLOPS fp16 tensor (fp32 acc.), PCIe 4.0 x16"),
+        HardwareProfile("a100-40g-pcie4", 25 * GB, 9e-6, 1300 * GB, 150e12, 6e-6, 10 * GB, 80 * GB, 1.2e12, 40 * GB,
+                        notes="A100 40GB PCIe: 1555 GB/s HBM2, 312 TFLOPS fp16 tensor, PCIe 4.0 x16"),
+        HardwareProfile("h100-pcie5", 50 * GB, 8e-6, 1700 * GB, 350e12, 5e-6, 14 * GB, 100 * GB, 2.0e12, 80 * GB,
+                        notes="H100 PCIe 80GB: 2.0 TB/s HBM2e, 756 TFLOPS fp16 tensor, PCIe 5.0 x16"),
+        HardwareProfile("h200-pcie5", 50 * GB, 8e-6, 4000 * GB, 400e12, 5e-6, 14 * GB, 100 * GB, 2.0e12, 141 * GB,
+                        notes="H200 NVL 141GB: 4.8 TB/s HBM3e, 835 TFLOPS fp16 tensor, PCIe 5.0 x16"),
+    ]
+}
+
+DEFAULT_PROFILE = "rtx4090-pcie4"
+
+
+def profile_dir() -> Path:
+    return Path(os.environ.get("SPECTER_LAB_PROFILES", Path.home() / ".cache" / "specter_lab" / "profiles"))
+
+
+def get_profile(hardware: "str | HardwareProfile | None") -> HardwareProfile | None:
+    """Resolve ``hardware=``: a profile, a preset name, a saved calibrated profile name or JSON path.
+
+    Returns None for ``"cuda"`` (the caller then uses the CUDA clock).
+    """
+    if hardware is None:
+        return PROFILES[DEFAULT_PROFILE]
+    if isinstance(hardware, HardwareProfile):
+        return hardware
+    if not isinstance(hardware, str):
+        raise TypeError(f"hardware= must be a profile name or HardwareProfile, got {type(hardware).__name__}")
+    if hardware == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError(
+                "hardware='cuda' needs a CUDA GPU, and torch.cuda.is_available() is False here. "
+                f"Use a simulated profile instead, one of {sorted(PROFILES)}."
+            )
+        return None
+    if hardware in PROFILES:
+        return PROFILES[hardware]
+    for candidate in (Path(hardware), profile_dir() / f"{hardware}.json"):
+        if candidate.suffix == ".json" and candidate.is_file():
+            return HardwareProfile.from_json(candidate.read_text())
+    saved = sorted(p.stem for p in profile_dir().glob("*.json")) if profile_dir().is_dir() else []
+    raise ValueError(
+        f"hardware={hardware!r} is not a known profile. Use one of {sorted(PROFILES)}, 'cuda'"
+        + (f", a calibrated profile {saved}" if saved else "")
+        + ", a path to a profile .json, or a HardwareProfile(...)."
+    )
+

@@ -1,0 +1,210 @@
+"""``k="auto"``: the K governor decides after every draft step whether one more draft token pays.
+
+Its model and the choices behind it (exploring windows rather than an optimism bonus, per-depth acceptance
+rather than one rate) are described in ``docs/governor.md``, with the measurements that decided them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = ["KGovernor", "WindowOutcome", "distinct_experts_curve"]
+
+
+@dataclass
+class WindowOutcome:
+    """One verified window as the governor sees it. ``routing``: the verification pass's routing per layer (int
+    arrays ``[T, top_k]`` over the window's inputs); ``stall`` (seconds) is None where the clock cannot time it
+    mid-run."""
+
+    accepted: int
+    drafted: int
+    routing: list
+    copies: int = 0
+    stall: float | None = None
+    t_copy: float = 0.0
+
+
+@dataclass
+class KGovernor:
+    """``k="auto"``: keep drafting while a longer window is expected to lower the time per committed token.
+
+    Model of a window of K drafted tokens, every term measured on this run rather than assumed:
+
+        E[tokens](K) = 1 + Σ_{i≤K} Π_{m≤i} α_m                  committed tokens; α_m = acceptance at depth m
+        T(K)         = K · t_draft + t_verify(K+1, D(K+1)) + x · t_copy · U(K)
+        U(K)         = U(j) + m · Σ_layers [D_l(K+1) − D_l(j+1)] experts the window will copy
+
+    * ``α_m`` is the acceptance of the m-th draft token given the ones before it were accepted, counted per
+      depth (decayed counts, shrunk towards the pooled rate). Acceptance is bursty — in a run of easy or
+      repeated text the draft is right many times in a row — so deep tokens are accepted more often than a
+      single i.i.d. rate predicts, and a geometric model undervalues long windows.
+    * ``D_l(n)``: mean number of distinct experts that n consecutive tokens route to in layer l, measured on
+      the target's routing of the prompt and the recent committed tokens (a sliding window over a continuous
+      history, so it does not depend on the K drafted so far). It prices both the copies (``U``) and the
+      verification pass (``t_verify``).
+    * ``U(j)`` is what the forecast says is still missing after j draft steps; ``m`` the fraction of the
+      forecast not resident (how likely a newly needed expert is a copy); ``x`` the exposed fraction of copy
+      time, measured per window as stall / (copies · t_copy) on the simulated clock (prefetches during
+      drafting and copy/compute overlap hide part of it).
+    * Every ``explore_every``-th window drafts to ``k_max`` regardless, so depths the model would never
+      choose still get measured: an estimate learnt only from short windows would keep the governor short.
+      ``optimism`` (off by default) is the textbook alternative, an upper-confidence bonus
+      ``optimism / sqrt(reach_m + prior)`` on acceptance at rarely reached depths; it can trap itself at a short
+      K after one early rejection (docs/governor.md), which the fixed exploring window cannot.
+
+    After every draft step j we minimise
+    T(K)/E(K) over K ∈ [j, k_max] and draft on iff the minimum lies beyond j.
+    """
+
+    k_max: int = 16
+    k_min: int = 1
+    alpha: float = 0.8  # pooled per-token acceptance (EMA); the prior for depths with few observations
+    ema: float = 0.3
+    history: int = 64  # committed tokens of routing kept for the distinct-experts curve
+    refresh_every: int = 4  # windows between curve recomputations (numpy, but not free on deep models)
+    explore_every: int = 4  # every n-th window drafts to k_max (0: never)
+    decay: float = 0.97  # per-window decay of the depth counts (routing and text drift)
+    prior: float = 2.0  # pseudo-observations of the pooled rate at each depth
+    exposure: float = 1.0  # exposed fraction of copy time (EMA over windows)
+    optimism: float = 0.0  # upper-confidence bonus on acceptance at rarely-reached depths (off: see above)
+    _hist: list = field(default_factory=list, repr=False)  # per committed token: [layers] arrays of expert ids
+    _curve: "np.ndarray | None" = field(default=None, repr=False)  # [k_max + 2, layers]: D_l(n), n = 0..k_max+1
+    _reach: "np.ndarray | None" = field(default=None, repr=False)  # [k_max + 1]: depth i drafted, all before accepted
+    _acc: "np.ndarray | None" = field(default=None, repr=False)  # [k_max + 1]: depth i accepted
+    _windows: int = 0
+    exploring: bool = False
+
+    def __post_init__(self) -> None:
+        self._reach = np.zeros(self.k_max + 1)
+        self._acc = np.zeros(self.k_max + 1)
+
+    # ------------------------------------------------------------------ observations
+    def new_sequence(self) -> None:
+        """A new generate(): its prompt's routing replaces the token history (the curve is about consecutive
+        tokens of one text); acceptance-by-depth and exposure carry over."""
+        self._hist.clear()
+        self._curve = None
+
+    def begin_window(self) -> None:
+        self._windows += 1
+        self.exploring = bool(self.explore_every) and self._windows % self.explore_every == 0
+
+    def update_acceptance(self, accepted: int, drafted: int) -> None:
+        if drafted:
+            # Per-token acceptance of a chain: `accepted` successes then at most one failure (the first
+            # rejection ends the window), so the estimate is accepted / (accepted + failures), not / drafted.
+            failures = 1 if accepted < drafted else 0
+            rate = accepted / (accepted + failures) if accepted + failures else self.alpha
+            self.alpha = (1 - self.ema) * self.alpha + self.ema * min(rate, 0.98)
+            self._reach *= self.decay
+            self._acc *= self.decay
+            reached = min(drafted, accepted + 1, self.k_max)
+            self._reach[1: reached + 1] += 1
+            self._acc[1: min(accepted, self.k_max) + 1] += 1
+
+    def observe_routing(self, per_layer: list, committed: int) -> None:
+        """Feed the verification pass's routing (per layer, an int array [T, top_k] over the window's inputs);
+        its first ``committed`` rows are tokens that stay in the sequence."""
+        if not per_layer or committed <= 0:
+            return
+        for t in range(committed):
+            self._hist.append([np.asarray(r[t]).reshape(-1) for r in per_layer])
+        del self._hist[: max(0, len(self._hist) - self.history)]
+        if self._curve is None or self._windows % self.refresh_every == 0:
+            self._curve = distinct_experts_curve(self._hist, self.k_max + 1)
+
+    def observe(self, w: "WindowOutcome") -> None:
+        """Everything one finished window teaches: acceptance by depth, the committed tokens' routing, and (when
+        the clock could time it) how much copy time was exposed."""
+        self.update_acceptance(w.accepted, w.drafted)
+        self.observe_routing(w.routing, w.accepted + 1)  # rows of `last` and the accepted drafts
+        if w.stall is not None:
+            self.observe_exposure(w.copies, w.stall, w.t_copy)
+
+    def observe_exposure(self, copies: int, stall: float, t_copy: float) -> None:
+        """One finished window's copies and total stall (seconds): how much of the copy time was exposed."""
+        if copies > 0 and t_copy > 0:
+            x = min(max(stall / (copies * t_copy), 0.0), 1.5)
+            self.exposure = (1 - self.ema) * self.exposure + self.ema * x
+
+    # ------------------------------------------------------------------ model
+    def depth_acceptance(self) -> np.ndarray:
+        """α_m for m = 1..k_max (index 0 unused): per-depth counts shrunk towards the pooled rate."""
+        a = (self._acc + self.prior * self.alpha) / (self._reach + self.prior)
+        if self.optimism:
+            a = a + self.optimism / np.sqrt(self._reach + self.prior)
+        return np.clip(a, 0.0, 0.995)
+
+    def _expected(self) -> np.ndarray:
+        """E[tokens](K) for K = 0..k_max: 1 + Σ_{i≤K} Π_{m≤i} α_m."""
+        return np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(self.depth_acceptance()[1:]))])
+
+    def expected_tokens(self, k: int) -> float:
+        return float(self._expected()[k])
+
+    def _distinct(self, n: int) -> "np.ndarray | None":
+        c = self._curve
+        if c is None or len(c) <= 1:
+            return None
+        return c[min(n, len(c) - 1)]
+
+    def _growth(self, j: int, k: int) -> float:
+        """Σ_layers D_l(k+1) − D_l(j+1): expected new distinct experts from drafting k instead of j tokens."""
+        hi, lo = self._distinct(k + 1), self._distinct(j + 1)
+        return 0.0 if hi is None else float(hi.sum() - lo.sum())
+
+    def costs(self, j: int, t_draft: float, t_verify, t_copy: float, uncovered_now: int,
+              miss_fraction: float = 1.0) -> dict[int, float]:
+        """Predicted time per committed token for each K in [j, k_max]. ``t_verify``: seconds, or a function
+        ``(n_tokens, distinct_per_layer or None) -> seconds``."""
+        out, expected = {}, self._expected()
+        for k in range(j, self.k_max + 1):
+            tv = t_verify(k + 1, self._distinct(k + 1)) if callable(t_verify) else t_verify
+            grown = uncovered_now + miss_fraction * self._growth(j, k)
+            out[k] = (k * t_draft + tv + self.exposure * t_copy * grown) / expected[k]
+        return out
+
+    def best_k(self, j: int, t_draft: float, t_verify, t_copy: float, uncovered_now: int,
+               miss_fraction: float = 1.0) -> int:
+        c = self.costs(j, t_draft, t_verify, t_copy, uncovered_now, miss_fraction)
+        return min(c, key=c.get)
+
+    def keep_drafting(self, j: int, t_draft: float, t_verify, t_copy: float, uncovered_now: int,
+                      miss_fraction: float = 1.0) -> bool:
+        if j < self.k_min:
+            return True
+        if j >= self.k_max:
+            return False
+        if self.exploring:
+            return True
+        if self._curve is None:  # no routing seen yet (no prompt routing either): the paper's K=8
+            return j < min(8, self.k_max)
+        return self.best_k(j, t_draft, t_verify, t_copy, uncovered_now, miss_fraction) > j
+
+
+def distinct_experts_curve(history: list, n_max: int) -> np.ndarray:
+    """``D[n, l]``: mean number of distinct experts that n consecutive tokens of ``history`` route to in layer l
+    (n = 0..n_max; windows longer than the history reuse the longest measured value). ``history`` is a list of
+    tokens, each a list over layers of expert-id arrays."""
+    H = len(history)
+    if H == 0:
+        return np.zeros((1, 0))
+    L = len(history[0])
+    E = 1 + max(int(a.max()) for tok in history for a in tok if a.size)
+    onehot = np.zeros((H, L, E), dtype=bool)
+    for t, tok in enumerate(history):
+        for layer, ids in enumerate(tok):
+            onehot[t, layer, ids] = True
+    curve = np.zeros((n_max + 1, L))
+    cur = onehot.copy()  # cur[s] = union of tokens s .. s+n-1
+    for n in range(1, n_max + 1):
+        if n > H:
+            curve[n] = curve[n - 1]
+            continue
+        if n > 1:
+            cur = cur[:-1] | onehot[n - 1:]
+        curve[n] = cur.sum(-1).mean(0)
+    return curve

@@ -1,0 +1,162 @@
+"""The lookahead prefetcher: when, during drafting, to copy which forecast experts.
+
+The paper's multi-step lookahead: at chunk boundaries prefetch the top-M experts per layer (M = that layer's
+slots), layer by layer, protecting the predicted ones from each other. The first boundary comes after ⌊0.2·K⌋
+draft steps; the next after ⌈bytes issued / (bandwidth · draft-step time)⌉ more steps, both running averages:
+just enough drafting to hide the copies just issued. ``chunking="budgeted"`` (beyond the paper) replaces it:
+after every draft step, issue only the copies the copy stream can finish in time, most likely first, never
+evicting a more likely forecast expert.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .forecast import WindowForecast
+
+__all__ = ["LookaheadPrefetcher"]
+
+
+@dataclass
+class LookaheadPrefetcher:
+    """The paper's prefetch schedule over one store. ``chunking`` is ``"adaptive"``, ``"budgeted"`` or draft fractions."""
+
+    store: object
+    cost: object
+    chunking: str | tuple[float, ...] = "adaptive"
+    first_fraction: float = 0.2
+    protect: bool = True
+    step_time_avg: float | None = None  # running average of one draft step (s)
+    bandwidth_avg: float | None = None  # running average of effective copy bandwidth (bytes/s)
+    next_boundary: int = 0
+    _fraction_steps: list[int] = field(default_factory=list)
+    bytes_issued: int = 0
+    k: int = 8  # draft length of the current window
+    shared_slots: bool = False  # rebalance the slot pool across layers by forecast demand at each boundary
+
+    def begin_window(self, k: int) -> None:
+        self.bytes_issued = 0
+        self.k = k
+        if self.chunking == "budgeted":
+            self.next_boundary = 1
+            self._fraction_steps = []
+        elif self.chunking == "adaptive":
+            self.next_boundary = max(1, math.floor(self.first_fraction * k))
+            self._fraction_steps = []
+        else:
+            self._fraction_steps = sorted({max(1, math.floor(f * k)) for f in self.chunking})
+            self.next_boundary = self._fraction_steps.pop(0)
+
+    def observe_step(self, seconds: float) -> None:
+        a = 0.2
+        self.step_time_avg = seconds if self.step_time_avg is None else (1 - a) * self.step_time_avg + a * seconds
+
+    def due(self, steps_done: int) -> bool:
+        return self.next_boundary > 0 and steps_done >= self.next_boundary
+
+    def rebalance(self, forecast: WindowForecast) -> int:
+        """Beyond the paper: share the slot pool across layers by forecast demand. Each layer's target is its
+        share of the pool in proportion to the distinct experts the forecast says it will need (at least one);
+        slots move from layers above target to layers below, evicting what the forecast does not need. Returns
+        the number of slots moved."""
+        store = self.store
+        sizes = [s.size for s in store.slots]
+        total = sum(sizes)
+        demand = [max(1, len(c)) for c in forecast.counts]
+        raw = [total * d / sum(demand) for d in demand]
+        target = [max(1, int(r)) for r in raw]
+        # hand out what flooring left, largest remainders first; take back any excess from the largest
+        for l in sorted(range(len(raw)), key=lambda l: raw[l] - int(raw[l]), reverse=True)[: max(0, total - sum(target))]:
+            target[l] += 1
+        while sum(target) > total:
+            target[max(range(len(target)), key=lambda l: target[l])] -= 1
+        moved = 0
+        donors = [l for l in range(len(sizes)) if sizes[l] > target[l]]
+        for dst in range(len(sizes)):
+            while store.slots[dst].size < target[dst] and donors:
+                src = donors[0]
+                # the donor keeps its most likely experts, as many as its target: the rest may go
+                if not store.move_slot(src, dst, protected=set(forecast.top(src, target[src]))):
+                    donors.pop(0)
+                    continue
+                moved += 1
+                if store.slots[src].size <= target[src]:
+                    donors.pop(0)
+        return moved
+
+    def boundary(self, steps_done: int, forecast: WindowForecast, issue_at=None) -> int:
+        """Prefetch top-M per layer, layer by layer. Returns bytes issued and schedules the next boundary."""
+        if self.shared_slots:  # at every boundary: the forecast's picture of demand sharpens as drafting goes on
+            self.rebalance(forecast)
+        if self.chunking == "budgeted":
+            return self.budgeted(steps_done, forecast, issue_at)
+        issued = 0
+        for layer in range(len(forecast.counts)):
+            m = self.store.slots[layer].size
+            top = forecast.top(layer, m)
+            protect = set(top) if self.protect else set()
+            for e in top:
+                if self.store.prefetch(layer, e, protected=protect, issue_at=issue_at):
+                    issued += self.cost.expert_bytes
+        self.bytes_issued += issued
+        copy_bw = self.cost.expert_bytes / self.cost.copy_time(self.cost.expert_bytes)
+        self.bandwidth_avg = copy_bw if self.bandwidth_avg is None else 0.8 * self.bandwidth_avg + 0.2 * copy_bw
+        if self.chunking == "adaptive":
+            step = self.step_time_avg or 1e-4
+            hide = math.ceil(issued / (self.bandwidth_avg * step)) if issued else 1
+            self.next_boundary = steps_done + max(1, hide)
+        else:
+            self.next_boundary = self._fraction_steps.pop(0) if self._fraction_steps else 0
+        return issued
+
+
+    def budgeted(self, steps_done: int, forecast: WindowForecast, issue_at=None) -> int:
+        """Beyond the paper: bandwidth-aware prefetch, run after every draft step.
+
+        Issues, most likely first (forecast count, then earlier layer: verification needs it sooner), only the
+        copies the copy stream can finish before verification reaches their layer if drafting runs its course,
+        and evicts only experts the forecast says are *less* likely than the one coming in (or not forecast)."""
+        store, cost = self.store, self.cost
+        clock = store.clock
+        if clock.kind != "simulated":
+            return self._budgeted_unclocked(steps_done, forecast, issue_at)
+        now = clock.now() if issue_at is None else issue_at
+        step = self.step_time_avg or 1e-4
+        draft_end = now + max(0, self.k - steps_done) * step
+        n_layers = len(forecast.counts)
+        copy_t = max(clock.copy_t, now)
+        t_copy = cost.copy_time(cost.expert_bytes)
+        per_layer_verify = cost.dense_layer_time(self.k + 1, 0)
+        cands = sorted(((c, -l, e) for l in range(n_layers) for e, c in forecast.counts[l].items()
+                        if store.lookup(l, e) is None), reverse=True)
+        issued = 0
+        for c, neg_l, e in cands:
+            layer = -neg_l
+            deadline = draft_end + layer * per_layer_verify
+            if copy_t + t_copy > deadline:
+                continue  # would not arrive in time: a demand load later costs the same and evicts nothing early
+            more_likely = {x for x, cx in forecast.counts[layer].items() if cx >= c}
+            if store.prefetch(layer, e, protected=more_likely, issue_at=issue_at):
+                issued += cost.expert_bytes
+                copy_t += t_copy
+        self.bytes_issued += issued
+        self.next_boundary = steps_done + 1
+        return issued
+
+    def _budgeted_unclocked(self, steps_done, forecast, issue_at) -> int:
+        # On a real clock we cannot read the copy stream's position without a sync: issue at most what one draft
+        # step hides (cost-model estimate), most likely first, with the same eviction rule.
+        step = self.step_time_avg or 1e-3
+        budget = max(1, int(step / self.cost.copy_time(self.cost.expert_bytes)))
+        cands = sorted(((c, -l, e) for l in range(len(forecast.counts)) for e, c in forecast.counts[l].items()
+                        if self.store.lookup(l, e) is None), reverse=True)[:budget]
+        issued = 0
+        for c, neg_l, e in cands:
+            more_likely = {x for x, cx in forecast.counts[-neg_l].items() if cx >= c}
+            if self.store.prefetch(-neg_l, e, protected=more_likely, issue_at=issue_at):
+                issued += self.cost.expert_bytes
+        self.next_boundary = steps_done + 1
+        return issued
+
+
