@@ -36,3 +36,21 @@ def test_bad_arguments_exit_2(capsys):
     assert main(["run", "--model", "tiny", "--hardware", "rtx9999"]) == 2
     assert main(["run", "--model", "tiny", "--bits", "5"]) == 2
     assert "bits" in capsys.readouterr().err
+
+
+def test_bench_takes_expert_budget_and_sizes(capsys):
+    """`bench --expert-budget X` benchmarks at X (it used to be accepted and silently ignored), `--budgets` takes
+    the same forms as `--expert-budget` ('2GiB' included), and giving both is an error."""
+    args = ["bench", "--strategies", "lru", "--hardware", "rtx4090-pcie4", "--prompts", "1", "--max-new-tokens", "4",
+            "--cost-shape", "none", "--json"]
+    assert main(args + ["--expert-budget", "0.7"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert {r["expert_budget"] for r in d["runs"]} == {0.7}
+    assert main(args + ["--budgets", "0.6,200KiB"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert [r["expert_budget"] for r in d["runs"]] == [0.6, "200KiB"]
+    assert d["runs"][1]["budget_bytes"] == 200 * 1024
+    assert main(args + ["--budgets", "0.5", "--expert-budget", "0.7"]) == 2
+    assert "not both" in capsys.readouterr().err
+    assert main(args + ["--budgets", "lots"]) == 2
+    assert "--budgets='lots' is not a size" in capsys.readouterr().err
