@@ -19,8 +19,11 @@ from typing import Any, Callable, Protocol
 import torch
 
 from .budget import BudgetSplit, split_budget, split_slots
-from .decode import Decoder, Sampling, Speculation, StepInfo, StopGeneration, autoregressive, speculative
+from .decode import (Decoder, Sampling, Speculation, StepInfo, StopGeneration, autoregressive, reference_greedy,
+                     speculative)
+from .decode.kv import rollback_blockers
 from .drafts import DraftSpec, as_draft_spec, draft_device_experts, draft_expert_bytes
+from .errors import Diverged, NotExact
 from .metrics import compute_metrics
 from .model import MoEModelInfo, attached, inspect_model
 from .offload.cache import make_policy
@@ -105,6 +108,16 @@ def _check_options(k, eviction, prefetch, chunking) -> None:
         raise ValueError(f"chunking={chunking!r}: use 'adaptive', 'budgeted' or a tuple of draft fractions in [0, 1].")
 
 
+def _check_rewindable(model, info: MoEModelInfo, strategy: str) -> None:
+    """Speculation rewinds the cache after every window; refuse (before any work) where that is not exact."""
+    blockers = rollback_blockers(model)
+    if blockers:
+        raise NotExact(
+            f"strategy={strategy!r} cannot run exactly on {info.model_type}: its cache has layers of kind "
+            f"{', '.join(blockers)}, which cannot be rewound after a rejected draft (no crop, no known checkpoint). "
+            "The non-speculative strategies (on_demand, lru, gate_lookahead) are exact on this model.")
+
+
 class Engine:
     """Run a Hugging Face MoE model with its routed experts offloaded, under one strategy and memory budget.
 
@@ -122,6 +135,9 @@ class Engine:
         hardware: a profile name in ``sl.PROFILES``, a :class:`HardwareProfile`, or ``"cuda"`` (real clock).
         cost_shape: price experts as a named real model (``sl.COST_SHAPES``); results are labelled projected.
         eviction, prefetch, chunking, shared_slots: override the strategy's (for ablations).
+        verify_lossless: after every greedy speculative run, check the committed tokens against a plain greedy
+            pass of the target (off the clock) and raise :class:`~specter_lab.errors.Diverged` if they differ.
+            Off by default (it doubles the work); the tests turn it on.
 
     Attribute ``fault_hook`` (default None): a ``fn(layer, expert)`` that each run's ExpertStore calls before
     every host→device copy; it may raise to inject a failed copy (tests).
@@ -133,7 +149,7 @@ class Engine:
                  hardware: "str | HardwareProfile | None" = None, cost_shape: str | None = None,
                  eviction: str | None = None, prefetch: str | None = None,
                  chunking: "str | tuple[float, ...] | None" = None, shared_slots: bool | None = None,
-                 record_routing: bool = True) -> None:
+                 record_routing: bool = True, verify_lossless: bool = False) -> None:
         self.info = inspect_model(model)  # raises on a dense model
         # The caller's own arguments first, before any planning/calibration work (strategy='auto').
         _check_options(k, eviction, prefetch, chunking)
@@ -145,6 +161,8 @@ class Engine:
                                                     hardware, cost_shape)
         self.strategy = get_strategy(strategy).with_options(k=k, eviction=eviction, prefetch=prefetch,
                                                              chunking=chunking, shared_slots=shared_slots)
+        if self.strategy.speculative:
+            _check_rewindable(model, self.info, self.strategy.name)
         self.draft_cfg = as_draft_spec(draft)
         profile = get_profile(hardware)  # raises on an unknown profile, or 'cuda' without CUDA
         self.use_cuda_clock = profile is None
@@ -159,6 +177,7 @@ class Engine:
         self._budget_given = cache_slots is None
         self.split = self._resolve_budget(expert_budget, cache_slots)
         self.record_routing = record_routing
+        self.verify_lossless = bool(verify_lossless)
         self.fault_hook: Callable[[int, int], None] | None = None  # passed to each run's ExpertStore (tests)
         self._draft: DraftExperts | None = None
         # k="auto": the K governor, kept across generate() calls (set it to None to start its learning afresh).
@@ -298,6 +317,9 @@ class Engine:
             raise ValueError(f"temperature={temperature!r}: use a number > 0.")
         if do_sample and not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
             raise ValueError(f"top_p={top_p!r}: use a number in (0, 1].")
+        if do_sample and self.verify_lossless:
+            raise ValueError("verify_lossless=True checks greedy decoding; sampled runs match the target's "
+                             "distribution, not its tokens (use do_sample=False, or verify_lossless=False).")
         ids = self.encode(prompt)
         st, cfg = self.strategy, self.draft_cfg
         clock = CudaClock(self.device) if self.use_cuda_clock else SimClock(self.profile)
@@ -310,7 +332,7 @@ class Engine:
                             self.draft_expert_bytes, cfg.hybrid_experts if cfg.variant == "hybrid" else 0)
         rt = OffloadRuntime(self.info, store, clock, self.cost, trace, draft=draft, gate_lookahead=st.prefetch == "gate")
         dec = Decoder(self.model, rt, Sampling(do_sample, float(temperature), float(top_p), seed),
-                      self.info.eos_token_ids, max_new_tokens, callback, keep_cache=st.keep)
+                      self.info.eos_token_ids, max_new_tokens, callback, keep_cache=st.keep, rewindable=st.speculative)
         return Run(self, ids, trace, clock, store, rt, dec, self._speculation(store) if st.speculative else None)
 
     def _meta(self, clock) -> dict[str, Any]:
@@ -380,6 +402,8 @@ class Run:
                     speculative(dec, prompt_t, self.speculation)
                 else:
                     autoregressive(dec, prompt_t)
+                if eng.verify_lossless and self.speculation is not None:
+                    self._check_lossless(prompt_t)
             except StopGeneration:
                 stopped = True
             finally:
@@ -394,3 +418,12 @@ class Run:
         return GenerationResult(list(dec.out), text, metrics, self.trace, self.prompt_ids, metrics["strategy"],
                                 config={"strategy": eng.strategy, "split": eng.split, "draft": eng.draft_cfg},
                                 tokenizer=eng.tokenizer)
+
+    def _check_lossless(self, prompt_t: torch.Tensor) -> None:
+        dec = self.decoder
+        ref = reference_greedy(self.engine.model, self.runtime, prompt_t, len(dec.out), dec.eos)
+        if ref != dec.out:
+            i = next((i for i, (a, b) in enumerate(zip(dec.out, ref)) if a != b), min(len(ref), len(dec.out)))
+            raise Diverged(f"strategy {self.engine.strategy.name!r} on {self.engine.info.model_type}: token {i} is "
+                           f"{dec.out[i] if i < len(dec.out) else None}, a plain greedy pass of the target gives "
+                           f"{ref[i] if i < len(ref) else None}. This is a bug; please report it.")

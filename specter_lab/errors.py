@@ -7,7 +7,7 @@ candidate does not fit".
 
 from __future__ import annotations
 
-__all__ = ["BudgetTooSmall", "CopyFault", "NotExact"]
+__all__ = ["BudgetTooSmall", "CopyFault", "NotExact", "Diverged"]
 
 
 class BudgetTooSmall(ValueError):
@@ -29,3 +29,8 @@ class CopyFault(RuntimeError):
 class NotExact(ValueError):
     """This model, cache kind or strategy cannot be run token-identical to HF ``generate``: refused before any
     generation starts (the message names the family, the layer kind and what does work)."""
+
+
+class Diverged(RuntimeError):
+    """``verify_lossless=True`` found committed tokens that differ from a plain greedy pass of the target: a bug
+    in specter_lab, never an expected outcome (please report it with the model and strategy named here)."""

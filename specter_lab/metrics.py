@@ -26,6 +26,7 @@ def compute_metrics(trace: Trace) -> dict[str, Any]:
     st = f["steps"]
     out["prefill_ms"] = float(st.end.iloc[0] - st.start.iloc[0]) if len(st) else float("nan")
     out.update(_windows(st, co, out["hit_rate"]))
+    out.update(_rewinds(st, co, decode_tokens))
     out["recall"], out["precision"] = forecast_quality(f)
     return out
 
@@ -69,6 +70,15 @@ def _windows(st: pd.DataFrame, co: pd.DataFrame, hit_rate: float) -> dict[str, A
             "coverage": hit_rate,
             # what one draft token costs: every draft span (dense parts, experts, head) over the tokens drafted
             "draft_step_ms": float((dr.end - dr.start).sum()) / drafted if drafted else float("nan")}
+
+
+def _rewinds(st: pd.DataFrame, co: pd.DataFrame, decode_tokens: int) -> dict[str, Any]:
+    """What exact rewinding cost on hybrid (recurrent) models: tokens fed again after a state restore, and the
+    time of those recompute passes and of the state checkpoints / restores (zero on attention-only models)."""
+    dec = co[co.step >= 1]
+    ms = lambda phase: float((dec[dec.phase == phase].end - dec[dec.phase == phase].start).sum()) / decode_tokens
+    return {"recompute_tokens": int(st.recomputed.sum()) if "recomputed" in st else 0,
+            "recompute_ms_per_token": ms("recompute"), "snapshot_ms_per_token": ms("snapshot")}
 
 
 def forecast_hits(frames: dict[str, pd.DataFrame]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:

@@ -35,6 +35,7 @@ class StepRecord:
     drafted: int
     accepted: int
     committed: int
+    recomputed: int = 0  # tokens fed again after a recurrent state was restored (hybrid models)
 
 
 @dataclass(slots=True)
@@ -53,7 +54,7 @@ class TokenRecord:
 @dataclass(slots=True)
 class RoutingRecord:
     """The top-k expert ids of one forward in one layer, ``ids[t][r]`` for token ``pos0 + t`` and rank ``r``
-    (expanded to one row per (position, rank) in the frame). ``source``: draft | target | shadow."""
+    (expanded to one row per (position, rank) in the frame). ``source``: draft | target | shadow | recompute."""
 
     step: int
     source: str
@@ -186,8 +187,8 @@ class Trace:
         self.tokens.append(TokenRecord(index, self.step, token_id, status, committed, t))
 
     def step_done(self, kind: str, start: Handle, end: Handle, drafted: int = 0, accepted: int = 0,
-                  committed: int = 1) -> None:
-        self.steps.append(StepRecord(self.step, kind, start, end, drafted, accepted, committed))
+                  committed: int = 1, recomputed: int = 0) -> None:
+        self.steps.append(StepRecord(self.step, kind, start, end, drafted, accepted, committed, recomputed))
 
     # ----------------------------------------------------------- resolving
     def finalize(self, clock) -> "Trace":

@@ -15,7 +15,7 @@ from ..offload.runtime import ForwardInfo
 from .kv import SequenceCache
 from .sampling import Sampling
 
-__all__ = ["Decoder", "StepInfo", "StopGeneration", "autoregressive"]
+__all__ = ["Decoder", "StepInfo", "StopGeneration", "autoregressive", "reference_greedy"]
 
 
 class StopGeneration(Exception):
@@ -39,7 +39,8 @@ class Decoder:
     """Shared plumbing of both loops: forwards, head cost, commits, step records, the stop rule."""
 
     def __init__(self, model, runtime, sampling: Sampling, eos: list[int], max_new_tokens: int,
-                 callback: Callable[[StepInfo], None] | None = None, keep_cache: bool = True) -> None:
+                 callback: Callable[[StepInfo], None] | None = None, keep_cache: bool = True,
+                 rewindable: bool = False) -> None:
         self.model = model
         self.rt = runtime
         self.clock = runtime.clock
@@ -49,7 +50,7 @@ class Decoder:
         self.max_new = max_new_tokens
         self.callback = callback
         self.keep_cache = keep_cache  # False (on_demand): nothing stays resident between steps
-        self.kv = SequenceCache(model)
+        self.kv = SequenceCache(model, rewindable)  # rewindable: speculative runs go back after a window
         self.out: list[int] = []
         self.device = runtime.store.device
         self.gen = sampling.generator()
@@ -68,7 +69,8 @@ class Decoder:
         x = ids if isinstance(ids, torch.Tensor) else torch.tensor([ids], dtype=torch.long)
         x = x.to(self.device)
         with self.rt.forward(info):
-            out = self.model(input_ids=x, use_cache=True, logits_to_keep=keep, **{self.kv.kwarg: self.kv.cache})
+            out = self.model(input_ids=x, logits_to_keep=keep, **self.kv.inputs(x.shape[1], self.device))
+        self.kv.fed(x.shape[1], out)
         if mode != "shadow":
             n_head = x.shape[1] if keep == 0 else keep
             span, _ = self.clock.compute(self.rt.cost.head_time(n_head))
@@ -118,3 +120,19 @@ def autoregressive(dec: Decoder, prompt: torch.Tensor) -> list[int]:
         dec.end_step()
         dec.notify([tok])
     return dec.out
+
+
+def reference_greedy(model, runtime, prompt: torch.Tensor, n: int, eos: set[int]) -> list[int]:
+    """A plain greedy pass of the target, one token per forward, exact experts from their host copies (shadow
+    mode: off the clock, off the cache, unrecorded): what ``verify_lossless`` compares a run with."""
+    kv = SequenceCache(model)
+    device = runtime.store.device
+    out: list[int] = []
+    x = prompt.to(device)
+    while len(out) < n and not (out and out[-1] in eos):
+        with runtime.forward(ForwardInfo(-1, "shadow", "reference", kv.length, record=False)):
+            result = model(input_ids=x, logits_to_keep=1, **kv.inputs(x.shape[1], device))
+        kv.fed(x.shape[1], result)
+        out.append(int(torch.argmax(result.logits[0, -1])))
+        x = torch.tensor([[out[-1]]], device=device)
+    return out

@@ -1,8 +1,10 @@
 """The speculative loop: draft a window of K tokens → forecast → verify and commit, once per step.
 
 The draft is the same model with the runtime in draft mode; it continues from the target's committed cache,
-which is cut back to the committed length before verification. During drafting the draft's routing is counted
-per layer (the window forecast) and the lookahead prefetcher copies forecast experts at its boundaries.
+which is rewound to the committed length before verification, and after verification to what it accepted
+(:class:`~specter_lab.decode.kv.SequenceCache`: attention crops; a recurrent state is restored from the window's
+checkpoint and the kept tokens are recomputed, phase ``recompute``). During drafting the draft's routing is
+counted per layer (the window forecast) and the lookahead prefetcher copies forecast experts at its boundaries.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import torch
 
 from ..predict import KGovernor, LookaheadPrefetcher, WindowForecast, WindowOutcome
 from .decoder import Decoder
+from .kv import Checkpoint
 from .sampling import verify_greedy, verify_sampling
 
 __all__ = ["Speculation", "DraftWindow", "Verdict", "speculative"]
@@ -42,6 +45,7 @@ class DraftWindow:
     step_ends: list = field(default_factory=list)
     forecast: WindowForecast | None = None
     context: int = 0
+    checkpoint: Checkpoint | None = None  # recurrent caches: the state at n, to rewind to
 
 
 @dataclass
@@ -66,7 +70,7 @@ def speculative(dec: Decoder, prompt: torch.Tensor, spec: Speculation) -> list[i
         t0 = dec.clock.now()
         marks = (len(dec.trace.transfers), len(dec.trace.compute))
         window = draft_window(dec, spec)
-        dec.kv.crop_to(window.n)
+        rewind(dec, window, window.n)
         forecast = oracle_forecast(dec, spec, window) if spec.prefetch == "oracle" else window.forecast
         for layer, counts in enumerate(forecast.counts):
             for e, c in counts.items():
@@ -91,6 +95,7 @@ def draft_window(dec: Decoder, spec: Speculation) -> DraftWindow:
     k_fixed = None if spec.k == "auto" else int(spec.k)
     k_cap = min(k_fixed if k_fixed is not None else governor.k_max, dec.max_new - len(dec.out) - 1)
     w = DraftWindow(dec.kv.length, dec.out[-1], forecast=WindowForecast(rt.info.num_layers))
+    w.checkpoint = _checkpoint(dec)
     rt.store.policy.follow(w.forecast)
     if governor is not None:
         governor.begin_window()
@@ -137,7 +142,7 @@ def oracle_forecast(dec: Decoder, spec: Speculation, w: DraftWindow) -> WindowFo
     """The bound: look at the target's true routing of this window (off the clock), then issue the same boundary
     schedule with that knowledge, at the times the boundaries happened."""
     _, info = dec.forward([w.last] + w.drafts, "shadow", "verify")
-    dec.kv.crop_to(w.n)
+    rewind(dec, w, w.n)
     forecast = WindowForecast(dec.rt.info.num_layers)
     forecast.add(info.routing, 0)
     dec.rt.store.policy.follow(forecast)
@@ -167,14 +172,37 @@ def verify(dec: Decoder, w: DraftWindow) -> Verdict:
 
 
 def commit_window(dec: Decoder, w: DraftWindow, v: Verdict, t0) -> None:
-    """Record the rejected drafts, commit the kept tokens, and cut the cache to them: it keeps `last` and the
+    """Record the rejected drafts, commit the kept tokens, and rewind the cache to them: it keeps `last` and the
     accepted drafts; the new last token has no cache entry yet."""
     t = dec.clock.now()
     for i, d in enumerate(w.drafts[v.accepted:]):
         dec.trace.token(len(dec.out) + v.accepted + i, d, "rejected", False, t)
     dec.commit(v.new, v.status)
-    dec.kv.crop_to(w.n + len(v.new))
-    dec.trace.step_done("window", t0, dec.clock.now(), len(w.drafts), v.accepted, len(v.new))
+    redo = 0 if dec.done() else rewind(dec, w, w.n + len(v.new))  # a finished run needs no cache
+    dec.trace.step_done("window", t0, dec.clock.now(), len(w.drafts), v.accepted, len(v.new), redo)
+
+
+def _checkpoint(dec: Decoder) -> Checkpoint | None:
+    """A recurrent cache's state at the window start, priced as the device copy it is."""
+    ck = dec.kv.checkpoint()
+    if ck is not None and ck.nbytes:
+        span, _ = dec.clock.compute(dec.rt.cost.state_copy_time(ck.nbytes))
+        dec.trace.span("snapshot", -1, -1, span)
+    return ck
+
+
+def rewind(dec: Decoder, w: DraftWindow, length: int) -> int:
+    """Rewind the cache to ``length`` tokens; where a recurrent state had to be restored, feed the kept tokens
+    again (phase ``recompute``: a real target forward on the clock). Returns the tokens recomputed."""
+    ck = w.checkpoint
+    restores = ck is not None and dec.kv.length != length
+    redo = dec.kv.rewind(length, ck)
+    if restores and ck.nbytes:
+        span, _ = dec.clock.compute(dec.rt.cost.state_copy_time(ck.nbytes))
+        dec.trace.span("snapshot", -1, -1, span)
+    if redo:
+        dec.forward(([w.last] + w.drafts)[:redo], "target", "recompute", keep=1)
+    return redo
 
 
 def _outcome(dec: Decoder, w: DraftWindow, v: Verdict, marks: tuple[int, int]) -> WindowOutcome:

@@ -73,6 +73,10 @@ class CostModel:
         params = (self.head_params + self.extra_dense_params) * self.head_scale
         return self._op(2.0 * params * n_tokens, params * self.weight_bytes, kernels=3)
 
+    def state_copy_time(self, nbytes: float) -> float:
+        """A device-to-device copy of ``nbytes`` (a recurrent-state checkpoint or its restore): read + write."""
+        return self.profile.launch_overhead + 2 * nbytes / self.profile.hbm_bandwidth
+
     def with_profile(self, profile: HardwareProfile) -> "CostModel":
         return replace(self, profile=profile)
 

@@ -41,6 +41,7 @@ class ForwardInfo:
     phase: str  # prefill | decode | draft | verify | recompute | shadow
     pos0: int
     routing: dict[int, np.ndarray] = field(default_factory=dict)
+    record: bool = True  # False: leave no trace (the lossless guard's reference pass)
 
     @property
     def source(self) -> str:
@@ -104,7 +105,8 @@ class OffloadRuntime:
         fwd = self.fwd
         idx_np = idx.detach().cpu().numpy()  # the host needs the routing to schedule copies (a sync on CUDA)
         fwd.routing[layer] = idx_np
-        self.trace.routed(fwd.mode, layer, fwd.pos0, idx_np)
+        if fwd.record:
+            self.trace.routed("recompute" if fwd.phase == "recompute" else fwd.mode, layer, fwd.pos0, idx_np)
         for hook in self.hooks["moe.routing"]:
             hook(fwd, layer, idx_np)
         groups = route_groups(idx, idx_np)

@@ -172,7 +172,7 @@ def _live_frames(steps: list) -> tuple[pd.DataFrame, pd.DataFrame]:
         for t, st in zip(new, status):
             tok_rows.append((n, info.step, t, st, True, np.nan))
             n += 1
-        step_rows.append((info.step, kind, np.nan, np.nan, info.drafted, info.accepted, len(new)))
+        step_rows.append((info.step, kind, np.nan, np.nan, info.drafted, info.accepted, len(new), 0))
     from ..trace import COLUMNS
 
     return pd.DataFrame(tok_rows, columns=COLUMNS["tokens"]), pd.DataFrame(step_rows, columns=COLUMNS["steps"])
