@@ -101,6 +101,8 @@ def _draft_ratio(info, spec: QuantSpec) -> float:
             if name.endswith("_bias"):
                 packed += t.numel() * 2
             else:
-                packed += spec.packed_bytes(t.numel(), t.shape[-1])
+                # groups run along the input axis, which is dim 1 of a transposed [E, in, out] layout
+                in_dim = t.shape[1] if getattr(layer.experts, "is_transposed", False) else t.shape[-1]
+                packed += spec.packed_bytes(t.numel(), in_dim)
                 numel += t.numel()
     return packed / (2 * numel)

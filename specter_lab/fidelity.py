@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 
 from .engine import Engine
 from .model import attached, inspect_model
-from .offload.experts import expert_apply, route_groups
+from .offload.experts import combine, expert_apply, route_groups
 from .prompts import heldout_prompts
 from .quant import DraftExperts, QuantSpec
 from .runs import run_prompts
@@ -31,16 +31,15 @@ class _Probe:
 
     def experts_forward(self, layer, mod, x, idx, w):
         self.routing[layer] = idx.detach().cpu().numpy()
-        groups = route_groups(idx)
-        final = torch.zeros_like(x)
-        for e in sorted(groups):
-            tok, kpos = groups[e]
+        groups = route_groups(idx, self.routing[layer])
+        outs = {}
+        for e, g in groups.items():
             if self.draft is None:
                 weights = {n: getattr(mod, n)[e].to(x.device) for n in self.info.layers[layer].param_names}
             else:
                 weights = self.draft.weights(layer, e)
-            final.index_add_(0, tok, (expert_apply(mod, x[tok], weights) * w[tok, kpos, None]).to(final.dtype))
-        return final
+            outs[e] = expert_apply(mod, g.take(x), weights)
+        return combine(x, outs, groups, w)
 
 
 def teacher_forced(model, info, ids: list[int], draft: DraftExperts | None):

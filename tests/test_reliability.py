@@ -38,7 +38,7 @@ def assert_store_clean(store):
                 assert s.ready[slot] is None, f"layer {layer} slot {slot}: empty but marked ready"
                 continue
             assert s.ready[slot] is not None, f"layer {layer} slot {slot}: holds {e} but was never marked ready"
-            for name, buf in store.weights(layer, slot).items():
+            for name, buf in ((n, store.weights(layer, slot)[n]) for n in store.host[layer]):
                 assert torch.equal(buf, store.host[layer][name][e]), \
                     f"layer {layer} slot {slot} marked ready for expert {e} holds stale {name}"
 

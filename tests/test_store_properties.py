@@ -68,7 +68,7 @@ def assert_store_clean(store):
                 assert s.ready[slot] is None and not s.prefetched[slot]
                 continue
             assert s.ready[slot] is not None
-            for name, buf in store.weights(layer, slot).items():
+            for name, buf in ((n, store.weights(layer, slot)[n]) for n in store.host[layer]):
                 assert torch.equal(buf, store.host[layer][name][e]), f"stale slot {layer}/{slot} ({e})"
 
 

@@ -23,7 +23,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 import torch
 
-from .experts import expert_apply, route_groups
+from .experts import combine, expert_apply, route_groups
 
 __all__ = ["OffloadRuntime", "ForwardInfo", "DraftSource", "HOOK_POINTS"]
 
@@ -111,32 +111,24 @@ class OffloadRuntime:
             hook(fwd, layer, idx_np)
         groups = route_groups(idx, idx_np)
         if fwd.mode == "shadow":
-            host = self.store.host[layer]
-            outs = {e: expert_apply(mod, x[t], {n: h[e].to(x.device) for n, h in host.items()})
-                    for e, (t, _) in groups.items()}
-            return self._combine(x, outs, groups, w)
+            host = self.store.host[layer]  # pinned on CUDA: the copies do not block the host
+            outs = {e: expert_apply(mod, g.take(x), {n: h[e].to(x.device, non_blocking=True) for n, h in host.items()})
+                    for e, g in groups.items()}
+            return combine(x, outs, groups, w)
         if fwd.mode == "draft":
             return self._draft_forward(layer, mod, x, groups, w)
         return self._target_forward(layer, mod, x, groups, w)
-
-    @staticmethod
-    def _combine(x, outs, groups, w) -> torch.Tensor:
-        # Ascending expert order, weighted, index_add: the same float ops as HF's eager loop.
-        final = torch.zeros_like(x)
-        for e in sorted(outs):
-            tok, kpos = groups[e]
-            final.index_add_(0, tok, (outs[e] * w[tok, kpos, None]).to(final.dtype))
-        return final
 
     def _dense_span(self, layer: int, n_tokens: int, phase: str) -> None:
         span, _ = self.clock.compute(self.cost.dense_layer_time(n_tokens, self.fwd.pos0))
         self.trace.span(phase, layer, -1, span)
 
     # ------------------------------------------------------------------ target
-    def _compute(self, layer: int, mod, x, e: int, tok, slot: int) -> torch.Tensor:
+    def _compute(self, layer: int, mod, x, e: int, group, slot: int) -> torch.Tensor:
         store = self.store
         weights = store.weights(layer, slot)
-        span, out = self.clock.compute(self.cost.expert_time(len(tok)), lambda: expert_apply(mod, x[tok], weights),
+        span, out = self.clock.compute(self.cost.expert_time(group.n),
+                                       lambda: expert_apply(mod, group.take(x), weights),
                                        after=[store.ready(layer, slot)])
         self.trace.span(self.fwd.phase, layer, e, span, copy_id=store.copy_id(layer, slot))
         store.mark_used(layer, slot, span.end)
@@ -156,15 +148,15 @@ class OffloadRuntime:
         loaded, deferred = self._issue_demand(layer, set(ids), missing, now)
         if self.gate_lookahead and layer + 1 < self.info.num_layers:
             self._gate_prefetch(layer + 1, x)
-        outs = {e: self._compute(layer, mod, x, e, groups[e][0], store.lookup(layer, e)) for e in resident + loaded}
+        outs = {e: self._compute(layer, mod, x, e, groups[e], store.lookup(layer, e)) for e in resident + loaded}
         # Fewer slots than experts: stream the rest through slots whose experts are done.
         for e in deferred:
             pending = {d for d in deferred if d not in outs}
             slot = store.load(layer, e, "demand", protected=pending - {e}, issue_at=now)
             if slot is None:
                 raise RuntimeError(f"layer {layer}: no slot can be freed for expert {e} (slots={store.slots[layer].size})")
-            outs[e] = self._compute(layer, mod, x, e, groups[e][0], slot)
-        return self._combine(x, outs, groups, w)
+            outs[e] = self._compute(layer, mod, x, e, groups[e], slot)
+        return combine(x, outs, groups, w)
 
     def _issue_demand(self, layer: int, needed: set[int], missing: list[int], now) -> tuple[list[int], list[int]]:
         """Issue every demand copy that has a slot not needed by this layer, before computing anything, so the
@@ -225,23 +217,23 @@ class OffloadRuntime:
         self._dense_span(layer, x.shape[0], "draft")
         outs = {}
         now = self.clock.now()
-        for e, (tok, _) in groups.items():
+        for e, g in groups.items():
             plan = self._draft_expert(layer, e, now)
             if plan is None:
                 continue  # skipped: renormalised below
             weights, cost, slot, host = plan
             after = [self.store.ready(layer, slot)] if slot is not None else []  # a no-op on the sim clock
             if host and x.device.type != "cpu":
-                fn = lambda: expert_apply(mod, x[tok].cpu(), weights).to(x.device)  # really on the host CPU
+                fn = lambda: _on_host(mod, g.take(x), weights)
             else:
-                fn = lambda: expert_apply(mod, x[tok], weights)
-            span, outs[e] = self.clock.compute(cost(len(tok)), fn, after=after)
+                fn = lambda: expert_apply(mod, g.take(x), weights)
+            span, outs[e] = self.clock.compute(cost(g.n), fn, after=after)
             self.trace.span("draft", layer, e, span)
             if slot is not None:
                 self.store.note_read(layer, slot, span.end)
         if len(outs) < len(groups):
             w = self._renormalised(w, groups, outs)
-        return self._combine(x, outs, groups, w)
+        return combine(x, outs, groups, w)
 
     def _draft_expert(self, layer: int, e: int, now):
         """(weights, cost of n tokens, slot read or None, computed on the host) for draft expert e, or None to
@@ -272,8 +264,15 @@ class OffloadRuntime:
         """Scale each token's kept routing weights so they sum to what all its top-k weights summed to."""
         keep = torch.zeros_like(w, dtype=torch.bool)
         for e in outs:
-            tok, kpos = groups[e]
-            keep[tok, kpos] = True
+            g = groups[e]
+            keep[0 if g.rows is None else g.rows, g.kpos] = True
         kept = (w * keep).sum(-1, keepdim=True)
         scale = torch.where(kept > 0, w.sum(-1, keepdim=True) / kept.clamp(min=1e-12), torch.zeros_like(kept))
         return w * scale
+
+
+def _on_host(mod, x: torch.Tensor, weights: dict) -> torch.Tensor:
+    """An expert computed on the host CPU from its host copy; a post-expert norm (its weights live on the
+    device) runs on the device, after the result is moved back."""
+    out = expert_apply(mod, x.cpu(), weights, post_norm=False).to(x.device)
+    return mod.post_expert_norm(out) if getattr(mod, "has_post_expert_norm", False) else out

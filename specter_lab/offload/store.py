@@ -106,6 +106,8 @@ class ExpertStore:
                     self.slots[l].add(row)
                     row += 1
         self.group = [sorted(set(self.group)).index(g) for g in self.group]
+        self._views: dict[tuple[int, int], dict[str, torch.Tensor]] = {}  # (group, row) → weight views
+        self._host_views: dict[tuple[int, int], dict[str, torch.Tensor]] = {}  # (layer, expert) → host views
 
     # ------------------------------------------------------------------ queries
     @property
@@ -119,8 +121,24 @@ class ExpertStore:
         return self.slots[layer].where.get(expert)
 
     def weights(self, layer: int, slot: int) -> dict[str, torch.Tensor]:
-        row = self.slots[layer].rows[slot]
-        return {name: pool[row] for name, pool in self.pools[self.group[layer]].items()}
+        """Views of the slot's row in the pools (made once per row: building views is host work on every
+        expert call otherwise), with the transposed view a plain ``x @ W.t()`` reads for untransposed layouts."""
+        key = (self.group[layer], self.slots[layer].rows[slot])
+        views = self._views.get(key)
+        if views is None:
+            views = {name: pool[key[1]] for name, pool in self.pools[key[0]].items()}
+            if not self.info.layers[layer].experts.is_transposed:
+                views.update({f"{n}.t": t.t() for n, t in list(views.items()) if not n.endswith("_bias")})
+            self._views[key] = views
+        return views
+
+    def host_expert(self, layer: int, expert: int) -> dict[str, torch.Tensor]:
+        """Views of one expert's host copy (made once: the copy a miss issues then dispatches only its copies)."""
+        key = (layer, expert)
+        views = self._host_views.get(key)
+        if views is None:
+            views = self._host_views[key] = {name: t[expert] for name, t in self.host[layer].items()}
+        return views
 
     def ready(self, layer: int, slot: int) -> Handle | None:
         return self.slots[layer].ready[slot]
@@ -191,13 +209,13 @@ class ExpertStore:
         return slot
 
     def _copy(self, layer: int, expert: int, slot: int, after, issue_at):
-        host, dst = self.host[layer], self.weights(layer, slot)
+        src, dst = self.host_expert(layer, expert), self.weights(layer, slot)
 
         def do_copy() -> None:
             if self.fault_hook is not None:
                 self.fault_hook(layer, expert)
-            for name, buf in dst.items():
-                buf.copy_(host[name][expert], non_blocking=True)
+            for name, t in src.items():
+                dst[name].copy_(t, non_blocking=True)
 
         try:
             return self.clock.copy(self.cost.copy_time(self.cost.expert_bytes), do_copy, after=after,
@@ -269,6 +287,7 @@ class ExpertStore:
         """Free the device pools (the end of ``generate``): no slot memory outlives its run on the device, even
         while something still holds the store (a result, a notebook variable, a reference cycle)."""
         self.pools = [{name: t[:0] for name, t in pool.items()} for pool in self.pools]
+        self._views.clear()
 
     def check_invariants(self, budget_slots: list[int] | None = None) -> None:
         """Raise AssertionError if the residency table disagrees with the slots (used by tests)."""
