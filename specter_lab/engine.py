@@ -21,6 +21,7 @@ import torch
 from .budget import BudgetSplit, split_budget, split_slots
 from .decode import (Decoder, Sampling, Speculation, StepInfo, StopGeneration, autoregressive, reference_greedy,
                      speculative)
+from .decode.exactness import family_speculation_check
 from .decode.kv import rollback_blockers
 from .drafts import DraftSpec, as_draft_spec, draft_device_experts, draft_expert_bytes
 from .errors import Diverged, NotExact
@@ -116,6 +117,12 @@ def _check_rewindable(model, info: MoEModelInfo, strategy: str) -> None:
             f"strategy={strategy!r} cannot run exactly on {info.model_type}: its cache has layers of kind "
             f"{', '.join(blockers)}, which cannot be rewound after a rejected draft (no crop, no known checkpoint). "
             "The non-speculative strategies (on_demand, lru, gate_lookahead) are exact on this model.")
+    why = family_speculation_check(info.model_type)
+    if why:
+        raise NotExact(
+            f"strategy={strategy!r} cannot run exactly on {info.model_type}: {why} (checked on a tiny random "
+            f"{info.model_type}). The non-speculative strategies (on_demand, lru, gate_lookahead) are exact on "
+            "this model.")
 
 
 class Engine:

@@ -97,7 +97,7 @@ class Checkpoint:
     or MiniMax's state list (replaced, never mutated: references suffice)."""
 
     length: int
-    states: dict = field(default_factory=dict)  # (layer, state index) -> tensor
+    states: dict = field(default_factory=dict)  # (layer, "recurrent" | "conv", state index) -> tensor
     linear: list | None = None
 
     @property
@@ -167,9 +167,10 @@ class SequenceCache:
         if hasattr(self.cache, "linear_cache"):
             ck.linear = list(self.cache.linear_cache)
         for i, layer in self._linear_layers():
-            for s, t in layer.recurrent_states.items():
-                if t is not None:
-                    ck.states[(i, s)] = t.clone()
+            for kind in ("recurrent", "conv"):
+                for s, t in getattr(layer, f"{kind}_states").items():
+                    if t is not None:
+                        ck.states[(i, kind, s)] = t.clone()
         return ck
 
     def rewind(self, length: int, checkpoint: Checkpoint | None) -> int:
@@ -184,8 +185,10 @@ class SequenceCache:
         self._crop(self.length - checkpoint.length)
         if checkpoint.linear is not None:
             self.cache.linear_cache = list(checkpoint.linear)
-        for (i, s), t in checkpoint.states.items():
-            self.cache.layers[i].recurrent_states[s].copy_(t)
+        for (i, kind, s), t in checkpoint.states.items():
+            # conv windows too: cropping a recorded window after several windows can leave it shorter than the
+            # kernel (seen on Bailing-hybrid, transformers 5.24); assigned, not copied, as their length varies
+            getattr(self.cache.layers[i], f"{kind}_states")[s] = t.clone()
         return length - checkpoint.length
 
     def _crop(self, n: int) -> None:

@@ -63,7 +63,7 @@ def expert_apply(mod, x: torch.Tensor, w: dict, post_norm: bool = True) -> torch
 def route_groups(idx: torch.Tensor, idx_np: np.ndarray) -> dict[int, Group]:
     """expert → its :class:`Group`, experts ascending. ``idx_np`` is the host copy of the routing ``[T, k]``."""
     t, k = idx_np.shape
-    if t == 1:
+    if t == 1 and len(set(idx_np[0].tolist())) == k:  # one token, k distinct experts: no index tensors at all
         return {int(e): Group(None, r, 1) for r, e in sorted(enumerate(idx_np[0].tolist()), key=lambda p: p[1])
                 if e >= 0}
     flat = idx_np.reshape(-1)
@@ -84,7 +84,7 @@ def combine(x: torch.Tensor, outs: dict[int, torch.Tensor], groups: dict[int, Gr
     """Σ_e weight · output_e over the experts in ``outs``, ascending, as HF's eager loop sums them."""
     if not outs:
         return torch.zeros_like(x)
-    if x.shape[0] == 1:
+    if all(g.rows is None for g in groups.values()):  # one token: a running sum, as HF's loop adds them
         total = None
         for e in sorted(outs):
             p = groups[e].kpos
