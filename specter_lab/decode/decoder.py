@@ -63,8 +63,9 @@ class Decoder:
         return self.step
 
     def forward(self, ids: list[int] | torch.Tensor, mode: str, phase: str, keep: int = 0) -> tuple[torch.Tensor, ForwardInfo]:
-        """Run the model on ``ids`` after the cached prefix. Returns float logits [T_kept, V] on the CPU and the
-        forward's info (its routing per layer)."""
+        """Run the model on ``ids`` after the cached prefix. Returns the logits [T_kept, V] where the model left
+        them (on the device: tokens are chosen there, so only the chosen ids cross to the host) and the forward's
+        info (its routing per layer)."""
         info = ForwardInfo(self.step, mode, phase, self.kv.length)
         x = ids if isinstance(ids, torch.Tensor) else torch.tensor([ids], dtype=torch.long)
         x = x.to(self.device)
@@ -75,7 +76,7 @@ class Decoder:
             n_head = x.shape[1] if keep == 0 else keep
             span, _ = self.clock.compute(self.rt.cost.head_time(n_head))
             self.trace.span("draft" if mode == "draft" else phase, -1, -1, span)
-        return out.logits[0].float().cpu(), info
+        return out.logits[0], info
 
     def commit(self, tokens: list[int], status: list[str]) -> None:
         t = self.clock.now()

@@ -43,14 +43,14 @@ class Sampling:
     def pick(self, logits: torch.Tensor, gen: torch.Generator | None) -> tuple[int, torch.Tensor | None]:
         """(token, the distribution it was drawn from or None for greedy) for one row of logits."""
         if not self.do_sample:
-            return int(torch.argmax(logits, dim=-1)), None
-        p = self.probs(logits)
+            return int(torch.argmax(logits, dim=-1)), None  # argmax on the device; one id crosses (a sync)
+        p = self.probs(logits.float().cpu())  # the seeded generator lives on the host
         return int(torch.multinomial(p, 1, generator=gen)), p
 
 
 def verify_greedy(logits: torch.Tensor, drafts: list[int]) -> tuple[int, int, str]:
     """(accepted drafts, the target's next token, 'corrected' | 'bonus') for logits over [last, d1..dK]."""
-    target = torch.argmax(logits, dim=-1).tolist()
+    target = torch.argmax(logits, dim=-1).tolist()  # K+1 ids cross to the host in one readback
     for i, d in enumerate(drafts):
         if target[i] != d:
             return i, target[i], "corrected"
@@ -60,6 +60,7 @@ def verify_greedy(logits: torch.Tensor, drafts: list[int]) -> tuple[int, int, st
 def verify_sampling(sampling: Sampling, gen: torch.Generator | None, logits: torch.Tensor, drafts: list[int],
                     q: list[torch.Tensor]) -> tuple[int, int, str]:
     """Speculative rejection sampling: accept d_i with probability min(1, p/q), else resample from (p − q)+."""
+    logits = logits.float().cpu()  # one readback; the seeded generator and the draft's q live on the host
     for i, d in enumerate(drafts):
         p = sampling.probs(logits[i])
         r = float(torch.rand(1, generator=gen))
