@@ -43,7 +43,8 @@ def cmd_run(a) -> int:
     for flag, v in (("--max-new-tokens", a.max_new_tokens), ("--cache-slots", a.cache_slots), ("--k", a.k)):
         if isinstance(v, int) and v < 1:
             raise ValueError(f"{flag} {v}: use an integer >= 1.")
-    model, tok = sl.load_model(a.model, trust_remote_code=a.trust_remote_code)
+    # --hardware cuda: load straight into the offloading layout (dense on the GPU, experts pinned on the host).
+    model, tok = sl.load_model(a.model, trust_remote_code=a.trust_remote_code, **_cuda_load(a.hardware))
     kw = dict(cache_slots=a.cache_slots) if a.cache_slots is not None else dict(expert_budget=a.expert_budget)
     engine = sl.Engine(model, tok, a.strategy, draft=spec, k=a.k, hardware=a.hardware, cost_shape=a.cost_shape, **kw)
     r = engine.generate(a.prompt, max_new_tokens=a.max_new_tokens, do_sample=a.sample, temperature=a.temperature,
@@ -97,6 +98,12 @@ def _bench_budgets(a) -> list:
     return budgets
 
 
+def _cuda_load(hardware: str | None) -> dict[str, Any]:
+    """load_model arguments for a run on the CUDA clock: placed for offloading, in bf16 (what the GPU runs;
+    fp32 would double every copy)."""
+    return {"device": "cuda", "dtype": "bfloat16"} if hardware == "cuda" else {}
+
+
 def cmd_bench(a) -> int:
     from . import bench
     from .model import load_model
@@ -110,7 +117,8 @@ def cmd_bench(a) -> int:
     budgets = _bench_budgets(a)
     cost_shape = None if (a.cost_shape or "deepseek-v2-lite") == "none" else (a.cost_shape or "deepseek-v2-lite")
     spec = QuantSpec(a.bits, a.group_size, a.method)
-    model, tok = load_model(a.model, trust_remote_code=a.trust_remote_code)
+    model, tok = load_model(a.model, trust_remote_code=a.trust_remote_code,
+                            **_cuda_load("cuda" if "cuda" in hardware else None))
     prompts = heldout_prompts(a.prompts)
     t0 = time.perf_counter()
     out: dict[str, Any] = {"model": a.model, "cost_shape": cost_shape, "draft": spec.label,

@@ -27,6 +27,7 @@ from .drafts import DraftSpec, as_draft_spec, draft_device_experts, draft_expert
 from .errors import Diverged, NotExact
 from .metrics import compute_metrics
 from .model import MoEModelInfo, attached, inspect_model
+from .model.placement import ensure_offload_layout
 from .offload.cache import make_policy
 from .offload.clock import CudaClock, SimClock
 from .offload.cost import CostModel, build_cost_model
@@ -37,7 +38,7 @@ from .offload.store import ExpertStore
 from .predict import KGovernor, LookaheadPrefetcher
 from .quant import DraftExperts, QuantSpec
 from .strategies import Strategy, get_strategy
-from .trace import Trace
+from .trace import TRACE_LEVELS, Trace
 from .units import parse_budget
 
 __all__ = ["Engine", "GenerationResult", "BudgetSplit", "Run", "PlanLike", "register_auto_planner"]
@@ -142,6 +143,9 @@ class Engine:
         hardware: a profile name in ``sl.PROFILES``, a :class:`HardwareProfile`, or ``"cuda"`` (real clock).
         cost_shape: price experts as a named real model (``sl.COST_SHAPES``); results are labelled projected.
         eviction, prefetch, chunking, shared_slots: override the strategy's (for ablations).
+        trace: ``"full"`` records every copy, compute span, cache event and routing (what the views and the
+            per-op metrics read); ``"steps"`` records steps and tokens only (TPOT, acceptance), so that a speed
+            run on CUDA creates one untimed event per op instead of three timed ones.
         verify_lossless: after every greedy speculative run, check the committed tokens against a plain greedy
             pass of the target (off the clock) and raise :class:`~specter_lab.errors.Diverged` if they differ.
             Off by default (it doubles the work); the tests turn it on.
@@ -156,8 +160,11 @@ class Engine:
                  hardware: "str | HardwareProfile | None" = None, cost_shape: str | None = None,
                  eviction: str | None = None, prefetch: str | None = None,
                  chunking: "str | tuple[float, ...] | None" = None, shared_slots: bool | None = None,
-                 record_routing: bool = True, verify_lossless: bool = False) -> None:
+                 record_routing: bool = True, verify_lossless: bool = False, trace: str = "full") -> None:
         self.info = inspect_model(model)  # raises on a dense model
+        if trace not in TRACE_LEVELS:
+            raise ValueError(f"trace={trace!r}: use 'full' (every copy, span and routing: the views need it) or "
+                             "'steps' (steps and tokens only: a speed run on CUDA pays for no per-op events).")
         # The caller's own arguments first, before any planning/calibration work (strategy='auto').
         _check_options(k, eviction, prefetch, chunking)
         if cache_slots is not None and expert_budget is not None:
@@ -173,6 +180,11 @@ class Engine:
         self.draft_cfg = as_draft_spec(draft)
         profile = get_profile(hardware)  # raises on an unknown profile, or 'cuda' without CUDA
         self.use_cuda_clock = profile is None
+        if self.use_cuda_clock and cost_shape is not None:
+            raise ValueError(f"cost_shape={cost_shape!r} prices experts as another model, but hardware='cuda' "
+                             "measures this one: drop cost_shape=, or use a simulated profile to project.")
+        if self.use_cuda_clock:  # dense weights on the GPU, experts in pinned host memory (done here if not yet)
+            ensure_offload_layout(model, self.info)
         self.profile = profile or PROFILES["rtx4090-pcie4"]  # CUDA clock: profile only feeds planner estimates
         self.cost_shape = get_cost_shape(cost_shape)
         # On the CUDA clock bytes are the real ones (the model's dtype); simulated runs price the deployment dtype.
@@ -184,6 +196,7 @@ class Engine:
         self._budget_given = cache_slots is None
         self.split = self._resolve_budget(expert_budget, cache_slots)
         self.record_routing = record_routing
+        self.trace_level = trace
         self.verify_lossless = bool(verify_lossless)
         self.fault_hook: Callable[[int, int], None] | None = None  # passed to each run's ExpertStore (tests)
         self._draft: DraftExperts | None = None
@@ -248,14 +261,23 @@ class Engine:
     # ------------------------------------------------------------------ draft
     @property
     def draft(self) -> DraftExperts:
-        """The quantized draft experts (built on first use, then reused)."""
-        if self._draft is None or self._draft.spec != self.draft_spec:
-            shared = _DRAFTS.setdefault(self.model, {})
-            key = (self.draft_spec, str(self.device))
-            if key not in shared:
-                shared[key] = DraftExperts(self.info, self.draft_spec, device=self.device)
-            self._draft = shared[key]
-        return self._draft
+        """The quantized draft experts (built on first use, then shared by the engines of this model).
+
+        On a GPU at most one draft per model is kept on the device (the planner and ``compare`` try several):
+        building another drops the shared one, and engines look it up at every run instead of holding it, so
+        a draft they no longer use is freed rather than sitting outside every budget."""
+        if self._draft is not None and self._draft.spec == self.draft_spec:
+            return self._draft
+        shared = _DRAFTS.setdefault(self.model, {})
+        key = (self.draft_spec, str(self.device))
+        if key not in shared:
+            if self.device.type != "cpu":
+                for other in [k for k in shared if k[1] == key[1]]:
+                    del shared[other]
+            shared[key] = DraftExperts(self.info, self.draft_spec, device=self.device)
+        if self.device.type == "cpu":
+            self._draft = shared[key]  # host memory, outside the budget: keep it
+        return shared[key]
 
     def set_draft(self, spec: "QuantSpec | DraftSpec | str") -> None:
         """Change the draft (re-quantized on next use). The slot split follows its new size; on an error (the
@@ -329,8 +351,8 @@ class Engine:
                              "distribution, not its tokens (use do_sample=False, or verify_lossless=False).")
         ids = self.encode(prompt)
         st, cfg = self.strategy, self.draft_cfg
-        clock = CudaClock(self.device) if self.use_cuda_clock else SimClock(self.profile)
-        trace = Trace(meta=self._meta(clock), record_routing=self.record_routing)
+        clock = self._clock()
+        trace = Trace(meta=self._meta(clock), record_routing=self.record_routing, level=self.trace_level)
         store = ExpertStore(self.info, self.split.slots_per_layer, clock, self.cost, make_policy(st.eviction), trace,
                             self.device, host=self._host)
         self._host = store.host
@@ -341,6 +363,11 @@ class Engine:
         dec = Decoder(self.model, rt, Sampling(do_sample, float(temperature), float(top_p), seed),
                       self.info.eos_token_ids, max_new_tokens, callback, keep_cache=st.keep, rewindable=st.speculative)
         return Run(self, ids, trace, clock, store, rt, dec, self._speculation(store) if st.speculative else None)
+
+    def _clock(self):
+        if self.use_cuda_clock:
+            return CudaClock(self.device, timing=self.trace_level == "full")
+        return SimClock(self.profile)
 
     def _meta(self, clock) -> dict[str, Any]:
         st = self.strategy

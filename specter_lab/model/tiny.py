@@ -49,8 +49,8 @@ def tiny_random_model(family: str = "qwen2_moe", seed: int = 0, **overrides: Any
         g = torch.Generator().manual_seed(seed)
         for name, p in model.named_parameters():
             if "bias" in name or "sinks" in name or "e_score_correction" in name:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.02)
+                p.copy_(torch.randn(p.shape, generator=g, device="cpu") * 0.02)  # CPU generator, any device
         for n, b in model.named_buffers():
             if "e_score_correction_bias" in n:
-                b.copy_(torch.randn(b.shape, generator=g) * 0.02)
+                b.copy_(torch.randn(b.shape, generator=g, device="cpu") * 0.02)
     return model.eval()

@@ -26,6 +26,12 @@ class Span:
     stall_from: Handle | None = None  # compute only: when it became ready to run before waiting on copies
 
 
+def stamper(clock, traced: bool) -> Callable[[], Handle]:
+    """``clock.now`` where a time is needed: always on the simulated clock (free, and it prices issue times),
+    on CUDA only when the trace records per-op events (each stamp is an event record on the stream)."""
+    return clock.now if traced or clock.kind == "simulated" else (lambda: None)
+
+
 class SimClock:
     """Virtual time. A copy starts when the copy stream is free, it was issued, and whatever it waits on ended.
     A compute op starts when the compute stream is free and its inputs are ready; the wait is the stall."""
@@ -70,20 +76,26 @@ class SimClock:
 
 
 class CudaClock:
-    """Real CUDA time: the model runs on the current stream; copies go on a second stream."""
+    """Real CUDA time: the model runs on the current stream; copies go on a second stream.
+
+    ``timing=True`` (``trace="full"``) makes every compute and copy span a pair of timing events, plus a ready
+    event for the stall. ``timing=False`` (``trace="steps"``, a speed run) records one event per op, without
+    timing (``cudaEventDisableTiming``: no timestamp written), only as the dependency the next op waits on;
+    :meth:`now` stays a timing event, since step boundaries are what TPOT is computed from."""
 
     kind = "cuda"
 
-    def __init__(self, device: torch.device | None = None) -> None:
+    def __init__(self, device: torch.device | None = None, timing: bool = True) -> None:
         if not torch.cuda.is_available():
             raise RuntimeError("CudaClock needs CUDA; use a simulated hardware profile on this machine.")
         self.device = device or torch.device("cuda")
+        self.timing = timing
         self.copy_stream = torch.cuda.Stream(device=self.device)
         self.base = self._event()
         self.label = f"cuda:{torch.cuda.get_device_name(self.device)}"
 
-    def _event(self, stream=None):
-        ev = torch.cuda.Event(enable_timing=True)
+    def _event(self, stream=None, timing: bool = True):
+        ev = torch.cuda.Event(enable_timing=timing)
         ev.record(stream or torch.cuda.current_stream(self.device))
         return ev
 
@@ -96,20 +108,20 @@ class CudaClock:
             for a in after:
                 if a is not None:
                     self.copy_stream.wait_event(a)
-            start = self._event(self.copy_stream)
+            start = self._event(self.copy_stream) if self.timing else None
             fn()
-            end = self._event(self.copy_stream)
+            end = self._event(self.copy_stream, self.timing)
         return Span(start, end)
 
     def compute(self, duration: float, fn: Callable[[], Any] | None = None, after: Iterable[Handle] = ()) -> tuple[Span, Any]:
         stream = torch.cuda.current_stream(self.device)
-        ready = self._event(stream)
+        ready = self._event(stream) if self.timing else None
         for a in after:
             if a is not None:
                 stream.wait_event(a)
-        start = self._event(stream)
+        start = self._event(stream) if self.timing else None
         out = fn() if fn is not None else None
-        return Span(start, self._event(stream), ready), out
+        return Span(start, self._event(stream, self.timing), ready), out
 
     def elapsed(self, a: Handle, b: Handle) -> float:
         return a.elapsed_time(b) / 1e3

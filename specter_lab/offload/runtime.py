@@ -23,6 +23,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 import torch
 
+from .clock import stamper
 from .experts import combine, expert_apply, route_groups
 
 __all__ = ["OffloadRuntime", "ForwardInfo", "DraftSource", "HOOK_POINTS"]
@@ -69,6 +70,7 @@ class OffloadRuntime:
         self.clock = clock
         self.cost = cost
         self.trace = trace
+        self._stamp = stamper(clock, trace.full)
         self.draft = draft or DraftSource()
         self.hybrid_sets: list[set[int]] = [set() for _ in info.layers]  # hybrid draft: experts with low-bit copies
         self.gate_lookahead = gate_lookahead
@@ -137,7 +139,7 @@ class OffloadRuntime:
     def _target_forward(self, layer: int, mod, x, groups, w) -> torch.Tensor:
         store = self.store
         self._dense_span(layer, x.shape[0], self.fwd.phase)
-        now = self.clock.now()
+        now = self._stamp()
         ids = list(groups)
         resident = [e for e in ids if store.lookup(layer, e) is not None]
         missing = [e for e in ids if e not in set(resident)]
@@ -216,7 +218,7 @@ class OffloadRuntime:
         """
         self._dense_span(layer, x.shape[0], "draft")
         outs = {}
-        now = self.clock.now()
+        now = self._stamp()
         for e, g in groups.items():
             plan = self._draft_expert(layer, e, now)
             if plan is None:

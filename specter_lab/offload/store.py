@@ -21,7 +21,7 @@ import torch
 
 from ..errors import CopyFault
 from .cache import EvictionPolicy
-from .clock import Handle
+from .clock import Handle, stamper
 
 __all__ = ["ExpertStore", "LayerSlots", "CopyFault"]
 
@@ -85,6 +85,7 @@ class ExpertStore:
         self.cost = cost
         self.policy = policy
         self.trace = trace
+        self._stamp = stamper(clock, trace.full)
         self.device = torch.device(device)
         self.fault_hook: Callable[[int, int], None] | None = None  # test hook: raise to inject a failed copy
         pin = self.device.type == "cuda"
@@ -171,8 +172,8 @@ class ExpertStore:
         if e < 0:
             return
         if s.prefetched[slot]:
-            self.trace.cache(layer, e, "prefetch_wasted", self.clock.now())
-        self.trace.cache(layer, e, "evict", self.clock.now())
+            self.trace.cache(layer, e, "prefetch_wasted", self._stamp())
+        self.trace.cache(layer, e, "evict", self._stamp())
         del s.where[e]
         s.expert[slot] = -1
         s.ready[slot] = s.copy_id[slot] = None
@@ -280,7 +281,7 @@ class ExpertStore:
         for layer, s in enumerate(self.slots):
             for slot, p in enumerate(s.prefetched):
                 if p:
-                    self.trace.cache(layer, s.expert[slot], "prefetch_wasted", self.clock.now())
+                    self.trace.cache(layer, s.expert[slot], "prefetch_wasted", self._stamp())
                     s.prefetched[slot] = False
 
     def release(self) -> None:
