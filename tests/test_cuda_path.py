@@ -182,3 +182,28 @@ def test_one_device_draft_per_model(model, monkeypatch):
     eng.set_draft(QuantSpec(bits=2, group_size=32))
     assert eng.draft.spec.bits == 2
     assert len(built) == 2 and built[0]() is None, "the first draft is still alive on the device"
+
+
+def test_device_bytes_held_are_the_budget(model, fake_cuda):
+    """What the device really holds during a CUDA-path run (slot pools + the bit-packed draft, as allocated) is
+    the expert budget, within 2 %: every byte of the budget is counted where it is spent (F5)."""
+    from specter_lab.quant import DraftExperts
+
+    for strategy in ("lru", "specter"):
+        eng = _cuda_engine(model, strategy)
+        if eng.strategy.speculative:
+            eng._draft = DraftExperts(eng.info, eng.draft_spec, pack=True)  # the layout a GPU holds
+        run = eng.prepare(IDS, max_new_tokens=4)
+        pools = sum(t.numel() * t.element_size() for pool in run.store.pools for t in pool.values())
+        draft = eng._draft.stored_bytes() if eng.strategy.speculative else 0
+        held, budget = pools + draft, eng.split.budget_bytes
+        assert held <= 1.02 * budget, f"{strategy}: holds {held:,} B for a budget of {budget:,} B"
+        run.execute()
+        run.store.release()
+        assert sum(t.numel() for pool in run.store.pools for t in pool.values()) == 0  # nothing outlives the run
+
+
+def test_calibrated_profile_is_still_labelled_simulated(model):
+    prof = sl.HardwareProfile(**{**vars(sl.PROFILES["rtx4090-pcie4"]), "name": "my-gpu", "measured": True})
+    r = sl.Engine(model, None, "lru", hardware=prof).generate(IDS, max_new_tokens=3)
+    assert r.trace.meta["simulated"] and r.trace.meta["clock"] == "simulated:my-gpu (calibrated)"

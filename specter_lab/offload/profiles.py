@@ -49,7 +49,8 @@ class HardwareProfile:
 
     @property
     def clock_label(self) -> str:
-        return f"cuda:{self.name}" if self.measured else f"simulated:{self.name}"
+        # Always "simulated": a profile calibrated on a GPU prices runs; only the CUDA clock measures them.
+        return f"simulated:{self.name}" + (" (calibrated)" if self.measured else "")
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
