@@ -20,7 +20,7 @@ from .offload.profiles import get_profile
 from .offload.shapes import get_cost_shape
 from .prompts import heldout_prompts
 from .quant import QuantSpec
-from .runs import run_prompts
+from .runs import DoesNotFit, run_prompts, try_engine
 from .strategies import BASELINES, STRATEGIES, get_strategy
 from .units import parse_budget
 
@@ -30,7 +30,7 @@ __all__ = ["compare", "fidelity", "summarize", "heldout_prompts", "ablations", "
 COMPARE_COLUMNS = ["strategy", "hardware", "prompt", "expert_budget", "tpot_ms", "acceptance_rate", "recall",
                    "precision", "hit_rate", "h2d_bytes_per_token", "stall_ms_per_token", "mean_accepted",
                    "slots_per_layer", "draft_bytes", "device_bytes", "budget_bytes", "new_tokens", "clock",
-                   "projected", "cost_shape"]
+                   "projected", "cost_shape", "host_experts_per_token", "fits"]
 
 
 def _as_list(x) -> list:
@@ -60,16 +60,25 @@ def compare(model, tokenizer, strategies: Sequence[str] | None = None, prompts: 
         raise ValueError("prompts is empty: give at least one prompt.")
     # Build every engine first, so a bad budget for any strategy fails before the long part starts. The CUDA
     # clock measures this model as it is: a cost shape applies to the simulated profiles only.
-    engines = {(s, h, b): Engine(model, tokenizer, s, expert_budget=b, hardware=h,
-                                 cost_shape=None if h == "cuda" else cost_shape,
-                                 k=k if get_strategy(s).speculative else None, draft=draft, **engine_kw)
+    # A strategy the budget cannot hold (its draft plus a slot per layer) is a row that says so, not an error.
+    engines = {(s, h, b): try_engine(model, tokenizer, s, expert_budget=b, hardware=h,
+                                     cost_shape=None if h == "cuda" else cost_shape,
+                                     k=k if get_strategy(s).speculative else None, draft=draft, **engine_kw)
                for b in budgets for h in hws for s in strategies}
+    if all(isinstance(e, DoesNotFit) for e in engines.values()):
+        raise ValueError(f"expert_budget={expert_budget!r} is too small for every strategy asked for: "
+                         f"{next(iter(engines.values())).reason}")
     rows = []
     with tqdm(total=len(engines) * len(prompts), desc="compare", disable=not progress) as bar:
         for (s, h, b), engine in engines.items():
+            if isinstance(engine, DoesNotFit):
+                rows.append({"strategy": s, "hardware": h, "expert_budget": b, "tpot_ms": float("nan"),
+                             "fits": engine.label})
+                bar.update(len(prompts))
+                continue
             for i, m in enumerate(run_prompts(engine, prompts, max_new_tokens, bar).metrics):
                 rows.append({**{c: m.get(c) for c in COMPARE_COLUMNS if c in m},
-                             "strategy": s, "hardware": h, "prompt": i, "expert_budget": b})
+                             "strategy": s, "hardware": h, "prompt": i, "expert_budget": b, "fits": "yes"})
     df = pd.DataFrame(rows)
     return df[[c for c in COMPARE_COLUMNS if c in df.columns]]
 

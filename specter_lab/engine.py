@@ -359,7 +359,8 @@ class Engine:
         store.fault_hook = self.fault_hook
         draft = DraftSource(cfg.variant, self.draft if st.speculative and cfg.uses_lowbit else None,
                             self.draft_expert_bytes, cfg.hybrid_experts if cfg.variant == "hybrid" else 0)
-        rt = OffloadRuntime(self.info, store, clock, self.cost, trace, draft=draft, gate_lookahead=st.prefetch == "gate")
+        rt = OffloadRuntime(self.info, store, clock, self.cost, trace, draft=draft, gate_lookahead=st.prefetch == "gate",
+                            miss=st.miss)
         dec = Decoder(self.model, rt, Sampling(do_sample, float(temperature), float(top_p), seed),
                       self.info.eos_token_ids, max_new_tokens, callback, keep_cache=st.keep, rewindable=st.speculative)
         return Run(self, ids, trace, clock, store, rt, dec, self._speculation(store) if st.speculative else None)

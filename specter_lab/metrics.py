@@ -27,6 +27,7 @@ def compute_metrics(trace: Trace) -> dict[str, Any]:
     out["prefill_ms"] = float(st.end.iloc[0] - st.start.iloc[0]) if len(st) else float("nan")
     out.update(_windows(st, co, out["hit_rate"]))
     out.update(_rewinds(st, co, decode_tokens))
+    out.update(_host(f["cache"], co, decode_tokens))
     out["recall"], out["precision"] = forecast_quality(f)
     return out
 
@@ -79,6 +80,13 @@ def _rewinds(st: pd.DataFrame, co: pd.DataFrame, decode_tokens: int) -> dict[str
     ms = lambda phase: float((dec[dec.phase == phase].end - dec[dec.phase == phase].start).sum()) / decode_tokens
     return {"recompute_tokens": int(st.recomputed.sum()) if "recomputed" in st else 0,
             "recompute_ms_per_token": ms("recompute"), "snapshot_ms_per_token": ms("snapshot")}
+
+
+def _host(ce: pd.DataFrame, co: pd.DataFrame, decode_tokens: int) -> dict[str, float]:
+    """Host execution: missed experts computed on the host CPU per token, and the host lane's busy time."""
+    host = co[(co.step >= 1) & (co.lane == "host")] if "lane" in co else co.iloc[:0]
+    return {"host_experts_per_token": int(((ce.step >= 1) & (ce.event == "host")).sum()) / decode_tokens,
+            "host_ms_per_token": float((host.end - host.start).sum()) / decode_tokens}
 
 
 def forecast_hits(frames: dict[str, pd.DataFrame]) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:

@@ -61,6 +61,9 @@ def default_candidates(num_experts: int, draft=None, k: "int | str | None" = Non
     cands: list[tuple[str, str, dict[str, Any]]] = [
         ("lru", "lru", {}),
         ("gate_lookahead", "gate_lookahead", {}),
+        # host execution: misses computed on the host CPU (every miss, or where a copy does not pay)
+        ("fiddler", "fiddler", {}),
+        ("host_lru", "host_lru", {}),
     ]
     drafts = [
         ("int4", DraftSpec("quantized", QuantSpec(4, 64))),
@@ -76,6 +79,9 @@ def default_candidates(num_experts: int, draft=None, k: "int | str | None" = Non
     for dname, d in drafts:
         for kk in ks:
             cands.append((f"spec {dname} k={kk}", "specter_plus", {"draft": d, "k": kk}))
+    for dname, d in drafts[:1]:  # speculation + host execution of what the forecast missed
+        for kk in ks[-2:]:
+            cands.append((f"spec+host {dname} k={kk}", "specter_host", {"draft": d, "k": kk}))
     return cands
 
 

@@ -23,6 +23,9 @@ class Strategy:
     * ``eviction``    – ``lru`` | ``lfu`` | ``forecast`` (furthest forecast next use, then recency).
     * ``k``           – draft length, or ``"auto"`` for the per-window governor.
     * ``shared_slots`` – one slot pool for all layers, re-divided each window by the forecast's demand.
+    * ``miss``        – what a miss after the prefill does: ``copy`` it (and keep it), compute it on the ``host``
+      CPU from its host copy (nothing copied on demand), or decide per miss (``auto``): see
+      :mod:`specter_lab.offload.hostexec`.
     """
 
     name: str
@@ -34,6 +37,7 @@ class Strategy:
     protect: bool = True
     keep: bool = True  # False: drop every expert after use (no cache at all)
     shared_slots: bool = False  # slots shared across layers by forecast demand instead of a fixed M per layer
+    miss: str = "copy"  # copy | host | auto (host execution of missed experts)
     description: str = ""
 
     def with_options(self, **kw) -> "Strategy":
@@ -59,6 +63,14 @@ STRATEGIES: dict[str, Strategy] = {
         Strategy("specter_plus", speculative=True, prefetch="draft", chunking="budgeted", eviction="forecast",
                  k="auto", description="beyond the paper: furthest-forecast eviction, bandwidth-aware prefetch, "
                  "K governor"),
+        Strategy("fiddler", miss="host", description="Fiddler-style: the device keeps what the prompt loaded "
+                 "(its most used experts, LRU), every later miss is computed on the host CPU, nothing is copied"),
+        Strategy("host_lru", miss="auto", description="LRU cache that copies a miss only when its expected reuse "
+                 "pays for the copy, else computes it on the host CPU (llama.cpp / ktransformers users' choice, "
+                 "decided per miss)"),
+        Strategy("specter_host", speculative=True, prefetch="draft", chunking="adaptive", eviction="lru", k=8,
+                 miss="host", description="specter's draft and lookahead prefetch; what the forecast missed "
+                 "is computed on the host during verification instead of copied (SpecMoEOff / MoE-SpAc style)"),
         Strategy("auto", description="the planner's choice for this model, budget and hardware (sl.plan): "
                  "any of the above, a draft variant, bits, K, or no speculation"),
         Strategy("oracle", speculative=True, prefetch="oracle", chunking="adaptive", eviction="forecast", k=8,
@@ -68,7 +80,7 @@ STRATEGIES: dict[str, Strategy] = {
 
 
 # What the paper's method is compared with: every strategy that is not Specter, its extension or a bound.
-BASELINES = ("on_demand", "lru", "gate_lookahead", "spec_lru", "specmoeoff")
+BASELINES = ("on_demand", "lru", "gate_lookahead", "spec_lru", "specmoeoff", "fiddler", "host_lru")
 
 
 def get_strategy(name: "str | Strategy") -> Strategy:

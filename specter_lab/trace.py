@@ -75,7 +75,8 @@ class ForecastRecord:
 
 @dataclass(slots=True)
 class CacheEvent:
-    """hit | miss | prefetch | prefetch_used | prefetch_wasted | evict, for one (layer, expert)."""
+    """hit | miss | host | prefetch | prefetch_used | prefetch_wasted | evict, for one (layer, expert). ``host``
+    follows a ``miss`` that was computed on the host CPU instead of copied (host execution)."""
 
     step: int
     layer: int
@@ -113,6 +114,7 @@ class ComputeSpan:
     end: Handle
     stall: Handle  # while recording: the handle of when the lane was ready; finalize() makes it ms of waiting
     copy_id: int | None = None
+    lane: str = "device"  # device | host (an expert computed on the host CPU: host execution)
 
 
 _RECORDS = {"steps": StepRecord, "tokens": TokenRecord, "forecast": ForecastRecord, "cache": CacheEvent,
@@ -168,10 +170,11 @@ class Trace:
             self.transfers.append(Transfer(tid, self.step, layer, expert, slot, nbytes, start, end, reason))
         return tid
 
-    def span(self, phase: str, layer: int, expert: int, span, copy_id: int | None = None) -> None:
+    def span(self, phase: str, layer: int, expert: int, span, copy_id: int | None = None,
+             lane: str = "device") -> None:
         if self.full:
             self.compute.append(ComputeSpan(self.step, phase, layer, expert, span.start, span.end,
-                                            span.stall_from, copy_id))
+                                            span.stall_from, copy_id, lane))
 
     def routed(self, source: str, layer: int, pos0: int, index_array) -> None:
         if self.record_routing and self.full:

@@ -104,7 +104,7 @@ def _cuda_engine(model, strategy, trace="full", **kw):
     return eng
 
 
-@pytest.mark.parametrize("strategy", ["lru", "specter"])
+@pytest.mark.parametrize("strategy", ["lru", "specter", "fiddler", "specter_host"])
 def test_cuda_path_is_lossless_and_placed(model, ref, fake_cuda, strategy):
     eng = _cuda_engine(model, strategy)
     assert fake_cuda.placed == ["place"], "a CPU-loaded model must be placed for offloading, not run as is"

@@ -83,6 +83,9 @@ def check_trace_times(transfers, compute, phases=("prefill", "decode", "verify")
     by_id = {t.id: t for t in transfers}
     for c in compute:
         assert c.stall >= -EPS and c.end >= c.start
+        if getattr(c, "lane", "device") == "host":  # host execution reads the host copy, never a slot
+            assert c.copy_id is None and c.expert >= 0
+            continue
         if c.layer < 0 or c.expert < 0 or c.phase not in phases:
             continue
         assert c.copy_id in by_id, f"compute of layer {c.layer} expert {c.expert} names no recorded copy"
@@ -241,6 +244,16 @@ def test_engine_runs_keep_the_invariants(family, strategy, slots, eviction, ids,
                    if rec.source == "target")
     events = [ev.event for ev in r.trace.cache_events]
     assert events.count("hit") + events.count("miss") == requests
+    # every miss computed on the host is one host-lane span, and only misses are (host execution)
+    host_spans = [c for c in r.trace.compute if c.lane == "host"]
+    assert events.count("host") == len(host_spans) <= events.count("miss")
+    if sl.STRATEGIES[strategy].miss == "copy":
+        assert not host_spans
+    # every miss computed on the host is one host-lane span, and only misses are (host execution)
+    host_spans = [c for c in r.trace.compute if c.lane == "host"]
+    assert events.count("host") == len(host_spans) <= events.count("miss")
+    if sl.STRATEGIES[strategy].miss == "copy":
+        assert not host_spans
     f = r.frames()
     assert len(f["transfers"]) == len(r.trace.transfers)
     assert (f["compute"].stall >= -EPS).all()

@@ -26,6 +26,16 @@ class Span:
     stall_from: Handle | None = None  # compute only: when it became ready to run before waiting on copies
 
 
+class Done:
+    """A host job that already ran (the simulated clock runs host work at once, like its copies)."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def result(self) -> Any:
+        return self.value
+
+
 def stamper(clock, traced: bool) -> Callable[[], Handle]:
     """``clock.now`` where a time is needed: always on the simulated clock (free, and it prices issue times),
     on CUDA only when the trace records per-op events (each stamp is an event record on the stream)."""
@@ -42,6 +52,7 @@ class SimClock:
         self.profile = profile
         self.compute_t = 0.0
         self.copy_t = 0.0
+        self.host_t = 0.0  # the host CPU's own timeline: experts computed there (host execution)
 
     @property
     def label(self) -> str:
@@ -63,6 +74,20 @@ class SimClock:
         out = fn() if fn is not None else None
         self.compute_t = start + duration
         return Span(start, self.compute_t, ready), out
+
+    def host(self, duration: float, fn: Callable[[], Any], after: Iterable[Handle] = ()) -> tuple[Span, "Done"]:
+        """Work on the host CPU (a third resource): it starts when the host is free and its inputs are there
+        (issued now, from the compute stream's point of view), and runs beside device compute and copies. The
+        result is collected with :meth:`join_host`."""
+        start = max([self.host_t, self.compute_t, *[a for a in after if a is not None]])
+        self.host_t = start + duration
+        return Span(start, self.host_t, start), Done(fn())
+
+    def join_host(self, span: Span, job: "Done") -> tuple[Span, Any]:
+        """The device waits for a host result (the wait is a stall when the host is the slower side)."""
+        out, _ = job.result(), None
+        wait, _ = self.compute(0.0, after=[span.end])
+        return wait, out
 
     def elapsed(self, a: Handle, b: Handle) -> float:
         """Seconds from handle a to handle b."""
@@ -91,6 +116,7 @@ class CudaClock:
         self.device = device or torch.device("cuda")
         self.timing = timing
         self.copy_stream = torch.cuda.Stream(device=self.device)
+        self._pool = None  # one host worker thread, started on first host job (matmuls release the GIL)
         self.base = self._event()
         self.label = f"cuda:{torch.cuda.get_device_name(self.device)}"
 
@@ -122,6 +148,24 @@ class CudaClock:
         start = self._event(stream) if self.timing else None
         out = fn() if fn is not None else None
         return Span(start, self._event(stream, self.timing), ready), out
+
+    def host(self, duration: float, fn: Callable[[], Any], after: Iterable[Handle] = ()) -> tuple[Span, Any]:
+        """Run ``fn`` (host tensors in, host tensors out) on a worker thread, so the host computes while this
+        thread goes on issuing device work. ``after`` must already be complete (host inputs); the span's end is
+        stamped when :meth:`join_host` collects the result."""
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specter-host")
+        start = self._event() if self.timing else None
+        return Span(start, None, start), self._pool.submit(fn)
+
+    def join_host(self, span: Span, job) -> tuple[Span, Any]:
+        """Block this thread until the host job is done (the device may still be busy with earlier work: no
+        device sync), then stamp the span's end."""
+        out = job.result()
+        span.end = self._event(timing=self.timing) if self.timing else None
+        return Span(span.end, span.end, span.end), out
 
     def elapsed(self, a: Handle, b: Handle) -> float:
         return a.elapsed_time(b) / 1e3

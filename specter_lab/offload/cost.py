@@ -54,11 +54,12 @@ class CostModel:
         nbytes = self.expert_bytes if weight_bytes is None else weight_bytes
         return self._op(2.0 * self.expert_params * n_tokens, nbytes + 4 * self.hidden * n_tokens, kernels)
 
-    def host_expert_time(self, n_tokens: int) -> float:
-        """One fp expert computed on the host CPU (``host`` draft): weights streamed from DRAM at fp32 width
-        (host copies are kept at compute precision there), plus moving the activations both ways."""
+    def host_expert_time(self, n_tokens: int, weight_bytes: float = 4.0) -> float:
+        """One fp expert computed on the host CPU: weights streamed from DRAM at ``weight_bytes`` per weight
+        (4: the ``host`` draft prices fp32 host copies; host execution passes the deployment dtype's width),
+        plus two copy latencies for the activations (their bytes are negligible at batch 1)."""
         p = self.profile
-        nbytes = self.expert_params * 4
+        nbytes = self.expert_params * weight_bytes
         t = max(2.0 * self.expert_params * n_tokens / p.cpu_flops, nbytes / p.cpu_mem_bandwidth)
         return t + 2 * p.copy_latency
 

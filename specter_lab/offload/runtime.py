@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from .clock import stamper
+from .hostexec import MissPolicy
 from .experts import combine, expert_apply, route_groups
 
 __all__ = ["OffloadRuntime", "ForwardInfo", "DraftSource", "HOOK_POINTS"]
@@ -64,7 +65,7 @@ class OffloadRuntime:
     """State of one attached engine during generation: store, clock, trace, draft, predictors."""
 
     def __init__(self, info, store, clock, cost, trace, draft: DraftSource | None = None,
-                 gate_lookahead: bool = False) -> None:
+                 gate_lookahead: bool = False, miss: str = "copy") -> None:
         self.info = info
         self.store = store
         self.clock = clock
@@ -74,6 +75,10 @@ class OffloadRuntime:
         self.draft = draft or DraftSource()
         self.hybrid_sets: list[set[int]] = [set() for _ in info.layers]  # hybrid draft: experts with low-bit copies
         self.gate_lookahead = gate_lookahead
+        # Host execution (:mod:`.hostexec`): what a miss after the prefill does.
+        self.miss = miss
+        self.miss_policy = MissPolicy([l.num_experts for l in info.layers], [s.size for s in store.slots],
+                                      [l.top_k for l in info.layers]) if miss == "auto" else None
         self.hooks: dict[str, list[Callable]] = {name: [] for name in HOOK_POINTS}
         self.fwd: ForwardInfo | None = None  # the forward in progress (set only by forward())
         self._protect: dict[int, set[int]] = {}  # gate lookahead: next layer's predicted experts, this forward
@@ -147,6 +152,10 @@ class OffloadRuntime:
             self.trace.cache(layer, e, "hit", now)
         for e in missing:
             self.trace.cache(layer, e, "miss", now)
+        # Host execution: issue the host's experts first, so they run while the device computes its own.
+        on_host = self._host_misses(layer, missing, groups)
+        jobs = self._issue_host(layer, mod, x, on_host, groups, now)
+        missing = [e for e in missing if e not in jobs]
         loaded, deferred = self._issue_demand(layer, set(ids), missing, now)
         if self.gate_lookahead and layer + 1 < self.info.num_layers:
             self._gate_prefetch(layer + 1, x)
@@ -158,7 +167,63 @@ class OffloadRuntime:
             if slot is None:
                 raise RuntimeError(f"layer {layer}: no slot can be freed for expert {e} (slots={store.slots[layer].size})")
             outs[e] = self._compute(layer, mod, x, e, groups[e], slot)
+        outs.update(self._join_host(layer, mod, jobs, x))
         return combine(x, outs, groups, w)
+
+    # ------------------------------------------------------------------ host execution
+    def _host_misses(self, layer: int, missing: list[int], groups) -> list[int]:
+        """The misses this forward computes on the host: none in the prefill (its many tokens make a copy pay)
+        or under ``miss='copy'``; all under ``'host'``; under ``'auto'`` those whose copy does not pay."""
+        if self.miss == "copy" or self.fwd.phase == "prefill" or not missing:
+            return []
+        if self.miss == "host":
+            return list(missing)
+        pol, c, store = self.miss_policy, self.cost, self.store
+        pol.observe(layer, self.fwd.routing[layer])
+        cands = [(j, e) for j, e in enumerate(store.slots[layer].expert) if e not in groups]
+        victim = None if -1 in store.slots[layer].expert or not cands else store.policy.victim(layer, cands)
+        victim_e = store.slots[layer].expert[victim] if victim is not None else None
+        saving = self._host_time(1) - c.expert_time(1)
+        host = []
+        for e in missing:
+            n = groups[e].n
+            extra = c.copy_time(c.expert_bytes) + c.expert_time(n) - self._host_time(n)
+            if not pol.copy_pays(layer, e, victim_e, extra, saving):
+                host.append(e)
+        return host
+
+    def _host_time(self, n: int) -> float:
+        # the host reads the expert at the weights' width (its copy is the model's own dtype), and the
+        # activations cross the link both ways
+        c = self.cost
+        return c.host_expert_time(n, weight_bytes=c.weight_bytes) + 2 * 4 * c.hidden * n / c.profile.pcie_bandwidth
+
+    def _issue_host(self, layer: int, mod, x, experts: list[int], groups, now) -> dict:
+        """Submit each host expert to the clock's host lane; returns expert → (span, job)."""
+        if not experts:
+            return {}
+        xh = x.cpu()  # one readback of the layer's input for all its host experts (x is ready: routing synced)
+        host = self.store.host[layer]
+        jobs = {}
+        for e in experts:
+            weights = {n: h[e] for n, h in host.items()}
+            rows = groups[e].take(xh)
+            jobs[e] = self.clock.host(self._host_time(groups[e].n),
+                                      lambda rows=rows, weights=weights: expert_apply(mod, rows, weights, post_norm=False))
+            self.trace.cache(layer, e, "host", now)
+        return jobs
+
+    def _join_host(self, layer: int, mod, jobs: dict, x) -> dict:
+        """Collect the host results (the device waits for any not done yet: a stall on the device lane) and
+        move them to the device, where a post-expert norm runs (its weights live there)."""
+        outs = {}
+        for e, (span, job) in jobs.items():
+            wait, out = self.clock.join_host(span, job)
+            self.trace.span(self.fwd.phase, layer, e, span, lane="host")
+            self.trace.span(self.fwd.phase, layer, -1, wait)  # the device waiting for it (zero width, a stall)
+            out = out.to(x.device, non_blocking=True)
+            outs[e] = mod.post_expert_norm(out) if getattr(mod, "has_post_expert_norm", False) else out
+        return outs
 
     def _issue_demand(self, layer: int, needed: set[int], missing: list[int], now) -> tuple[list[int], list[int]]:
         """Issue every demand copy that has a slot not needed by this layer, before computing anything, so the

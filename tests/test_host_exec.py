@@ -1,0 +1,75 @@
+"""Host execution of missed experts (``fiddler``, ``host_lru``, ``specter_host``): exact, on its own lane of the
+clock, and deciding copy-or-host from the profile. Losslessness on the six families is in test_lossless (every
+strategy of ``sl.STRATEGIES``)."""
+
+from dataclasses import replace
+
+import pytest
+
+import specter_lab as sl
+from conftest import hf_greedy
+
+IDS = [17, 3, 99, 42, 42, 7, 200, 11]
+N = 24
+HOST_STRATEGIES = [s for s, st in sl.STRATEGIES.items() if st.miss != "copy"]
+
+
+def _run(model, strategy, hardware="rtx4090-pcie4", budget=0.35, **kw):
+    return sl.Engine(model, None, strategy, expert_budget=budget, hardware=hardware, cost_shape="deepseek-v2-lite",
+                     **kw).generate(IDS, max_new_tokens=N)
+
+
+def test_host_strategies_exist_and_are_exact_on_the_bundled_model():
+    model, tok = sl.load_model("tiny")
+    assert {"fiddler", "host_lru", "specter_host"} <= set(HOST_STRATEGIES)
+    ref = hf_greedy(model, IDS, N)
+    for s in HOST_STRATEGIES:
+        r = _run(model, s)
+        assert r.token_ids == ref, s
+        assert r.metrics["host_experts_per_token"] > 0, f"{s} computed nothing on the host at budget 0.35"
+
+
+def test_fiddler_copies_nothing_after_the_prefill(model):
+    r = _run(model, "fiddler")
+    tr = r.frames()["transfers"]
+    assert len(tr[tr.step == 0]) > 0 and len(tr[tr.step >= 1]) == 0  # the prompt fills the cache, then frozen
+    ce = r.frames()["cache"]
+    dec = ce[ce.step >= 1]
+    assert (dec.event == "host").sum() == (dec.event == "miss").sum() > 0  # every decode miss ran on the host
+
+
+def test_host_lane_overlaps_the_device(model):
+    """A host expert runs beside the device's own experts of the same layer, not after them: its span overlaps
+    a device expert span of the same forward."""
+    r = _run(model, "fiddler", budget=0.5)
+    co = r.frames()["compute"]
+    co = co[co.step >= 1]
+    host, dev = co[co.lane == "host"], co[(co.lane == "device") & (co.expert >= 0)]
+    overlapping = 0
+    for h in host.itertuples():
+        same = dev[(dev.step == h.step) & (dev.layer == h.layer)]
+        overlapping += bool(((same.start < h.end) & (same.end > h.start)).any())
+    assert len(host) and overlapping > 0.5 * len(host), f"{overlapping} of {len(host)} host spans overlap the device"
+    assert (co[co.lane == "host"].copy_id.isna()).all()
+
+
+def test_host_lru_decides_from_the_profile(model):
+    """Where the host is very slow, a copy pays and host_lru copies (few host experts); where the link is very
+    slow, nothing pays for its copy and host_lru computes every miss on the host, as fiddler does."""
+    base = sl.PROFILES["rtx4090-pcie4"]
+    slow_host = replace(base, name="slow-host", cpu_mem_bandwidth=1e8, cpu_flops=1e9)
+    slow_link = replace(base, name="slow-link", pcie_bandwidth=1e8)
+    copied = _run(model, "host_lru", hardware=slow_host).metrics
+    fiddler = _run(model, "fiddler", hardware=slow_host).metrics
+    assert copied["host_experts_per_token"] < 0.5 * fiddler["host_experts_per_token"]
+    assert copied["tpot_ms"] < fiddler["tpot_ms"]
+    on_host = _run(model, "host_lru", hardware=slow_link).metrics
+    assert on_host["host_experts_per_token"] == pytest.approx(
+        _run(model, "fiddler", hardware=slow_link).metrics["host_experts_per_token"], rel=0.1)
+
+
+def test_host_time_is_priced_and_labelled(model):
+    r = _run(model, "fiddler")
+    m = r.metrics
+    assert m["host_ms_per_token"] > 0 and m["h2d_bytes_per_token"] == 0
+    assert r.trace.meta["simulated"]
