@@ -19,6 +19,7 @@ from .errors import BudgetTooSmall, CopyFault, NotExact
 from .fidelity import fidelity
 from .model import inspect_model, load_model, tiny_random_model
 from .offload.calibrate import calibrate
+from .offload.hostcal import calibrate_host
 from .offload.profiles import PROFILES, HardwareProfile
 from .offload.shapes import COST_SHAPES, CostShape
 from .planner import Plan, plan, regime_map
@@ -30,7 +31,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Engine", "GenerationResult", "load_model", "inspect_model", "tiny_random_model", "HardwareProfile", "PROFILES",
-    "COST_SHAPES", "CostShape", "calibrate", "QuantSpec", "DraftSpec", "DRAFT_VARIANTS", "STRATEGIES", "Strategy",
+    "COST_SHAPES", "CostShape", "calibrate", "calibrate_host", "QuantSpec", "DraftSpec", "DRAFT_VARIANTS", "STRATEGIES", "Strategy",
     "compare", "summarize", "fidelity", "plan", "Plan", "regime_map", "heldout_prompts", "BudgetTooSmall",
     "CopyFault", "NotExact", "viz",
 ]

@@ -198,7 +198,13 @@ def _print_bench(out, df, summ, a, spec, prompts) -> None:
 # ----------------------------------------------------------------------------------------- calibrate
 def cmd_calibrate(a) -> int:
     from .offload.calibrate import calibrate
+    from .offload.hostcal import calibrate_host
 
+    if a.host:  # no GPU needed: the host CPU's expert times, combined with any profile as '<profile>+host'
+        host = calibrate_host(hidden=a.hidden, intermediate=a.intermediate, save=True)
+        print(host.to_json())
+        print("saved: use hardware='<profile>+host', e.g. 'rtx4090-pcie4+host'")
+        return 0
     prof = calibrate(a.name, save=True)
     print(prof.to_json())
     print(f"saved: use hardware={a.name!r}")
@@ -239,8 +245,11 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--json", action="store_true")
     b.add_argument("--html", default=None)
     b.set_defaults(fn=cmd_bench)
-    c = sub.add_parser("calibrate", help="measure this CUDA machine's profile and save it")
+    c = sub.add_parser("calibrate", help="measure this CUDA machine's profile (or, with --host, its CPU) and save it")
     c.add_argument("--name", default="calibrated")
+    c.add_argument("--host", action="store_true", help="time expert-sized SwiGLU on this CPU instead (no GPU)")
+    c.add_argument("--hidden", type=int, default=2048, help="--host: expert hidden size (DeepSeek-V2-Lite's)")
+    c.add_argument("--intermediate", type=int, default=1408, help="--host: expert intermediate size")
     c.set_defaults(fn=cmd_calibrate)
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (default 1: the bundled model's ops are too small to share)")

@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 
 import specter_lab as sl
+from specter_lab.offload.profiles import get_profile
 from conftest import hf_greedy
 
 IDS = [17, 3, 99, 42, 42, 7, 200, 11]
@@ -73,3 +74,22 @@ def test_host_time_is_priced_and_labelled(model):
     m = r.metrics
     assert m["host_ms_per_token"] > 0 and m["h2d_bytes_per_token"] == 0
     assert r.trace.meta["simulated"]
+
+
+def test_calibrate_host_and_the_plus_host_profile(model, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECTER_LAB_PROFILES", str(tmp_path))
+    with pytest.raises(ValueError, match="calibrate_host"):
+        sl.Engine(model, None, "fiddler", hardware="rtx4090-pcie4+host")  # nothing saved yet: says how
+    host = sl.calibrate_host(hidden=256, intermediate=128, k=3, dtypes=("float32",))
+    assert (tmp_path / "host.json").is_file() and host.tokens == [1, 4]
+    assert all(t > 0 for t in host.expert_s["float32"]) and host.dram_bandwidth > 0
+    prof = get_profile("rtx4090-pcie4+host")
+    assert prof.name == "rtx4090-pcie4+host" and prof.cpu_mem_bandwidth == host.cpu_mem_bandwidth
+    r = sl.Engine(model, None, "fiddler", hardware="rtx4090-pcie4+host", expert_budget=0.35).generate(IDS, max_new_tokens=6)
+    assert r.metrics["profile"] == "rtx4090-pcie4+host" and r.trace.meta["clock"] == "simulated:rtx4090-pcie4+host"
+    # the fitted fields reproduce what was measured, through the cost model's own formula
+    cost = sl.Engine(model, None, "fiddler", hardware=prof).cost
+    cost_p = 3 * 256 * 128
+    t1 = max(2 * cost_p / prof.cpu_flops, cost_p * 4 / prof.cpu_mem_bandwidth)
+    assert t1 == pytest.approx(host.expert_s["float32"][0], rel=0.05)
+    assert cost.profile is prof or cost.profile.name == prof.name

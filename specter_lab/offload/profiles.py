@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 GB = 1e9
@@ -90,6 +90,26 @@ def profile_dir() -> Path:
     return Path(os.environ.get("SPECTER_LAB_PROFILES", Path.home() / ".cache" / "specter_lab" / "profiles"))
 
 
+HOST_FILE = "host.json"  # written by calibrate_host() (offload/hostcal.py)
+
+
+def saved_host(path: Path | None = None) -> dict:
+    """The saved host calibration as a dict (see :func:`specter_lab.calibrate_host`)."""
+    path = path or profile_dir() / HOST_FILE
+    if not path.is_file():
+        raise ValueError(f"no host calibration at {path}: run sl.calibrate_host() or `specter-lab calibrate --host` "
+                         "first (it needs no GPU), or use a profile name without '+host'.")
+    return json.loads(path.read_text())
+
+
+def with_host(profile: HardwareProfile, host: dict | None = None) -> HardwareProfile:
+    """``profile`` with this machine's measured host fields, named ``<profile>+host`` so every output says so."""
+    host = host if host is not None else saved_host()
+    return replace(profile, name=f"{profile.name}+host", cpu_mem_bandwidth=host["cpu_mem_bandwidth"],
+                   cpu_flops=host["cpu_flops"],
+                   notes=f"{profile.notes}; host measured by calibrate_host ({host['dtype']}, {host['threads']} threads)")
+
+
 def get_profile(hardware: "str | HardwareProfile | None") -> HardwareProfile | None:
     """Resolve ``hardware=``: a profile, a preset name, a saved calibrated profile name or JSON path.
 
@@ -112,6 +132,8 @@ def get_profile(hardware: "str | HardwareProfile | None") -> HardwareProfile | N
         return None
     if hardware in PROFILES:
         return PROFILES[hardware]
+    if hardware.endswith("+host") and hardware != "cuda+host":
+        return with_host(get_profile(hardware[: -len("+host")]))
     for candidate in (Path(hardware), profile_dir() / f"{hardware}.json"):
         if candidate.suffix == ".json" and candidate.is_file():
             return HardwareProfile.from_json(candidate.read_text())
