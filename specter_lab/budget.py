@@ -8,7 +8,7 @@ from typing import Any
 from .errors import BudgetTooSmall
 from .units import parse_budget
 
-__all__ = ["BudgetSplit", "split_budget", "split_slots"]
+__all__ = ["BudgetSplit", "split_budget", "split_slots", "split_static"]
 
 
 @dataclass
@@ -59,3 +59,18 @@ def split_budget(info, expert_budget, draft_bytes: int, expert_bytes: int, strat
             "bytes.", need, need / full)
     slots = [min(int(per_layer), l.num_experts) for l in info.layers]
     return BudgetSplit(budget, draft_bytes, slots, expert_bytes)
+
+
+def split_static(info, expert_budget, expert_bytes: int, strategy: str) -> BudgetSplit:
+    """llama.cpp's ``--n-cpu-moe N`` at equal memory: whole layers' experts on the device, from the last layer
+    back, as many as the budget holds; the first N layers keep every expert on the host (0 slots). What is left
+    of the budget below one whole layer stays unused, as it does there."""
+    full = expert_bytes * sum(l.num_experts for l in info.layers)
+    budget = parse_budget(0.5 if expert_budget is None else expert_budget).resolve(full)
+    slots, left = [0] * info.num_layers, budget
+    for i in reversed(range(info.num_layers)):
+        need = info.layers[i].num_experts * expert_bytes
+        if need > left:
+            break
+        slots[i], left = info.layers[i].num_experts, left - need
+    return BudgetSplit(budget, 0, slots, expert_bytes)

@@ -18,7 +18,7 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-from .budget import BudgetSplit, split_budget, split_slots
+from .budget import BudgetSplit, split_budget, split_slots, split_static
 from .decode import (Decoder, Sampling, Speculation, StepInfo, StopGeneration, autoregressive, reference_greedy,
                      speculative)
 from .decode.exactness import family_speculation_check
@@ -254,6 +254,11 @@ class Engine:
 
     def _resolve_budget(self, expert_budget, cache_slots) -> BudgetSplit:
         eb, draft, name = self.cost.expert_bytes, self.draft_bytes, self.strategy.name
+        if self.strategy.static:
+            if cache_slots is not None:
+                raise ValueError(f"strategy={name!r} places whole layers, not slots: give expert_budget=, "
+                                 "not cache_slots=.")
+            return split_static(self.info, expert_budget, eb, name)
         if cache_slots is not None:
             return split_slots(self.info, cache_slots, draft, eb, name)
         return split_budget(self.info, expert_budget, draft, eb, name)
@@ -356,6 +361,10 @@ class Engine:
         store = ExpertStore(self.info, self.split.slots_per_layer, clock, self.cost, make_policy(st.eviction), trace,
                             self.device, host=self._host)
         self._host = store.host
+        if st.static:  # load time, before the prompt: the device layers get every expert once
+            for layer, size in enumerate(self.split.slots_per_layer):
+                for e in range(size):
+                    store.load(layer, e, "preload")
         store.fault_hook = self.fault_hook
         draft = DraftSource(cfg.variant, self.draft if st.speculative and cfg.uses_lowbit else None,
                             self.draft_expert_bytes, cfg.hybrid_experts if cfg.variant == "hybrid" else 0)

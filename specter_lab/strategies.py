@@ -26,6 +26,8 @@ class Strategy:
     * ``miss``        – what a miss after the prefill does: ``copy`` it (and keep it), compute it on the ``host``
       CPU from its host copy (nothing copied on demand), or decide per miss (``auto``): see
       :mod:`specter_lab.offload.hostexec`.
+    * ``static``      – no cache: the last layers that fit keep all their experts on the device (loaded before
+      the prompt), the first ``N`` layers compute every expert on the host (llama.cpp's ``--n-cpu-moe N``).
     """
 
     name: str
@@ -38,6 +40,7 @@ class Strategy:
     keep: bool = True  # False: drop every expert after use (no cache at all)
     shared_slots: bool = False  # slots shared across layers by forecast demand instead of a fixed M per layer
     miss: str = "copy"  # copy | host | auto (host execution of missed experts)
+    static: bool = False  # whole layers on the device or on the host, decided once (llama.cpp --n-cpu-moe)
     description: str = ""
 
     def with_options(self, **kw) -> "Strategy":
@@ -68,6 +71,8 @@ STRATEGIES: dict[str, Strategy] = {
         Strategy("host_lru", miss="auto", description="LRU cache that copies a miss only when its expected reuse "
                  "pays for the copy, else computes it on the host CPU (llama.cpp / ktransformers users' choice, "
                  "decided per miss)"),
+        Strategy("static_split", miss="host", static=True, description="llama.cpp --n-cpu-moe N at equal "
+                 "memory: whole layers' experts on the device, the first N layers' experts computed on the host"),
         Strategy("specter_host", speculative=True, prefetch="draft", chunking="adaptive", eviction="lru", k=8,
                  miss="host", description="specter's draft and lookahead prefetch; what the forecast missed "
                  "is computed on the host during verification instead of copied (SpecMoEOff / MoE-SpAc style)"),
@@ -80,7 +85,7 @@ STRATEGIES: dict[str, Strategy] = {
 
 
 # What the paper's method is compared with: every strategy that is not Specter, its extension or a bound.
-BASELINES = ("on_demand", "lru", "gate_lookahead", "spec_lru", "specmoeoff", "fiddler", "host_lru")
+BASELINES = ("on_demand", "lru", "gate_lookahead", "spec_lru", "specmoeoff", "fiddler", "host_lru", "static_split")
 
 
 def get_strategy(name: "str | Strategy") -> Strategy:

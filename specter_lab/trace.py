@@ -97,7 +97,7 @@ class Transfer:
     bytes: int
     start: Handle
     end: Handle
-    reason: str  # prefetch | demand
+    reason: str  # prefetch | demand | preload (static placement, before the prompt)
 
 
 @dataclass(slots=True)

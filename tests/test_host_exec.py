@@ -93,3 +93,20 @@ def test_calibrate_host_and_the_plus_host_profile(model, tmp_path, monkeypatch):
     t1 = max(2 * cost_p / prof.cpu_flops, cost_p * 4 / prof.cpu_mem_bandwidth)
     assert t1 == pytest.approx(host.expert_s["float32"][0], rel=0.05)
     assert cost.profile is prof or cost.profile.name == prof.name
+
+
+def test_static_split_is_llama_cpp_n_cpu_moe(model):
+    """Whole layers: the last ones that fit keep every expert on the device (loaded before the prompt), the
+    first N compute all theirs on the host; nothing moves while decoding."""
+    info = sl.inspect_model(model)
+    eng = sl.Engine(model, None, "static_split", expert_budget=0.5)
+    e = info.layers[0].num_experts
+    assert eng.split.slots_per_layer == [0] * (info.num_layers - info.num_layers // 2) + [e] * (info.num_layers // 2)
+    r = eng.generate(IDS, max_new_tokens=N)
+    tr = r.frames()["transfers"]
+    assert set(tr.reason) == {"preload"} and (tr.step == 0).all() and len(tr) == e * (info.num_layers // 2)
+    ce = r.frames()["cache"]
+    host_layers = set(ce[ce.event == "host"].layer)
+    assert host_layers == set(range(info.num_layers - info.num_layers // 2))
+    with pytest.raises(ValueError, match="expert_budget="):
+        sl.Engine(model, None, "static_split", cache_slots=2)

@@ -231,7 +231,9 @@ def greedy_ref(family, ids, n):
 def test_engine_runs_keep_the_invariants(family, strategy, slots, eviction, ids, n, k):
     model, info = tiny(family)
     speculative = sl.STRATEGIES[strategy].speculative
-    engine = sl.Engine(model, None, strategy, cache_slots=slots, eviction=eviction, k=k if speculative else None)
+    # static_split places whole layers from a byte budget, not slots
+    size = dict(expert_budget=slots / info.num_experts) if sl.STRATEGIES[strategy].static else dict(cache_slots=slots)
+    engine = sl.Engine(model, None, strategy, eviction=eviction, k=k if speculative else None, **size)
     run = engine.prepare(list(ids), max_new_tokens=n)
     r = run.execute()
     assert tuple(r.token_ids) == greedy_ref(family, ids, n)
@@ -244,11 +246,6 @@ def test_engine_runs_keep_the_invariants(family, strategy, slots, eviction, ids,
                    if rec.source == "target")
     events = [ev.event for ev in r.trace.cache_events]
     assert events.count("hit") + events.count("miss") == requests
-    # every miss computed on the host is one host-lane span, and only misses are (host execution)
-    host_spans = [c for c in r.trace.compute if c.lane == "host"]
-    assert events.count("host") == len(host_spans) <= events.count("miss")
-    if sl.STRATEGIES[strategy].miss == "copy":
-        assert not host_spans
     # every miss computed on the host is one host-lane span, and only misses are (host execution)
     host_spans = [c for c in r.trace.compute if c.lane == "host"]
     assert events.count("host") == len(host_spans) <= events.count("miss")

@@ -174,7 +174,11 @@ class OffloadRuntime:
     def _host_misses(self, layer: int, missing: list[int], groups) -> list[int]:
         """The misses this forward computes on the host: none in the prefill (its many tokens make a copy pay)
         or under ``miss='copy'``; all under ``'host'``; under ``'auto'`` those whose copy does not pay."""
-        if self.miss == "copy" or self.fwd.phase == "prefill" or not missing:
+        if not missing:
+            return []
+        if self.store.slots[layer].size == 0:  # a host layer (static split): every expert runs there
+            return list(missing)
+        if self.miss == "copy" or self.fwd.phase == "prefill":
             return []
         if self.miss == "host":
             return list(missing)
