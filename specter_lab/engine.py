@@ -391,7 +391,7 @@ class Engine:
         prefetcher = None
         if st.prefetch in ("draft", "oracle"):
             prefetcher = LookaheadPrefetcher(store, self.cost, chunking=st.chunking, protect=st.protect,
-                                             shared_slots=st.shared_slots and store.can_share())
+                                             shared_slots=st.shared_slots and store.can_share(), min_count=st.reuse)
         governor = None
         if st.k == "auto":
             # One governor per engine: what it learns about acceptance by depth and copy exposure carries

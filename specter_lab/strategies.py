@@ -26,6 +26,8 @@ class Strategy:
     * ``miss``        – what a miss after the prefill does: ``copy`` it (and keep it), compute it on the ``host``
       CPU from its host copy (nothing copied on demand), or decide per miss (``auto``): see
       :mod:`specter_lab.offload.hostexec`.
+    * ``reuse``       – draft prefetch copies only experts the forecast routes at least ``reuse`` times in the
+      window; with host execution the one-offs are computed on the host during verification instead.
     * ``static``      – no cache: the last layers that fit keep all their experts on the device (loaded before
       the prompt), the first ``N`` layers compute every expert on the host (llama.cpp's ``--n-cpu-moe N``).
     """
@@ -41,6 +43,7 @@ class Strategy:
     shared_slots: bool = False  # slots shared across layers by forecast demand instead of a fixed M per layer
     miss: str = "copy"  # copy | host | auto (host execution of missed experts)
     static: bool = False  # whole layers on the device or on the host, decided once (llama.cpp --n-cpu-moe)
+    reuse: int = 1  # prefetch an expert only if the window's forecast routes it at least this many times
     description: str = ""
 
     def with_options(self, **kw) -> "Strategy":
@@ -74,7 +77,8 @@ STRATEGIES: dict[str, Strategy] = {
         Strategy("static_split", miss="host", static=True, description="llama.cpp --n-cpu-moe N at equal "
                  "memory: whole layers' experts on the device, the first N layers' experts computed on the host"),
         Strategy("specter_host", speculative=True, prefetch="draft", chunking="adaptive", eviction="lru", k=8,
-                 miss="host", description="specter's draft and lookahead prefetch; what the forecast missed "
+                 miss="host", reuse=2, description="specter's draft and lookahead prefetch of the experts the window "
+                 "reuses; the one-offs and what the forecast missed "
                  "is computed on the host during verification instead of copied (SpecMoEOff / MoE-SpAc style)"),
         Strategy("auto", description="the planner's choice for this model, budget and hardware (sl.plan): "
                  "any of the above, a draft variant, bits, K, or no speculation"),

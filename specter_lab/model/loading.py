@@ -32,7 +32,7 @@ def _refuse_pickles(path: Path) -> None:
         )
 
 
-def load_model(name_or_path: str | Path = "tiny", *, dtype: torch.dtype | str = torch.float32,
+def load_model(name_or_path: str | Path = "tiny", *, dtype: torch.dtype | str | None = None,
                device: str | torch.device = "cpu", trust_remote_code: bool = False, **kwargs: Any):
     """Load an MoE model and its tokenizer: ``"tiny"`` (bundled, offline), a local HF folder, or a hub id.
 
@@ -40,7 +40,9 @@ def load_model(name_or_path: str | Path = "tiny", *, dtype: torch.dtype | str = 
     ValueError for a path that does not exist, a folder without safetensors, or a model without MoE layers.
     Returns ``(model, tokenizer)``; the model is in eval mode. ``tokenizer`` is None for a local folder without
     tokenizer files (prompts are then token ids). With ``device="cuda"`` the model is placed for offloading:
-    everything but the routed experts on the GPU, the experts in pinned host memory.
+    everything but the routed experts on the GPU, the experts in pinned host memory. ``dtype`` defaults to
+    float32 on the CPU (the exactness tests' reference precision) and bfloat16 on CUDA (fp32 would double every
+    expert copy and the pinned host memory).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -67,6 +69,8 @@ def load_model(name_or_path: str | Path = "tiny", *, dtype: torch.dtype | str = 
 def _check_load_args(name_or_path, dtype, device, trust_remote_code) -> tuple[torch.dtype, torch.device]:
     if not isinstance(name_or_path, (str, Path)) or not str(name_or_path).strip():
         raise ValueError(f"load_model(name_or_path={name_or_path!r}): give 'tiny', a local model folder or a hub id.")
+    if dtype is None:
+        dtype = torch.bfloat16 if str(device).startswith("cuda") else torch.float32
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype, dtype)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:

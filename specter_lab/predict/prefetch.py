@@ -34,6 +34,8 @@ class LookaheadPrefetcher:
     bytes_issued: int = 0
     k: int = 8  # draft length of the current window
     shared_slots: bool = False  # rebalance the slot pool across layers by forecast demand at each boundary
+    min_count: int = 1  # prefetch only experts the window's forecast routes at least this often (host execution
+    #                     computes the one-offs on the host instead)
 
     def begin_window(self, k: int) -> None:
         self.bytes_issued = 0
@@ -94,7 +96,7 @@ class LookaheadPrefetcher:
         issued = 0
         for layer in range(len(forecast.counts)):
             m = self.store.slots[layer].size
-            top = forecast.top(layer, m)
+            top = [e for e in forecast.top(layer, m) if forecast.counts[layer].get(e, 0) >= self.min_count]
             protect = set(top) if self.protect else set()
             for e in top:
                 if self.store.prefetch(layer, e, protected=protect, issue_at=issue_at):
