@@ -207,3 +207,23 @@ def test_calibrated_profile_is_still_labelled_simulated(model):
     prof = sl.HardwareProfile(**{**vars(sl.PROFILES["rtx4090-pcie4"]), "name": "my-gpu", "measured": True})
     r = sl.Engine(model, None, "lru", hardware=prof).generate(IDS, max_new_tokens=3)
     assert r.trace.meta["simulated"] and r.trace.meta["clock"] == "simulated:my-gpu (calibrated)"
+
+
+def test_dense_and_head_spans_have_width_on_cuda(model, fake_cuda):
+    """HF runs attention, norms and the LM head before the runtime hears of them: their spans are measured
+    between events (the last MoE layer's end → this layer's experts), not stamped afterwards with no width.
+    Here every attention and LM-head call moves the fake GPU's clock on by 1 ms (100 ticks)."""
+    def busy(*_):
+        for _ in range(100):
+            next(FakeEvent.ticks)
+
+    mods = [m for n, m in model.named_modules() if n.endswith("self_attn") or n.endswith("lm_head")]
+    handles = [m.register_forward_hook(busy) for m in mods]
+    try:
+        r = _cuda_engine(model, "lru").generate(IDS, max_new_tokens=6)
+    finally:
+        for h in handles:
+            h.remove()
+    co = r.frames()["compute"]
+    dense = co[(co.expert == -1)]  # every layer's dense part (layer >= 0) and the head (layer == -1)
+    assert len(dense) and ((dense.end - dense.start) >= 1.0).all(), dense[(dense.end - dense.start) < 1.0]

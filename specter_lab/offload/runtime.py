@@ -23,7 +23,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 import torch
 
-from .clock import stamper
+from .clock import Span, stamper
 from .hostexec import MissPolicy
 from .experts import combine, expert_apply, route_groups
 
@@ -82,11 +82,13 @@ class OffloadRuntime:
         self.hooks: dict[str, list[Callable]] = {name: [] for name in HOOK_POINTS}
         self.fwd: ForwardInfo | None = None  # the forward in progress (set only by forward())
         self._protect: dict[int, set[int]] = {}  # gate lookahead: next layer's predicted experts, this forward
+        self._mark = None  # CUDA, full trace: the event where the model's own work since the last MoE layer began
 
     @contextmanager
     def forward(self, info: ForwardInfo) -> Iterator[ForwardInfo]:
         """The model forwards run inside this block are ``info``."""
         self.fwd, self._protect = info, {}
+        self._mark = self._stamp() if self.clock.kind == "cuda" else None  # where the first dense span starts
         try:
             yield info
         finally:
@@ -123,12 +125,26 @@ class OffloadRuntime:
                     for e, g in groups.items()}
             return combine(x, outs, groups, w)
         if fwd.mode == "draft":
-            return self._draft_forward(layer, mod, x, groups, w)
-        return self._target_forward(layer, mod, x, groups, w)
+            out = self._draft_forward(layer, mod, x, groups, w)
+        else:
+            out = self._target_forward(layer, mod, x, groups, w)
+        self._mark = self._stamp() if self.clock.kind == "cuda" else None
+        return out
+
+    def between_span(self, duration: float):
+        """The span of the model's own work since the last mark (attention, norms, router, shared experts, the
+        LM head): on the simulated clock priced as ``duration``; on CUDA measured between events, since HF has
+        already issued those kernels when the runtime hears of them (a span made now would have no width)."""
+        if self.clock.kind == "cuda" and self._mark is not None:
+            end = self.clock.now()
+            span = Span(self._mark, end, self._mark)
+            self._mark = end
+            return span
+        span, _ = self.clock.compute(duration)
+        return span
 
     def _dense_span(self, layer: int, n_tokens: int, phase: str) -> None:
-        span, _ = self.clock.compute(self.cost.dense_layer_time(n_tokens, self.fwd.pos0))
-        self.trace.span(phase, layer, -1, span)
+        self.trace.span(phase, layer, -1, self.between_span(self.cost.dense_layer_time(n_tokens, self.fwd.pos0)))
 
     # ------------------------------------------------------------------ target
     def _compute(self, layer: int, mod, x, e: int, group, slot: int) -> torch.Tensor:
