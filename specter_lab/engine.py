@@ -12,6 +12,7 @@ so tests and tools can observe a run through its parts (e.g. the runtime's named
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
@@ -185,6 +186,10 @@ class Engine:
                              "measures this one: drop cost_shape=, or use a simulated profile to project.")
         if self.use_cuda_clock:  # dense weights on the GPU, experts in pinned host memory (done here if not yet)
             ensure_offload_layout(model, self.info)
+            if self.strategy.prefetch == "oracle":
+                warnings.warn(f"strategy={self.strategy.name!r} on hardware='cuda' is not a bound: its look at the "
+                              "target's true routing is a real forward pass on the GPU, inside the timed window "
+                              "(the simulated clock does not charge it).", stacklevel=2)
         self.profile = profile or PROFILES["rtx4090-pcie4"]  # CUDA clock: profile only feeds planner estimates
         self.cost_shape = get_cost_shape(cost_shape)
         # On the CUDA clock bytes are the real ones (the model's dtype); simulated runs price the deployment dtype.
