@@ -110,3 +110,12 @@ def test_static_split_is_llama_cpp_n_cpu_moe(model):
     assert host_layers == set(range(info.num_layers - info.num_layers // 2))
     with pytest.raises(ValueError, match="expert_budget="):
         sl.Engine(model, None, "static_split", cache_slots=2)
+
+
+def test_timeline_draws_the_host_lane(model):
+    from specter_lab import viz
+
+    r = _run(model, "fiddler")
+    fig = viz.timeline_figure(r)
+    host = [t for t in fig.data if t.name == "compute: host CPU"]
+    assert host and len(host[0].x) == (r.frames()["compute"].lane == "host").sum() > 0

@@ -67,14 +67,16 @@ PHASE_COLORS = {
     "draft": "#9467bd",
     "verify": "#17becf",
     "head": "#bcbd22",
+    "host CPU": "#8c564b",
 }
+HOST_LANE = "host CPU"  # experts computed on the host (host execution): their own lane, beside the device's
 COPY_COLORS = {"prefetch": "#2ca02c", "demand": "#ff7f0e"}
 STALL_COLOR = "#d62728"
 COPY_LANE = "copy (PCIe)"
 RESIDENCY_CATEGORIES = ("not resident", "resident (demand load)", "resident (prefetch)")
 RESIDENCY_COLORS = {"not resident": "#ececec", "resident (demand load)": "#ff7f0e",
                     "resident (prefetch)": "#2ca02c"}
-_PHASE_ORDER = ("prefill", "decode", "draft", "verify", "head")
+_PHASE_ORDER = ("prefill", "decode", "draft", "verify", "head", HOST_LANE)
 _FONT = dict(family="Inter, Helvetica, Arial, sans-serif", size=12)
 
 
@@ -421,6 +423,8 @@ def timeline_figure(result: Any, step: int | None = None, max_steps: int = 24, m
     meta = _meta(result)
     shown, note = _timeline_steps(f, step, max_steps, max_bars)
     co_all, tr_all = f["compute"], f["transfers"]
+    if "lane" in co_all:  # host execution: host spans get the host lane, whatever phase they served
+        co_all = co_all.assign(phase=co_all.phase.mask(co_all.lane == "host", HOST_LANE))
     co = co_all[co_all.step.isin(shown)]
     tr = tr_all[tr_all.step.isin(shown)]
     # Lanes and traces come from the whole run, so every step's figure has the same traces (see module doc).
