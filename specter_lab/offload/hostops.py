@@ -25,9 +25,9 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["CountOps", "OpCounts", "RegionCount", "count_ops", "op_counts", "IMPLEMENTATIONS", "FAMILIES"]
+__all__ = ["CountOps", "OpCounts", "RegionCount", "count_ops", "count_model", "tiny_family_model", "op_counts", "IMPLEMENTATIONS", "FAMILIES"]
 
-IMPLEMENTATIONS = ("eager", "grouped_mm", "batched_mm", "specter")
+IMPLEMENTATIONS = ("eager", "grouped_mm", "grouped_mm_fallback", "batched_mm", "deepseek_remote", "specter")
 # Matmul-like ops: one kernel each even when compiled (pointwise work around them fuses).
 _MATMULS = {"mm", "addmm", "bmm", "baddbmm", "_grouped_mm", "matmul", "linear", "_weight_int4pack_mm",
             "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
@@ -131,6 +131,11 @@ def _tiny_config(family: str, top_k: int, n_experts: int, layers: int, dense_fir
     raise ValueError(f"family={family!r}: op counts are available for {list(FAMILIES)}.")
 
 
+def tiny_family_model(family: str, top_k: int, n_experts: int, layers: int, dense_first: int = 0) -> nn.Module:
+    """A tiny random model of ``family`` with the real routing arity and depth (for counting ops)."""
+    return _tiny_model(family, top_k, n_experts, layers, dense_first)
+
+
 def _tiny_model(family: str, top_k: int, n_experts: int, layers: int, dense_first: int) -> nn.Module:
     import transformers as tf
 
@@ -182,16 +187,75 @@ def _specter_experts(self, hidden_states, top_k_index, top_k_weights):
     return combine(hidden_states, outs, groups, top_k_weights)
 
 
+def _remote_moe_infer(self, x, topk_ids, topk_weight):
+    """Ops-equivalent replica of the experts block of DeepSeek-V2's original remote code
+    (``modeling_deepseek.py``, ``DeepseekV2MoE.moe_infer``), written here for counting only: one count + sort,
+    a host readback of tokens per expert, a Python loop over the experts that got tokens, each a
+    ``DeepseekV2MLP`` (gate, up, down ``nn.Linear``, SiLU · mul), then one scatter and a weighted sum."""
+    import torch.nn.functional as F
+
+    cnts = topk_ids.new_zeros((topk_ids.shape[0], self.num_experts))
+    cnts.scatter_(1, topk_ids, 1)
+    tokens_per_expert = cnts.sum(dim=0)
+    idxs = topk_ids.view(-1).argsort()
+    sorted_tokens = x[idxs // topk_ids.shape[1]]
+    tokens_per_expert = tokens_per_expert.cpu().numpy()
+    outputs, start = [], 0
+    for i, n in enumerate(tokens_per_expert):
+        end = start + n
+        if n == 0:
+            continue
+        gate_w, up_w, down_w = self._remote_weights[i]  # separate nn.Linear weights there: no view op per call
+        t = sorted_tokens[start:end]
+        outputs.append(F.linear(self.act_fn(F.linear(t, gate_w)) * F.linear(t, up_w), down_w))
+        start = end
+    outs = torch.cat(outputs, dim=0)
+    new_x = torch.empty_like(outs)
+    new_x[idxs] = outs
+    return (new_x.view(*topk_ids.shape, -1).type(topk_weight.dtype).mul_(topk_weight.unsqueeze(dim=-1))
+            .sum(dim=1).type(new_x.dtype))
+
+
 def _set_implementation(model: nn.Module, implementation: str) -> None:
+    """Select the experts implementation to count. ``grouped_mm_fallback`` is transformers' grouped_mm on a GPU
+    where ``torch._grouped_mm`` is unavailable (e.g. an A100 with torch <= 2.8: one ``.tolist()`` of the offsets,
+    then a ``mm`` per active expert); ``deepseek_remote`` the replica above; ``specter`` the runtime's code."""
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"implementation={implementation!r} is unknown; use one of {list(IMPLEMENTATIONS)}.")
-    if implementation == "specter":
-        from transformers.integrations.moe import ExpertsInterface
+    from transformers.integrations import moe
 
-        ExpertsInterface.register("specter_count", _specter_experts)
-        model.set_experts_implementation("specter_count")
+    custom = {"specter": _specter_experts, "deepseek_remote": _remote_moe_infer}
+    if implementation in custom:
+        moe.ExpertsInterface.register(f"{implementation}_count", custom[implementation])
+        model.set_experts_implementation(f"{implementation}_count")
+        if implementation == "deepseek_remote":
+            from ..model.inspect import inspect_model
+
+            for l in inspect_model(model).layers:
+                e = l.experts
+                inter = e.down_proj.shape[-1]
+                e._remote_weights = [(e.gate_up_proj[i, :inter], e.gate_up_proj[i, inter:], e.down_proj[i])
+                                     for i in range(e.gate_up_proj.shape[0])]
     else:
-        model.set_experts_implementation(implementation)
+        model.set_experts_implementation("grouped_mm" if implementation == "grouped_mm_fallback" else implementation)
+
+
+@contextlib.contextmanager
+def _grouped_mm_path(implementation: str) -> Iterator[None]:
+    """Force transformers' grouped_mm fallback (the path of a GPU without torch._grouped_mm) while counting."""
+    if implementation != "grouped_mm_fallback":
+        yield
+        return
+    from transformers.integrations import moe
+
+    # The fallback is registered as one custom op (its inner ops would be invisible to the counter): call its
+    # Python body directly, so the per-expert mm calls are counted as the host dispatches them.
+    before = moe._grouped_mm
+    moe._grouped_mm = lambda input, weight, offs: moe._grouped_mm_fallback(input.to(weight.dtype), weight, offs)
+    try:
+        yield
+    finally:
+        moe._grouped_mm = before
 
 
 def _decode_counts(model: nn.Module, new_tokens: int = 4) -> dict[str, RegionCount]:
@@ -216,6 +280,14 @@ def _triple(r: RegionCount | None, per: float = 1.0) -> tuple[float, float, floa
     return (r.ops / per, r.kernels / per, r.matmuls / per)
 
 
+def count_model(model: nn.Module, implementation: str = "eager") -> dict[str, RegionCount]:
+    """Ops per decode token of ``model`` by region (head / moe_layer / dense_layer / experts, summed over
+    layers), running ``implementation``: a whole model, any depth, counted as HF ``generate`` runs it."""
+    _set_implementation(model, implementation)
+    with _grouped_mm_path(implementation):
+        return _decode_counts(model)
+
+
 def count_ops(family: str, implementation: str = "eager", top_k: int = 4, n_experts: int = 16) -> OpCounts:
     """Count one decode token's aten ops per layer kind on tiny models of ``family`` (two MoE layers and, for a
     family with dense first layers, one dense layer). The experts block is counted at top_k and top_k - 2
@@ -224,13 +296,12 @@ def count_ops(family: str, implementation: str = "eager", top_k: int = 4, n_expe
     counted = {}
     for k in (top_k, max(1, top_k - 2)):
         model = _tiny_model(family, k, max(n_experts, top_k), layers=2 + dense_first, dense_first=dense_first)
-        _set_implementation(model, implementation)
-        counted[k] = _decode_counts(model)
+        counted[k] = count_model(model, implementation)
     hi, lo = counted[top_k], counted[max(1, top_k - 2)]
     span = max(1, top_k - max(1, top_k - 2))
     ex_hi, ex_lo = _triple(hi.get("experts"), 2), _triple(lo.get("experts"), 2)
-    per_expert = tuple((a - b) / span for a, b in zip(ex_hi, ex_lo))
-    fixed = tuple(a - top_k * p for a, p in zip(ex_hi, per_expert))
+    per_expert = tuple(max(0.0, (a - b) / span) for a, b in zip(ex_hi, ex_lo))
+    fixed = tuple(max(0.0, a - top_k * p) for a, p in zip(ex_hi, per_expert))
     return OpCounts(family, implementation, moe_layer=_triple(hi.get("moe_layer"), 2), experts_fixed=fixed,
                     per_expert=per_expert, dense_layer=_triple(hi.get("dense_layer"), max(1, dense_first)),
                     head=_triple(hi.get("head")), top_k=top_k)
