@@ -149,7 +149,7 @@ def _bench_note(hardware, cost_shape) -> str:
     profiles = [get_profile(h) for h in hardware]
     modes = ", ".join(p.clock_label if p is not None else "cuda (measured)" for p in profiles)
     shape = get_cost_shape(cost_shape)
-    return f"simulated clock [{modes}] · projection: {shape.label if shape else 'none (the model as it is)'}"
+    return f"simulated clock [{modes}] · " + (f"projected as {shape.label}" if shape else "not projected (the model as it is)")
 
 
 def _bench_published(a) -> int:

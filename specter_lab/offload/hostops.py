@@ -180,11 +180,22 @@ def _specter_experts(self, hidden_states, top_k_index, top_k_weights):
 
     idx_np = top_k_index.detach().cpu().numpy()
     groups = route_groups(top_k_index, idx_np)
-    names = [n for n in ("gate_up_proj", "up_proj", "down_proj", "gate_up_proj_bias", "up_proj_bias",
-                         "down_proj_bias") if isinstance(getattr(self, n, None), torch.Tensor)]
-    outs = {e: expert_apply(self, g.take(hidden_states), {n: getattr(self, n)[e] for n in names})
-            for e, g in groups.items()}
+    outs = {e: expert_apply(self, g.take(hidden_states), self._slot_views[e]) for e, g in groups.items()}
     return combine(hidden_states, outs, groups, top_k_weights)
+
+
+def _slot_views(experts: nn.Module) -> list[dict]:
+    """Per expert, the weights a device slot hands the runtime: slices of the fused tensors plus the cached
+    transposed views of the matmul weights (the store builds them once per slot, so no ``t`` op per call)."""
+    names = [n for n in ("gate_up_proj", "up_proj", "down_proj", "gate_up_proj_bias", "up_proj_bias",
+                         "down_proj_bias") if isinstance(getattr(experts, n, None), torch.Tensor)]
+    views = []
+    for e in range(getattr(experts, names[0]).shape[0]):
+        w = {n: getattr(experts, n)[e] for n in names}
+        if not experts.is_transposed:
+            w.update({n + ".t": w[n].t() for n in names if not n.endswith("_bias")})
+        views.append(w)
+    return views
 
 
 def _remote_moe_infer(self, x, topk_ids, topk_weight):
@@ -228,6 +239,11 @@ def _set_implementation(model: nn.Module, implementation: str) -> None:
     if implementation in custom:
         moe.ExpertsInterface.register(f"{implementation}_count", custom[implementation])
         model.set_experts_implementation(f"{implementation}_count")
+        if implementation == "specter":
+            from ..model.inspect import inspect_model
+
+            for l in inspect_model(model).layers:
+                l.experts._slot_views = _slot_views(l.experts)
         if implementation == "deepseek_remote":
             from ..model.inspect import inspect_model
 
