@@ -2,7 +2,9 @@
 hardware; ablations and the K sweep; the CPU wall-clock overhead against HF.
 
 Times from a simulated profile are model outputs, labelled ``simulated`` (and ``projected`` with a cost shape);
-only ``hardware="cuda"`` measures speed.
+every row names its profile, its execution mode (``eager``: host dispatch priced per aten op; ``compiled``:
+the graphs / compile what-if) and its projection. Only ``hardware="cuda"`` measures speed. :func:`published`
+holds the simulator against published batch-1 measurements.
 """
 
 from __future__ import annotations
@@ -19,18 +21,19 @@ from .fidelity import fidelity
 from .offload.profiles import get_profile
 from .offload.shapes import get_cost_shape
 from .prompts import heldout_prompts
+from .published import published
 from .quant import QuantSpec
 from .runs import DoesNotFit, run_prompts, try_engine
 from .strategies import BASELINES, STRATEGIES, get_strategy
 from .units import parse_budget
 
 __all__ = ["compare", "fidelity", "summarize", "heldout_prompts", "ablations", "k_sweep", "cpu_overhead",
-           "BASELINES", "COMPARE_COLUMNS", "ABLATIONS"]
+           "BASELINES", "COMPARE_COLUMNS", "ABLATIONS", "published"]
 
 COMPARE_COLUMNS = ["strategy", "hardware", "prompt", "expert_budget", "tpot_ms", "acceptance_rate", "recall",
                    "precision", "hit_rate", "h2d_bytes_per_token", "stall_ms_per_token", "mean_accepted",
                    "slots_per_layer", "draft_bytes", "device_bytes", "budget_bytes", "new_tokens", "clock",
-                   "projected", "cost_shape", "host_experts_per_token", "fits"]
+                   "projected", "cost_shape", "execution", "projection", "host_experts_per_token", "fits"]
 
 
 def _as_list(x) -> list:
@@ -78,7 +81,9 @@ def compare(model, tokenizer, strategies: Sequence[str] | None = None, prompts: 
                 continue
             for i, m in enumerate(run_prompts(engine, prompts, max_new_tokens, bar).metrics):
                 rows.append({**{c: m.get(c) for c in COMPARE_COLUMNS if c in m},
-                             "strategy": s, "hardware": h, "prompt": i, "expert_budget": b, "fits": "yes"})
+                             "strategy": s, "hardware": h, "prompt": i, "expert_budget": b,
+                             "execution": "measured" if engine.use_cuda_clock else engine.profile.execution,
+                             "projection": engine.cost.projection_label, "fits": "yes"})
     df = pd.DataFrame(rows)
     return df[[c for c in COMPARE_COLUMNS if c in df.columns]]
 

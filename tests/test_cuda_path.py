@@ -206,7 +206,7 @@ def test_device_bytes_held_are_the_budget(model, fake_cuda):
 def test_calibrated_profile_is_still_labelled_simulated(model):
     prof = sl.HardwareProfile(**{**vars(sl.PROFILES["rtx4090-pcie4"]), "name": "my-gpu", "measured": True})
     r = sl.Engine(model, None, "lru", hardware=prof).generate(IDS, max_new_tokens=3)
-    assert r.trace.meta["simulated"] and r.trace.meta["clock"] == "simulated:my-gpu (calibrated)"
+    assert r.trace.meta["simulated"] and r.trace.meta["clock"] == "simulated:my-gpu (eager, calibrated)"
 
 
 def test_dense_and_head_spans_have_width_on_cuda(model, fake_cuda):

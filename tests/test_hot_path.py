@@ -10,9 +10,8 @@ from collections import Counter
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
-
 import specter_lab as sl
+from specter_lab.offload import hostops
 from specter_lab.quant import DraftExperts
 
 SYNCS = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.cpu, torch.Tensor.__bool__, torch.Tensor.__int__,
@@ -31,14 +30,12 @@ class CountSyncs(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-class CountOps(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.n = Counter()
+class CountOps(hostops.CountOps):
+    """The package's op counter (what the cost model prices host dispatch from), read as a Counter of ops."""
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.n[func] += 1
-        return func(*args, **(kwargs or {}))
+    @property
+    def n(self) -> Counter:
+        return self.funcs
 
 
 @pytest.fixture(scope="module")

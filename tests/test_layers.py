@@ -17,7 +17,7 @@ LAYERS = [
     ["metrics", "offload", "predict"],  # derived metrics; store, runtime, clocks, costs; forecasts, prefetch, K
     ["decode"],  # the decode loops
     ["engine"],  # one model + strategy + budget + clock
-    ["runs", "fidelity", "analysis"],  # things that run engines or read their traces
+    ["runs", "fidelity", "analysis", "published"],  # things that run engines or read their traces; published rows
     ["bench", "planner"],  # comparisons and the planner
     ["viz"],  # notebook views
     ["cli", "__init__"],  # entry points

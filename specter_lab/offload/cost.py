@@ -1,17 +1,44 @@
 """The cost model that prices every op of one model on one profile for the simulated clock.
 
-Cost of a compute op = launch_overhead · kernels + max(flops / peak_flops, bytes_read / hbm_bandwidth).
-Cost of a copy      = copy_latency + bytes / pcie_bandwidth.
+Each priced piece of a forward (the non-expert part of a MoE layer, one routed expert, the head) costs
+
+    max(device time, host time)
+    device time = kernels · kernel_time + max(flops / peak_flops, bytes_read / hbm_bandwidth)
+    host time   = aten ops · host_op_cost          (execution="eager"; 0 when "compiled")
+
+with the aten ops and kernels *counted* for the model's family (:mod:`specter_lab.offload.hostops`), not assumed.
+Why a max per piece: eager PyTorch enqueues kernels asynchronously, so host and device overlap within a piece,
+but the runtime reads each layer's routing back to the host (a sync per layer), so they cannot drift further
+apart than a layer. ``compiled`` fuses pointwise work (kernels = 2 per matmul) and dispatches from a graph.
+
+Cost of a copy = copy_latency + bytes / pcie_bandwidth.
+
+A projection through a :class:`CostShape` prices the run's layers at the real model's sizes; ``@full`` also at
+its real depth (``depth_scale`` real MoE layers per run layer, dense first layers and the whole LM head).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from .hostops import OpCounts, op_counts
 from .profiles import HardwareProfile
 from .shapes import CostShape, get_cost_shape
 
-__all__ = ["CostModel", "build_cost_model"]
+__all__ = ["CostModel", "build_cost_model", "piece_time"]
+
+Count = tuple[float, float, float]  # (aten ops, kernels, matmuls)
+
+
+def piece_time(profile: HardwareProfile, flops: float, nbytes: float, count: Count) -> float:
+    """max(device, host) of one forward piece with ``count`` = (aten ops, kernels, matmuls) dispatched."""
+    ops, kernels, matmuls = (max(0.0, c) for c in count)
+    if profile.execution == "compiled":
+        kernels, host = max(1.0, 2.0 * matmuls), 0.0
+    else:
+        host = ops * profile.host_op_cost
+    device = kernels * profile.kernel_time + max(flops / profile.peak_flops, nbytes / profile.hbm_bandwidth)
+    return max(device, host)
 
 
 @dataclass
@@ -27,32 +54,61 @@ class CostModel:
     kv_bytes_per_token_per_layer: int
     hidden: int
     weight_bytes: float = 2.0
-    shape_name: str | None = None  # set when projected through a CostShape
+    shape_name: str | None = None  # set when projected through a CostShape ("name" or "name@full")
     extra_dense_params: int = 0  # params of dense (non-MoE) layers, priced once per forward
-    # Projection: the run's L MoE layers stand for L layers of the real model, so the per-model parts (LM head,
-    # embeddings) are charged pro rata, L / real layers. Without it a 4-layer tiny model would pay a 27-layer
-    # model's whole LM head every token and every draft step, overstating the draft's cost ~6x at that scale.
+    # Projection "layers": the run's L MoE layers stand for L layers of the real model, so the per-model parts
+    # (LM head, embeddings) are charged pro rata, L / real layers. Without it a 4-layer tiny model would pay a
+    # 27-layer model's whole LM head every token and every draft step, overstating the draft's cost ~6x.
     head_scale: float = 1.0
+    # Projection "full": each run MoE layer stands for depth_scale real ones (compute and copies priced so).
+    depth_scale: float = 1.0
+    dense_layers: int = 0  # dense decoder layers priced in the head (their ops are counted per layer)
+    ops: OpCounts | None = None  # aten ops per piece; None prices no host time and one kernel per piece
+    projection: str = "none"  # none | layers | full, with the shape's label in projection_label
+    projection_label: str = "none (the model as it is)"
 
     @property
     def projected(self) -> bool:
         return self.shape_name is not None
 
     @property
+    def execution(self) -> str:
+        return self.profile.execution
+
+    @property
     def expert_bytes(self) -> int:
         return int(self.expert_params * self.weight_bytes)
 
-    def _op(self, flops: float, nbytes: float, kernels: int) -> float:
-        p = self.profile
-        return p.launch_overhead * kernels + max(flops / p.peak_flops, nbytes / p.hbm_bandwidth)
+    @property
+    def assumptions(self) -> str:
+        """Profile, execution mode, projection and op counts behind every figure this model prices."""
+        counted = f"aten ops counted on a tiny {self.ops.family} ({self.ops.implementation})" if self.ops else "no op counts"
+        return (f"profile {self.profile.name} ({self.profile.execution}, host {self.profile.host_op_cost * 1e6:.1f} "
+                f"us/op: {self.profile.host_source}); projection {self.projection_label}; {counted}")
+
+    def _count(self, part: str, n_experts: float = 0.0) -> Count:
+        if self.ops is None:
+            return (0.0, 1.0, 0.0)
+        if part == "moe_layer":  # attention, norms, router, shared experts + the experts block's fixed part
+            return tuple(a + b for a, b in zip(self.ops.moe_layer, self.ops.experts_fixed))
+        if part == "expert":
+            return self.ops.per_expert
+        if part == "head":
+            return tuple(h + self.dense_layers * d for h, d in zip(self.ops.head, self.ops.dense_layer))
+        raise KeyError(part)
+
+    def _op(self, flops: float, nbytes: float, count: Count) -> float:
+        return piece_time(self.profile, flops, nbytes, count)
 
     def copy_time(self, nbytes: float) -> float:
-        return self.profile.copy_latency + nbytes / self.profile.pcie_bandwidth
+        return self.depth_scale * (self.profile.copy_latency + nbytes / self.profile.pcie_bandwidth)
 
     def expert_time(self, n_tokens: int, weight_bytes: float | None = None, kernels: int = 4) -> float:
-        """One routed expert over n tokens; ``weight_bytes`` = bytes streamed (packed size for a quantized one)."""
+        """One routed expert over n tokens; ``weight_bytes`` = bytes streamed (packed size for a quantized one).
+        ``kernels`` is kept for callers of the old signature; the counted ops price the expert."""
         nbytes = self.expert_bytes if weight_bytes is None else weight_bytes
-        return self._op(2.0 * self.expert_params * n_tokens, nbytes + 4 * self.hidden * n_tokens, kernels)
+        t = self._op(2.0 * self.expert_params * n_tokens, nbytes + 4 * self.hidden * n_tokens, self._count("expert"))
+        return self.depth_scale * t
 
     def host_expert_time(self, n_tokens: int, weight_bytes: float = 4.0) -> float:
         """One fp expert computed on the host CPU: weights streamed from DRAM at ``weight_bytes`` per weight
@@ -61,18 +117,20 @@ class CostModel:
         p = self.profile
         nbytes = self.expert_params * weight_bytes
         t = max(2.0 * self.expert_params * n_tokens / p.cpu_flops, nbytes / p.cpu_mem_bandwidth)
-        return t + 2 * p.copy_latency
+        # CPU ops run where they are dispatched: their dispatch cost adds to their compute (eager)
+        dispatch = self._count("expert")[0] * p.host_op_cost if p.execution == "eager" else 0.0
+        return self.depth_scale * (t + dispatch + 2 * p.copy_latency)
 
     def dense_layer_time(self, n_tokens: int, context: int) -> float:
         """Attention + norms + router + shared experts of one MoE layer over n tokens with ``context`` cached."""
         flops = 2.0 * self.dense_params * n_tokens + 4.0 * n_tokens * context * self.hidden
         nbytes = self.dense_params * self.weight_bytes + context * self.kv_bytes_per_token_per_layer
-        return self._op(flops, nbytes, kernels=12)
+        return self.depth_scale * self._op(flops, nbytes, self._count("moe_layer"))
 
     def head_time(self, n_tokens: int) -> float:
-        """LM head (+ final norm and any dense layers) for n tokens."""
+        """LM head (+ final norm, embeddings, the decode step and any dense layers) for n tokens."""
         params = (self.head_params + self.extra_dense_params) * self.head_scale
-        return self._op(2.0 * params * n_tokens, params * self.weight_bytes, kernels=3)
+        return self._op(2.0 * params * n_tokens, params * self.weight_bytes, self._count("head"))
 
     def state_copy_time(self, nbytes: float) -> float:
         """A device-to-device copy of ``nbytes`` (a recurrent-state checkpoint or its restore): read + write."""
@@ -83,14 +141,30 @@ class CostModel:
 
 
 def build_cost_model(info, profile: HardwareProfile, cost_shape: "str | CostShape | None" = None,
-                     weight_bytes: float = 2.0) -> CostModel:
-    """A CostModel for a loaded model (``info`` is a :class:`specter_lab.model.MoEModelInfo`)."""
+                     weight_bytes: float = 2.0, implementation: str = "specter") -> CostModel:
+    """A CostModel for a loaded model (``info`` is a :class:`specter_lab.model.MoEModelInfo`), with the aten ops
+    of ``implementation`` (the runtime's own by default) counted for the model's family, or the cost shape's."""
     shape = get_cost_shape(cost_shape)
+    family = shape.family if shape is not None else (info.model_type or "qwen2_moe")
+    ops = op_counts(family, implementation, info.top_k if shape is None else shape.top_k)
     if shape is None:
+        dense = sum(1 for _ in range(_dense_decoder_layers(info)))
         return CostModel(profile, info.expert_params, info.dense_params_per_layer, info.head_params,
                          int(info.kv_dim * 2 * weight_bytes), info.hidden, weight_bytes,
-                         extra_dense_params=info.dense_layer_params)
+                         extra_dense_params=info.dense_layer_params, dense_layers=dense, ops=ops)
+    common = dict(shape_name=shape.key, ops=ops, projection=shape.projection, projection_label=shape.label)
+    if shape.projection == "full":
+        return CostModel(profile, shape.expert_params, shape.dense_params, shape.vocab * shape.hidden,
+                         shape.kv_bytes_per_token_per_layer, shape.hidden, weight_bytes,
+                         extra_dense_params=shape.dense_layers * shape.dense_layer_params,
+                         depth_scale=shape.moe_layers / info.num_layers, dense_layers=shape.dense_layers, **common)
     return CostModel(profile, shape.expert_params, shape.dense_params, shape.vocab * shape.hidden,
-                     shape.kv_bytes_per_token_per_layer, shape.hidden, weight_bytes, shape_name=shape.name,
-                     head_scale=min(1.0, info.num_layers / shape.num_layers))
+                     shape.kv_bytes_per_token_per_layer, shape.hidden, weight_bytes,
+                     head_scale=min(1.0, info.num_layers / shape.num_layers), **common)
 
+
+def _dense_decoder_layers(info) -> int:
+    """Decoder layers of the run model that have no routed experts."""
+    if info.decoder_layers is None:
+        return 0
+    return max(0, len(info.decoder_layers) - info.num_layers)

@@ -10,12 +10,25 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 GB = 1e9
 
-__all__ = ["HardwareProfile", "PROFILES", "DEFAULT_PROFILE", "get_profile", "profile_dir", "GB"]
+__all__ = ["HardwareProfile", "PROFILES", "DEFAULT_PROFILE", "get_profile", "profile_dir", "GB", "EXECUTIONS",
+           "HOST_OP_COST", "KERNEL_TIME"]
+
+EXECUTIONS = ("eager", "compiled")
+# Defaults derived from the published batch-1 table (``sl.bench.published()``, ``specter_lab/published.py`` holds
+# the rows and the derivation; a test checks these constants still match it):
+#  * HOST_OP_COST: host seconds per aten op in eager PyTorch + transformers = the geometric-mean fit of
+#    published ms/token ÷ counted aten ops per token over the four host-bound rows (Qwen1.5-MoE eager /
+#    grouped_mm / batched_mm on A100, DeepSeek-V2-Lite HF on A100).
+#  * KERNEL_TIME: device seconds per kernel beyond its bytes/FLOPs (launch gap + the ramp of a kernel too small to
+#    reach bandwidth) = (published compiled ms/token − its bytes floor) ÷ its kernels, from the one compiled
+#    transformers row (Qwen1.5-MoE batched_mm + torch.compile on A100).
+HOST_OP_COST = 12.5e-6
+KERNEL_TIME = 3.6e-6
 
 
 @dataclass(frozen=True)
@@ -39,8 +52,17 @@ class HardwareProfile:
     device_memory: float | None = None  # bytes, informative
     measured: bool = False
     notes: str = ""
+    host_op_cost: float = HOST_OP_COST  # host s per dispatched aten op (eager)
+    kernel_time: float = KERNEL_TIME  # device s per kernel beyond its bytes / FLOPs
+    execution: str = "eager"  # eager | compiled
+    host_source: str = "derived from the published table (sl.bench.published())"
 
     def __post_init__(self) -> None:
+        if self.execution not in EXECUTIONS:
+            raise ValueError(f"execution={self.execution!r} is unknown: use one of {list(EXECUTIONS)} "
+                             "('eager' prices host dispatch per aten op, 'compiled' is the graphs/compile what-if).")
+        if self.host_op_cost < 0 or self.kernel_time < 0:
+            raise ValueError("HardwareProfile.host_op_cost and kernel_time must be >= 0")
         for f in ("pcie_bandwidth", "hbm_bandwidth", "peak_flops", "cpu_mem_bandwidth", "cpu_flops"):
             if not getattr(self, f) > 0:
                 raise ValueError(f"HardwareProfile.{f} must be > 0, got {getattr(self, f)!r}")
@@ -50,14 +72,19 @@ class HardwareProfile:
     @property
     def clock_label(self) -> str:
         # Always "simulated": a profile calibrated on a GPU prices runs; only the CUDA clock measures them.
-        return f"simulated:{self.name}" + (" (calibrated)" if self.measured else "")
+        return f"simulated:{self.name} ({self.execution}" + (", calibrated)" if self.measured else ")")
+
+    def with_execution(self, execution: str) -> "HardwareProfile":
+        """The same profile priced in another execution mode (``"eager"`` or ``"compiled"``)."""
+        return replace(self, execution=execution)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
 
     @classmethod
     def from_json(cls, text: str) -> "HardwareProfile":
-        return cls(**json.loads(text))
+        known = {f.name for f in fields(cls)}  # a profile saved before a field existed keeps its default
+        return cls(**{k: v for k, v in json.loads(text).items() if k in known})
 
 
 # Effective numbers: public specs discounted by what pinned cudaMemcpyAsync and decode-size kernels reach.
@@ -113,8 +140,18 @@ def with_host(profile: HardwareProfile, host: dict | None = None) -> HardwarePro
 def get_profile(hardware: "str | HardwareProfile | None") -> HardwareProfile | None:
     """Resolve ``hardware=``: a profile, a preset name, a saved calibrated profile name or JSON path.
 
+    A name may end in ``@eager`` or ``@compiled`` to pick the execution mode (``"a100-40g-pcie4@compiled"``).
     Returns None for ``"cuda"`` (the caller then uses the CUDA clock).
     """
+    if isinstance(hardware, str) and "@" in hardware and not hardware.endswith(".json"):
+        base, execution = hardware.rsplit("@", 1)
+        if execution not in EXECUTIONS:
+            raise ValueError(f"hardware={hardware!r}: execution={execution!r} is unknown: use one of "
+                             f"{list(EXECUTIONS)} after the '@'.")
+        profile = get_profile(base)
+        if profile is None:
+            raise ValueError("hardware='cuda' runs what it runs: an execution mode applies to simulated profiles.")
+        return profile.with_execution(execution)
     if hardware is None:
         return PROFILES[DEFAULT_PROFILE]
     if isinstance(hardware, HardwareProfile):
