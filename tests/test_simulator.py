@@ -54,6 +54,7 @@ def test_counted_ops_follow_the_implementation():
     eager, batched = op_counts("qwen2_moe", "eager", 4), op_counts("qwen2_moe", "batched_mm", 4)
     assert eager.per_expert[0] > 0 and batched.per_expert[0] == 0  # a loop over experts vs one batched call
     assert eager.per_token(24, 0)["ops"] > batched.per_token(24, 0)["ops"]
+    assert op_counts("qwen2_moe", "specter", 1).per_expert == op_counts("qwen2_moe", "specter", 4).per_expert
     ds = op_counts("deepseek_v2", "specter", 6)
     assert ds.dense_layer[0] > 0  # DeepSeek-V2's dense first layer is counted as its own kind
 

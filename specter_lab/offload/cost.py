@@ -148,10 +148,10 @@ def build_cost_model(info, profile: HardwareProfile, cost_shape: "str | CostShap
     family = shape.family if shape is not None else (info.model_type or "qwen2_moe")
     ops = op_counts(family, implementation, info.top_k if shape is None else shape.top_k)
     if shape is None:
-        dense = sum(1 for _ in range(_dense_decoder_layers(info)))
         return CostModel(profile, info.expert_params, info.dense_params_per_layer, info.head_params,
                          int(info.kv_dim * 2 * weight_bytes), info.hidden, weight_bytes,
-                         extra_dense_params=info.dense_layer_params, dense_layers=dense, ops=ops)
+                         extra_dense_params=info.dense_layer_params, dense_layers=_dense_decoder_layers(info),
+                         ops=ops)
     common = dict(shape_name=shape.key, ops=ops, projection=shape.projection, projection_label=shape.label)
     if shape.projection == "full":
         return CostModel(profile, shape.expert_params, shape.dense_params, shape.vocab * shape.hidden,

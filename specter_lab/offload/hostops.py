@@ -306,17 +306,17 @@ def count_model(model: nn.Module, implementation: str = "eager") -> dict[str, Re
 
 def count_ops(family: str, implementation: str = "eager", top_k: int = 4, n_experts: int = 16) -> OpCounts:
     """Count one decode token's aten ops per layer kind on tiny models of ``family`` (two MoE layers and, for a
-    family with dense first layers, one dense layer). The experts block is counted at top_k and top_k - 2
+    family with dense first layers, one dense layer). The experts block is counted at top_k and at top_k ∓ 2
     experts per token, giving its slope per expert and its fixed part."""
     dense_first = 1 if family == "deepseek_v2" else 0
+    other = top_k - 2 if top_k > 2 else top_k + 2
     counted = {}
-    for k in (top_k, max(1, top_k - 2)):
-        model = _tiny_model(family, k, max(n_experts, top_k), layers=2 + dense_first, dense_first=dense_first)
+    for k in (top_k, other):
+        model = _tiny_model(family, k, max(n_experts, top_k, other), layers=2 + dense_first, dense_first=dense_first)
         counted[k] = count_model(model, implementation)
-    hi, lo = counted[top_k], counted[max(1, top_k - 2)]
-    span = max(1, top_k - max(1, top_k - 2))
+    hi, lo = counted[top_k], counted[other]
     ex_hi, ex_lo = _triple(hi.get("experts"), 2), _triple(lo.get("experts"), 2)
-    per_expert = tuple(max(0.0, (a - b) / span) for a, b in zip(ex_hi, ex_lo))
+    per_expert = tuple(max(0.0, (a - b) / (top_k - other)) for a, b in zip(ex_hi, ex_lo))
     fixed = tuple(max(0.0, a - top_k * p) for a, p in zip(ex_hi, per_expert))
     return OpCounts(family, implementation, moe_layer=_triple(hi.get("moe_layer"), 2), experts_fixed=fixed,
                     per_expert=per_expert, dense_layer=_triple(hi.get("dense_layer"), max(1, dense_first)),
