@@ -33,7 +33,7 @@ __all__ = ["compare", "fidelity", "summarize", "heldout_prompts", "ablations", "
 COMPARE_COLUMNS = ["strategy", "hardware", "prompt", "expert_budget", "tpot_ms", "acceptance_rate", "recall",
                    "precision", "hit_rate", "h2d_bytes_per_token", "stall_ms_per_token", "mean_accepted",
                    "slots_per_layer", "draft_bytes", "device_bytes", "budget_bytes", "new_tokens", "clock",
-                   "projected", "cost_shape", "execution", "projection", "host_experts_per_token", "fits"]
+                   "projected", "cost_shape", "execution", "projection", "host_experts_per_token", "plan", "fits"]
 
 
 def _as_list(x) -> list:
