@@ -39,6 +39,9 @@ class FakeEvent:
         self.t = next(FakeEvent.ticks)
         FakeCuda.current.events.append(self)
 
+    def query(self) -> bool:
+        return self.t is not None  # recorded: the fake device finishes work as soon as it is queued
+
     def elapsed_time(self, other: "FakeEvent") -> float:
         if not (self.timing and other.timing):
             raise RuntimeError("elapsed_time on an event created without enable_timing")
@@ -104,7 +107,7 @@ def _cuda_engine(model, strategy, trace="full", **kw):
     return eng
 
 
-@pytest.mark.parametrize("strategy", ["lru", "specter", "fiddler", "specter_host"])
+@pytest.mark.parametrize("strategy", ["lru", "specter", "fiddler", "specter_host", "specter_plus"])
 def test_cuda_path_is_lossless_and_placed(model, ref, fake_cuda, strategy):
     eng = _cuda_engine(model, strategy)
     assert fake_cuda.placed == ["place"], "a CPU-loaded model must be placed for offloading, not run as is"
@@ -227,3 +230,14 @@ def test_dense_and_head_spans_have_width_on_cuda(model, fake_cuda):
     co = r.frames()["compute"]
     dense = co[(co.expert == -1)]  # every layer's dense part (layer >= 0) and the head (layer == -1)
     assert len(dense) and ((dense.end - dense.start) >= 1.0).all(), dense[(dense.end - dense.start) < 1.0]
+
+
+def test_resident_draft_skips_copies_still_landing_on_cuda(model, fake_cuda, monkeypatch):
+    """The `resident` draft uses an fp expert only once its copy has landed: on CUDA it asks the copy's event
+    (query, no sync), it does not assume every assigned slot is ready."""
+    asked = []
+    orig = FakeEvent.query
+    monkeypatch.setattr(FakeEvent, "query", lambda self: asked.append(1) or orig(self))
+    eng = _cuda_engine(model, "specter_plus", draft="resident")
+    r = eng.generate(IDS, max_new_tokens=N)
+    assert r.token_ids == hf_greedy(model, IDS, N) and asked

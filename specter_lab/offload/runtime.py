@@ -342,9 +342,11 @@ class OffloadRuntime:
         if slot is None:
             return False
         ready = self.store.ready(layer, slot)
-        # On the sim clock a prefetch still in flight is not usable by the draft (it would stall); on CUDA we
-        # cannot ask without a sync, so a slot that is assigned counts as ready (the draft then waits on it).
-        return ready is None or not isinstance(ready, float) or ready <= now
+        # A prefetch still in flight is not usable by the draft (it would stall): on the sim clock compare times;
+        # on CUDA ask the copy's event whether it has completed (cudaEventQuery: no sync).
+        if ready is None:
+            return True
+        return ready <= now if isinstance(ready, float) else bool(ready.query())
 
     @staticmethod
     def _renormalised(w: torch.Tensor, groups, outs) -> torch.Tensor:
