@@ -428,3 +428,29 @@ def test_widgets_config_and_status_text(model):
     run.join(60)
     assert run.status_text.startswith("done: ") and "<" not in run.status_text
     assert run.tokens not in run.widget.children  # the finished dashboard has the one token strip
+
+
+def test_live_redraws_are_throttled_and_coalesced(model):
+    """At most one redraw per min_interval; a step that came too soon is still drawn, by one trailing redraw,
+    while the run is busy with the next step."""
+    import time
+
+    engine = sl.Engine(model, None, "lru", cache_slots=3)
+    drawn_while_waiting: list[int] = []
+
+    def slow_third_step(info):
+        if info.step == 2:  # steps 0 and 1 came at once; step 1 waits for the trailing redraw
+            time.sleep(1.0)
+            drawn_while_waiting.append(len(run.progress.data[0].x))
+
+    run = viz.LiveRun(engine, PROMPT, max_new_tokens=12, callback=slow_third_step, min_interval=0.4, start=False,
+                      details=False)
+    times: list[float] = []
+    inner = run._refresh
+    run._refresh = lambda: (times.append(time.perf_counter()), inner())[1]
+    run.start()
+    run.join(60)
+    assert drawn_while_waiting == [2], drawn_while_waiting  # steps 0 and 1 drawn before step 2 ended
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert gaps and min(gaps) >= 0.4 * 0.9 - 0.02, gaps
+    assert len(run.progress.data[0].x) == len(run.result.frames()["steps"])  # the end is drawn in full

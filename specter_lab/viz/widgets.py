@@ -330,7 +330,10 @@ class LiveRun:
         self._stop = threading.Event()
         self._done = threading.Event()
         self._lock = threading.Lock()
+        self._draw_lock = threading.RLock()  # one redraw at a time (generating thread, trailing timer, notebook)
         self._last_refresh = 0.0
+        self._trailing: threading.Timer | None = None
+        self._finished = False
         self._t0 = time.perf_counter()
         tokens, steps = _live_frames([])
         self.progress = figure_widget(F.steps_figure(steps))
@@ -392,8 +395,28 @@ class LiveRun:
                 with self._lock:
                     self._live_frames = (info.step, frames)
             self.refresh()
+        else:
+            self._schedule_trailing_refresh()
         if self._stop.is_set():
             raise StopGeneration()
+
+    def _schedule_trailing_refresh(self) -> None:
+        """Coalesce: a step that came too soon after the last redraw is drawn by one redraw ``min_interval``
+        after it (with whatever steps came meanwhile), unless a step's own redraw or the end comes first."""
+        with self._lock:
+            if self._trailing is not None:
+                return
+            delay = max(0.0, self._last_refresh + self.min_interval - time.perf_counter())
+            self._trailing = threading.Timer(delay, self._trailing_refresh)
+            self._trailing.daemon = True
+            self._trailing.start()
+
+    def _trailing_refresh(self) -> None:
+        with self._lock:
+            self._trailing = None
+        with self._draw_lock:
+            if not self._finished and time.perf_counter() - self._last_refresh >= self.min_interval * 0.9:
+                self.refresh()
 
     def _run(self) -> None:
         try:
@@ -410,7 +433,12 @@ class LiveRun:
 
     # views -----------------------------------------------------------------------------------
     def refresh(self) -> None:
-        """Redraw the progress and token views from the steps seen so far."""
+        """Redraw the progress and token views from the steps seen so far (and the detail views from the latest
+        snapshot). The live run calls it at most once per ``min_interval``."""
+        with self._draw_lock:
+            self._refresh()
+
+    def _refresh(self) -> None:
         with self._lock:
             steps = list(self.steps)
         tokens, st = _live_frames(steps)
@@ -442,6 +470,15 @@ class LiveRun:
         self.live_step = step
 
     def _finish(self) -> None:
+        with self._draw_lock:
+            self._finished = True
+            with self._lock:
+                if self._trailing is not None:
+                    self._trailing.cancel()
+                    self._trailing = None
+            self._draw_finished()
+
+    def _draw_finished(self) -> None:
         self.stop_button.disabled = True
         if self.result is None:
             self.refresh()
