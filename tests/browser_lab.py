@@ -181,7 +181,8 @@ _JS_PLOTS = """(needle) => {
   const short = v => (v === undefined || v === null) ? null : Array.from(v).slice(0, 64).map(String);
   const out = [];
   scopes.forEach(c => c.node.querySelectorAll('.jp-OutputArea-output .js-plotly-plot').forEach(gd => {
-    const r = gd.getBoundingClientRect();
+    // the drawn figure (plotly's svg-container), not the graph div: the div always spans the cell
+    const r = (gd.querySelector('.svg-container') || gd).getBoundingClientRect();
     const area = gd.closest('.jp-OutputArea-output');
     const title = gd.querySelector('.gtitle');
     const groups = Array.from(gd.querySelectorAll('.modebar .modebar-group'));
