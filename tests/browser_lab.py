@@ -198,8 +198,10 @@ _JS_PLOTS = """(needle) => {
       drawn: gd.querySelectorAll('.trace, .hm, .heatmaplayer image').length,
       title: title ? title.textContent : '',
       annotations: Array.from(gd.querySelectorAll('.annotation-text')).map(t => t.textContent),
-      texts: Array.from(gd.querySelectorAll('.barlayer .trace text, .heatmaplayer text, .texttemplate text')).map(t => t.textContent),
-      data: Array.isArray(gd.data) ? gd.data.map(t => ({type: t.type, x: short(t.x), y: short(t.y), text: short(t.text)})) : [],
+      texts: Array.from(gd.querySelectorAll('.barlayer .trace text, .heatmaplayer text, .texttemplate text'))
+        .map(t => t.textContent),
+      data: Array.isArray(gd.data)
+        ? gd.data.map(t => ({type: t.type, x: short(t.x), y: short(t.y), text: short(t.text)})) : [],
       // plotly.js hides a hover-only modebar by its groups' opacity, not the bar's
       modebar_visible: groups.some(g => parseFloat(getComputedStyle(g).opacity) > 0.01 &&
                                         getComputedStyle(g).display !== 'none'),

@@ -103,7 +103,8 @@ def assert_drawn(plots: list[dict], where: str, expect: int | None = None) -> No
     if expect is not None:
         assert len(plots) == expect, f"{where}: {len(plots)} graphs, expected {expect}: {[p['title'] for p in plots]}"
     for p in plots:
-        assert p["width"] > 300 and p["height"] > 100, f"{where}: graph {p['title']!r} is {p['width']}×{p['height']} px"
+        size = f"{p['width']}×{p['height']} px"
+        assert p["width"] > 300 and p["height"] > 100, f"{where}: graph {p['title']!r} is {size}"
         assert p["traces"] > 0 and p["drawn"] > 0, f"{where}: graph {p['title']!r} drew no traces: {p}"
         assert p["title"], f"{where}: graph without a title: {p}"
 

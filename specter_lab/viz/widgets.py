@@ -8,7 +8,10 @@
   specter with ``lru`` and ``specmoeoff`` at the same expert budget.
 
 A view never rebuilds its widgets: every figure function draws the same traces for any step of a run, so a
-step change copies the new figure's trace data into the existing ``FigureWidget`` inside one ``batch_update``.
+step change copies the new figure's trace data into the existing ``FigureWidget`` inside one ``batch_update``
+(:func:`sync_figure`), then re-publishes the widget's state (:func:`publish_state`), so that a view created later
+(a reload, a second display, a widget first shown inside a box) draws what Python holds, not what the widget
+was built with. Build live figures with :func:`figure_widget` (hover-only modebar, width of the cell).
 Each view returns plain ``go.Figure`` copies from ``.static()`` (for saving, or for a report).
 
 ipywidgets is imported inside the functions, so ``import specter_lab.viz`` works without it.
@@ -31,7 +34,8 @@ from plotly.utils import PlotlyJSONEncoder
 
 from . import figures as F
 
-__all__ = ["Dashboard", "LiveRun", "QuantTuner", "dashboard", "live", "sync_figure"]
+__all__ = ["Dashboard", "LiveRun", "QuantTuner", "dashboard", "figure_widget", "live", "publish_state",
+           "sync_figure"]
 
 
 def _ipywidgets():
@@ -216,8 +220,8 @@ class Dashboard:
         self._shown = first
         self.info.value = self._info_html(first)
         self.slider.observe(self._on_step, names="value")
-        self.widget = W.VBox([W.HBox([self.play, self.slider, self.info, _fit_width()]), self.tokens, self.routing, self.cache,
-                              self.timeline])
+        self.widget = W.VBox([W.HBox([self.play, self.slider, self.info, _fit_width()]), self.tokens, self.routing,
+                              self.cache, self.timeline])
 
     # views -----------------------------------------------------------------------------------
     @property
@@ -344,8 +348,8 @@ class LiveRun:
         self.status = W.HTML("starting …")
         self._result_box = W.VBox([])
         self._details_box = W.VBox([])
-        self.widget = W.VBox([W.HBox([self.stop_button, self.status, _fit_width()]), self.progress, self.tokens, self._details_box,
-                              self._result_box])
+        self.widget = W.VBox([W.HBox([self.stop_button, self.status, _fit_width()]), self.progress, self.tokens,
+                              self._details_box, self._result_box])
         self.thread = threading.Thread(target=self._run, name="specter-live", daemon=True)
         if start:
             self.start()
