@@ -383,3 +383,74 @@ def test_quant_tuner_reruns_on_control_change(model):
     assert pd.isna(tuner.table.loc[0, "tpot_ms"]) and "too small" in tuner.status.value
     assert type(tuner.static()) is go.Figure
     assert all(hasattr(tuner, w) for w in ("bits", "group_size", "method", "k", "table", "figure"))
+
+
+# ----------------------------------------------------------------------------------------- widget state
+def _state_json(widget) -> str:
+    """What a new view of the widget draws (its synced state), as comparable JSON."""
+    return _figure_json(go.Figure(data=widget._widget_data, layout=widget._widget_layout))
+
+
+def _figure_json(fig) -> str:
+    from specter_lab.viz.widgets import _figure_json as fj
+
+    return fj(fig)
+
+
+def test_synced_state_is_what_python_holds_after_updates(spec_run):
+    """A new view (first display inside a box, a second display, a page reload) draws the widget's synced state,
+    not the update messages: after every update it must be the figure Python holds. (plotly assigns it only at
+    construction and in FigureWidget._repr_mimebundle_, which a widget inside a VBox never gets.)"""
+    from specter_lab.viz.widgets import sync_figure
+
+    tuner_like = viz.widgets.figure_widget(F.tuner_figure(None))
+    table = pd.DataFrame({"strategy": ["specter", "lru"], "tpot_ms": [0.8, 0.6], "recall": [0.9, float("nan")],
+                          "acceptance_rate": [0.8, float("nan")]})
+    assert sync_figure(tuner_like, F.tuner_figure(table, "simulated (profile x)")) is True
+    assert _state_json(tuner_like) == _figure_json(F.tuner_figure(table, "simulated (profile x)"))
+
+    d = viz.dashboard(spec_run)
+    other = 2 if d.step != 2 else 1
+    d.slider.value = other
+    for name, build in (("routing", F.routing_figure), ("cache", F.cache_figure), ("timeline", F.timeline_figure)):
+        assert _state_json(getattr(d, name)) == _figure_json(build(spec_run, other)), name
+    assert sync_figure(d.routing, F.routing_figure(spec_run, other)) is False  # nothing new: nothing sent
+
+
+def test_widgets_config_and_status_text(model):
+    from specter_lab.viz.widgets import FIGURE_CONFIG, plain_text
+
+    w = viz.widgets.figure_widget(F.tuner_figure(None))
+    assert w._config["displayModeBar"] == "hover" and w._config["responsive"] is True
+    assert FIGURE_CONFIG["displaylogo"] is False
+    assert plain_text("<b>done</b>: 3 tokens &amp; more<br>x") == "done: 3 tokens & more\nx"
+    run = viz.live(sl.Engine(model, None, "lru", cache_slots=3), PROMPT, max_new_tokens=4)
+    run.join(60)
+    assert run.status_text.startswith("done: ") and "<" not in run.status_text
+    assert run.tokens not in run.widget.children  # the finished dashboard has the one token strip
+
+
+def test_live_redraws_are_throttled_and_coalesced(model):
+    """At most one redraw per min_interval; a step that came too soon is still drawn, by one trailing redraw,
+    while the run is busy with the next step."""
+    import time
+
+    engine = sl.Engine(model, None, "lru", cache_slots=3)
+    drawn_while_waiting: list[int] = []
+
+    def slow_third_step(info):
+        if info.step == 2:  # steps 0 and 1 came at once; step 1 waits for the trailing redraw
+            time.sleep(1.0)
+            drawn_while_waiting.append(len(run.progress.data[0].x))
+
+    run = viz.LiveRun(engine, PROMPT, max_new_tokens=12, callback=slow_third_step, min_interval=0.4, start=False,
+                      details=False)
+    times: list[float] = []
+    inner = run._refresh
+    run._refresh = lambda: (times.append(time.perf_counter()), inner())[1]
+    run.start()
+    run.join(60)
+    assert drawn_while_waiting == [2], drawn_while_waiting  # steps 0 and 1 drawn before step 2 ended
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert gaps and min(gaps) >= 0.4 * 0.9 - 0.02, gaps
+    assert len(run.progress.data[0].x) == len(run.result.frames()["steps"])  # the end is drawn in full

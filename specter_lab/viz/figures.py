@@ -321,7 +321,8 @@ def cache_figure(result: Any, step: int | None = None) -> go.Figure:
     """Left: demand hit rate of every step (hits / (hits + misses) of that step's cache events) with the running
     decode hit rate (coverage) and, when the strategy forecasts, the forecast recall per step. Right: which
     experts are resident in device slots at the end of ``step`` (default: the last step), coloured by whether a
-    demand load or a prefetch put them there, with the slot number in the cell."""
+    demand load or a prefetch put them there, with the slot number in the cell when the panel is big enough to
+    read it (up to 16 experts; else in the hover text), and the subtitle says which."""
     f = _frames(result)
     meta = _meta(result)
     hr = _hit_rates(f)
@@ -371,7 +372,8 @@ def cache_figure(result: Any, step: int | None = None) -> go.Figure:
     overall = hr.coverage.dropna()
     overall = f" · run decode hit rate {overall.iloc[-1]:.0%}" if len(overall) else ""
     title = (f"Expert cache · {len(res)} experts resident after step {step}{overall}"
-             f"<br><sup>strategy {_esc(meta.get('strategy', '?'))} · slot numbers in the cells</sup>")
+             f"<br><sup>strategy {_esc(meta.get('strategy', '?'))} · "
+             f"{'slot numbers in the cells' if show_text else 'hover a cell for its slot'}</sup>")
     _base_layout(fig, title, plot_height=max(190, 30 * n_layers), legend="below", top=80)
     fig.update_layout(bargap=0.15)
     fig.update_xaxes(title_text="step", dtick=1 if len(hr) <= 16 else None, row=1, col=1,

@@ -8,7 +8,10 @@
   specter with ``lru`` and ``specmoeoff`` at the same expert budget.
 
 A view never rebuilds its widgets: every figure function draws the same traces for any step of a run, so a
-step change copies the new figure's trace data into the existing ``FigureWidget`` inside one ``batch_update``.
+step change copies the new figure's trace data into the existing ``FigureWidget`` inside one ``batch_update``
+(:func:`sync_figure`), then re-publishes the widget's state (:func:`publish_state`), so that a view created later
+(a reload, a second display, a widget first shown inside a box) draws what Python holds, not what the widget
+was built with. Build live figures with :func:`figure_widget` (hover-only modebar, width of the cell).
 Each view returns plain ``go.Figure`` copies from ``.static()`` (for saving, or for a report).
 
 ipywidgets is imported inside the functions, so ``import specter_lab.viz`` works without it.
@@ -17,17 +20,22 @@ ipywidgets is imported inside the functions, so ``import specter_lab.viz`` works
 from __future__ import annotations
 
 import html
+import json
+import re
 import threading
 import time
+from copy import deepcopy
 from typing import Any, Callable, Sequence
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
+from plotly.utils import PlotlyJSONEncoder
 
 from . import figures as F
 
-__all__ = ["Dashboard", "LiveRun", "QuantTuner", "dashboard", "live", "sync_figure"]
+__all__ = ["Dashboard", "LiveRun", "QuantTuner", "dashboard", "figure_widget", "live", "publish_state",
+           "sync_figure"]
 
 
 def _ipywidgets():
@@ -38,12 +46,50 @@ def _ipywidgets():
     return ipywidgets
 
 
-def sync_figure(widget: go.FigureWidget, fig: go.Figure) -> None:
+# Plotly config of every FigureWidget here. The modebar sits on the right end of the title line, where the
+# titles put their numbers: it shows only while the pointer is over the figure (plotly.js keeps it always on for
+# a device without hover, such as a touch screen), and it keeps only download, zoom, pan and reset, so it is
+# short enough to clear a title at a cell's width. No plotly logo; ``responsive`` so a figure follows the width
+# of its cell (see _FIT_WIDTH_ESM).
+FIGURE_CONFIG: dict[str, Any] = {
+    "displayModeBar": "hover", "displaylogo": False, "responsive": True,
+    "modeBarButtonsToRemove": ["select2d", "lasso2d", "zoomIn2d", "zoomOut2d", "autoScale2d"],
+}
+
+
+def figure_widget(fig: go.Figure) -> go.FigureWidget:
+    """A ``FigureWidget`` showing ``fig``, with :data:`FIGURE_CONFIG`. Build every live figure with this."""
+    widget = go.FigureWidget(fig)
+    widget._config = {**widget._config, **FIGURE_CONFIG}
+    return widget
+
+
+def publish_state(widget: go.FigureWidget) -> None:
+    """Make the widget's synced state (``_widget_data`` / ``_widget_layout``) what Python holds.
+
+    A view that already shows the figure follows Python through plotly's update messages, but those messages
+    are transient: a view created later (the widget displayed inside a box for the first time, displayed a
+    second time, or restored by a page reload) draws from the synced state. plotly assigns that state only in
+    ``FigureWidget.__init__`` and ``FigureWidget._repr_mimebundle_``; the latter is not called for a widget
+    shown as a child of a ``VBox``. And in the browser, plotly's anywidget ``FigureModel`` applies every update
+    message to that state *without deserializing it*, so a multi-trace batch update leaves the literal
+    ``"_undefined_"`` placeholders in it (``marker: "_undefined_"``): the next new view then crashes in plotly.js
+    ``cleanData``. Assigning the state after each update replaces that copy with the true one (existing views
+    do not redraw on it). See ``docs/upstream/plotly_figurewidget_before_display.md``."""
+    widget._widget_layout = deepcopy(widget._layout_obj._props)
+    widget._widget_data = deepcopy(widget._data)
+
+
+def sync_figure(widget: go.FigureWidget, fig: go.Figure) -> bool:
     """Make ``widget`` show ``fig`` by updating its traces and layout in place, in one batch (one message to the
-    browser; the widget object and its place in the notebook stay the same).
+    browser; the widget object and its place in the notebook stay the same), then :func:`publish_state` so
+    every later view (a reload, a second display) draws the same. Returns False, sending nothing, when the
+    widget already shows ``fig``.
 
     Both come from the same figure function over the same run, so they have the same traces in the same order.
     Properties the new trace leaves unset are cleared, so nothing stale (old text, old shapes) survives."""
+    if _same_figure(widget, fig):
+        return False
     with widget.batch_update():
         if len(widget.data) != len(fig.data) or any(a.type != b.type for a, b in zip(widget.data, fig.data)):
             widget.data = ()  # not expected from figures.py; still the same widget
@@ -60,6 +106,83 @@ def sync_figure(widget: go.FigureWidget, fig: go.Figure) -> None:
         for key in ("shapes", "annotations"):
             layout.setdefault(key, [])
         widget.layout.update(layout, overwrite=True)
+    publish_state(widget)
+    return True
+
+
+def _figure_json(fig: go.BaseFigure) -> str:
+    """Traces (without uids) and layout (without template) as JSON, to compare what two figures draw."""
+    d = fig.to_plotly_json()
+    data = [{k: v for k, v in t.items() if k != "uid"} for t in d["data"]]
+    layout = {k: v for k, v in d["layout"].items() if k != "template"}
+    return json.dumps({"data": data, "layout": layout}, sort_keys=True, cls=PlotlyJSONEncoder)
+
+
+def _same_figure(widget: go.FigureWidget, fig: go.Figure) -> bool:
+    try:
+        return _figure_json(widget) == _figure_json(fig)
+    except (TypeError, ValueError):  # something that does not serialize the same way: just update
+        return False
+
+
+# Why a helper widget: plotly's anywidget view draws a figure when it is created, before JupyterLab attaches it
+# to the page, so plotly.js cannot measure the cell and falls back to 700 px; with ``responsive`` it re-measures
+# only on a window resize. This invisible widget, placed in each view's box, watches the box's size (it changes
+# when the box is attached, when a figure is added, when the side panel opens) and asks each plotly graph in it
+# to fit its width, through the handler plotly.js installs for ``responsive`` (a window resize event if that
+# handler is missing).
+_FIT_WIDTH_ESM = """
+function graphsIn(root) { return Array.from(root.querySelectorAll('.js-plotly-plot')); }
+function fit(root) {
+  const graphs = graphsIn(root);
+  const handlers = graphs.map(gd => gd._responsiveChartHandler).filter(h => typeof h === 'function');
+  if (handlers.length) handlers.forEach(h => h());
+  else if (graphs.length) window.dispatchEvent(new Event('resize'));
+}
+function outermostBox(el) {
+  let box = null;
+  for (let n = el.parentElement; n; n = n.parentElement) if (n.classList.contains('widget-box')) box = n;
+  return box || el.parentElement;
+}
+export default {
+  render({ el }) {
+    el.style.display = 'none';
+    let observer = null, timer = null, tries = 0, cancelled = false;
+    const attach = () => {
+      if (cancelled) return;
+      if (!el.isConnected) { if (tries++ < 600) requestAnimationFrame(attach); return; }
+      const root = outermostBox(el);
+      observer = new ResizeObserver(() => { clearTimeout(timer); timer = setTimeout(() => fit(root), 120); });
+      observer.observe(root);
+    };
+    requestAnimationFrame(attach);
+    return () => { cancelled = true; clearTimeout(timer); if (observer) observer.disconnect(); };
+  }
+};
+"""
+
+
+_FIT_WIDTH_CLASS: Any = None
+
+
+def _fit_width() -> Any:
+    """An invisible widget that makes the plotly graphs of the box it sits in follow the box's width."""
+    global _FIT_WIDTH_CLASS
+    if _FIT_WIDTH_CLASS is None:
+        import anywidget  # a dependency of plotly's FigureWidget; imported here, like ipywidgets
+
+        _FIT_WIDTH_CLASS = type("FitWidth", (anywidget.AnyWidget,), {
+            "_esm": _FIT_WIDTH_ESM, "__module__": __name__,
+            "__doc__": "Fits the plotly graphs of its box to the box's width (see _FIT_WIDTH_ESM)."})
+    return _FIT_WIDTH_CLASS()
+
+
+_TAG = re.compile(r"<[^>]+>")
+
+
+def plain_text(markup: str) -> str:
+    """The text of an HTML status line, without tags (``<b>done</b>: …`` → ``done: …``)."""
+    return html.unescape(_TAG.sub("", markup.replace("<br>", "\n")))
 
 
 def _static(widget: go.FigureWidget) -> go.Figure:
@@ -90,15 +213,15 @@ class Dashboard:
         self.play = W.Play(value=first, min=lo, max=hi, interval=play_interval_ms, description="play")
         W.jslink((self.play, "value"), (self.slider, "value"))
         self.info = W.HTML()
-        self.tokens = go.FigureWidget(self._tokens_figure(first))
-        self.routing = go.FigureWidget(F.routing_figure(result, first))
-        self.cache = go.FigureWidget(F.cache_figure(result, first))
-        self.timeline = go.FigureWidget(F.timeline_figure(result, first))
+        self.tokens = figure_widget(self._tokens_figure(first))
+        self.routing = figure_widget(F.routing_figure(result, first))
+        self.cache = figure_widget(F.cache_figure(result, first))
+        self.timeline = figure_widget(F.timeline_figure(result, first))
         self._shown = first
         self.info.value = self._info_html(first)
         self.slider.observe(self._on_step, names="value")
-        self.widget = W.VBox([W.HBox([self.play, self.slider, self.info]), self.tokens, self.routing, self.cache,
-                              self.timeline])
+        self.widget = W.VBox([W.HBox([self.play, self.slider, self.info, _fit_width()]), self.tokens, self.routing,
+                              self.cache, self.timeline])
 
     # views -----------------------------------------------------------------------------------
     @property
@@ -188,7 +311,7 @@ class LiveRun:
     (the GenerationResult once done), ``error`` (an exception raised by generate, if any) and ``dashboard`` (a
     :class:`Dashboard` of the finished run)."""
 
-    def __init__(self, engine, prompt, max_new_tokens: int = 64, *, tokenizer: Any = None, min_interval: float = 0.25,
+    def __init__(self, engine, prompt, max_new_tokens: int = 64, *, tokenizer: Any = None, min_interval: float = 0.5,
                  start: bool = True, details: bool = True, **generate_kwargs: Any) -> None:
         W = _ipywidgets()
         self.engine = engine
@@ -211,19 +334,22 @@ class LiveRun:
         self._stop = threading.Event()
         self._done = threading.Event()
         self._lock = threading.Lock()
+        self._draw_lock = threading.RLock()  # one redraw at a time (generating thread, trailing timer, notebook)
         self._last_refresh = 0.0
+        self._trailing: threading.Timer | None = None
+        self._finished = False
         self._t0 = time.perf_counter()
         tokens, steps = _live_frames([])
-        self.progress = go.FigureWidget(F.steps_figure(steps))
-        self.tokens = go.FigureWidget(F.tokens_figure(tokens, self.tokenizer))
+        self.progress = figure_widget(F.steps_figure(steps))
+        self.tokens = figure_widget(F.tokens_figure(tokens, self.tokenizer))
         self.stop_button = W.Button(description="Stop", icon="stop", button_style="danger",
                                     tooltip="end generation after the current step")
         self.stop_button.on_click(lambda _: self.stop())
         self.status = W.HTML("starting …")
         self._result_box = W.VBox([])
         self._details_box = W.VBox([])
-        self.widget = W.VBox([W.HBox([self.stop_button, self.status]), self.progress, self.tokens, self._details_box,
-                              self._result_box])
+        self.widget = W.VBox([W.HBox([self.stop_button, self.status, _fit_width()]), self.progress, self.tokens,
+                              self._details_box, self._result_box])
         self.thread = threading.Thread(target=self._run, name="specter-live", daemon=True)
         if start:
             self.start()
@@ -252,6 +378,11 @@ class LiveRun:
     def done(self) -> bool:
         return self._done.is_set()
 
+    @property
+    def status_text(self) -> str:
+        """The status line as plain text (``status.value`` is HTML), e.g. for ``print``."""
+        return plain_text(self.status.value)
+
     # thread ----------------------------------------------------------------------------------
     def _callback(self, info) -> None:
         from ..decode import StopGeneration
@@ -268,8 +399,28 @@ class LiveRun:
                 with self._lock:
                     self._live_frames = (info.step, frames)
             self.refresh()
+        else:
+            self._schedule_trailing_refresh()
         if self._stop.is_set():
             raise StopGeneration()
+
+    def _schedule_trailing_refresh(self) -> None:
+        """Coalesce: a step that came too soon after the last redraw is drawn by one redraw ``min_interval``
+        after it (with whatever steps came meanwhile), unless a step's own redraw or the end comes first."""
+        with self._lock:
+            if self._trailing is not None:
+                return
+            delay = max(0.0, self._last_refresh + self.min_interval - time.perf_counter())
+            self._trailing = threading.Timer(delay, self._trailing_refresh)
+            self._trailing.daemon = True
+            self._trailing.start()
+
+    def _trailing_refresh(self) -> None:
+        with self._lock:
+            self._trailing = None
+        with self._draw_lock:
+            if not self._finished and time.perf_counter() - self._last_refresh >= self.min_interval * 0.9:
+                self.refresh()
 
     def _run(self) -> None:
         try:
@@ -286,7 +437,12 @@ class LiveRun:
 
     # views -----------------------------------------------------------------------------------
     def refresh(self) -> None:
-        """Redraw the progress and token views from the steps seen so far."""
+        """Redraw the progress and token views from the steps seen so far (and the detail views from the latest
+        snapshot). The live run calls it at most once per ``min_interval``."""
+        with self._draw_lock:
+            self._refresh()
+
+    def _refresh(self) -> None:
         with self._lock:
             steps = list(self.steps)
         tokens, st = _live_frames(steps)
@@ -310,7 +466,7 @@ class LiveRun:
         figs = {"routing": F.routing_figure(frames, step), "cache": F.cache_figure(frames, step),
                 "timeline": F.timeline_figure(frames, step)}
         if self.routing is None:
-            self.routing, self.cache, self.timeline = (go.FigureWidget(figs[k]) for k in ("routing", "cache", "timeline"))
+            self.routing, self.cache, self.timeline = (figure_widget(figs[k]) for k in ("routing", "cache", "timeline"))
             self._details_box.children = (self.routing, self.cache, self.timeline)
         else:
             for name, fig in figs.items():
@@ -318,6 +474,15 @@ class LiveRun:
         self.live_step = step
 
     def _finish(self) -> None:
+        with self._draw_lock:
+            self._finished = True
+            with self._lock:
+                if self._trailing is not None:
+                    self._trailing.cancel()
+                    self._trailing = None
+            self._draw_finished()
+
+    def _draw_finished(self) -> None:
         self.stop_button.disabled = True
         if self.result is None:
             self.refresh()
@@ -329,7 +494,9 @@ class LiveRun:
         sync_figure(self.progress, F.steps_figure(r))
         sync_figure(self.tokens, F.tokens_figure(r, self.tokenizer))
         self.dashboard = Dashboard(r, self.tokenizer)
-        self._details_box.children = ()  # the dashboard shows the same views, with a step slider
+        # The dashboard shows the same views (token strip included), with a step slider: the live ones go.
+        self._details_box.children = ()
+        self.widget.children = tuple(w for w in self.widget.children if w is not self.tokens)
         self._result_box.children = (self.dashboard.widget,)
         m = r.metrics
         how = "stopped" if m.get("stopped") else "done"
@@ -410,11 +577,11 @@ class QuantTuner:
         self.quantize_seconds: dict = {}
         self._cache: dict = {}
         self.clock = "simulated"
-        self.figure = go.FigureWidget(F.tuner_figure(None))
+        self.figure = figure_widget(F.tuner_figure(None))
         self.run_button.on_click(lambda _: self.run())
         for w in (self.bits, self.group_size, self.method, self.k):
             w.observe(self._on_change, names="value")
-        self.widget = W.VBox([W.HBox([self.bits, self.group_size, self.method]),
+        self.widget = W.VBox([W.HBox([self.bits, self.group_size, self.method, _fit_width()]),
                               W.HBox([self.k, self.auto, self.run_button]), self.status, self.table_html, self.figure])
         if run_now:
             self.run()

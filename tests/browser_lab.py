@@ -1,0 +1,380 @@
+"""A JupyterLab server and a headless Chromium page driving it, for the browser tests (``tests/test_browser.py``).
+
+The server is started here, on 127.0.0.1 with a random token, its settings and workspaces in a temporary folder
+(so nothing of the user's JupyterLab leaks in, and it never asks to fetch news). Its kernels import specter_lab
+from this checkout (``PYTHONPATH``). The browser is the system Chromium (Debian's ``chromium``) driven by
+Playwright's Python package; Playwright's own browser downloads are never used.
+
+Page helpers read what the page actually drew: plotly's graph divs (``.js-plotly-plot``), their size, trace count
+and title text, rather than any kernel-side state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Debian's chromium, or one named by SPECTER_LAB_CHROMIUM.
+CHROMIUM_CANDIDATES = ("/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome")
+
+# Headless, and quiet on a machine without network: without the background-networking flags Chromium keeps
+# retrying its update, sync and component services.
+CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--disable-dev-shm-usage"]
+
+# JupyterLab settings for a test session: no news/update checks (they would hit the network), and the document
+# is saved only when the test asks.
+LAB_SETTINGS = {
+    "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false",
+                                                                         "checkForUpdates": False},
+    "@jupyterlab/docmanager-extension/plugin.jupyterlab-settings": {"autosave": False},
+    # Every cell attached and laid out: with the default 'contentVisibility' an off-screen output is not laid
+    # out, and a figure there would read as 0 px without being broken.
+    "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
+}
+
+
+def find_chromium() -> str | None:
+    """Path of a system Chromium, or None."""
+    named = os.environ.get("SPECTER_LAB_CHROMIUM")
+    if named:
+        return named if Path(named).is_file() else None
+    for path in CHROMIUM_CANDIDATES:
+        if Path(path).is_file():
+            return path
+    return shutil.which("chromium")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Lab:
+    """``jupyter lab`` serving ``root`` (a folder of notebooks), started by :meth:`start`, stopped by :meth:`stop`."""
+
+    root: Path
+    workdir: Path
+    port: int = 0
+    token: str = ""
+    proc: subprocess.Popen | None = None
+    log_path: Path = field(default=Path())
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def url(self, notebook: str) -> str:
+        """The notebook in a workspace of its own: a new tab restores only this notebook, not the tabs of earlier
+        tests (whose kernels are gone, so their widgets would log 'widget model not found')."""
+        workspace = "".join(ch if ch.isalnum() else "-" for ch in Path(notebook).stem)
+        return f"{self.base}/lab/workspaces/{workspace}/tree/{notebook}?token={self.token}"
+
+    def start(self, timeout: float = 120) -> "Lab":
+        self.port = _free_port()
+        self.token = os.urandom(12).hex()
+        settings = self.workdir / "lab-settings"
+        for rel, values in LAB_SETTINGS.items():
+            path = settings / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(values))
+        env = dict(os.environ)
+        # The kernels must import this checkout's specter_lab, whatever the environment's install points to.
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in [env.get("PYTHONPATH")] if p])
+        env.update(JUPYTERLAB_SETTINGS_DIR=str(settings), JUPYTERLAB_WORKSPACES_DIR=str(self.workdir / "lab-ws"),
+                   JUPYTER_RUNTIME_DIR=str(self.workdir / "runtime"), PYTHONUNBUFFERED="1")
+        self.log_path = self.workdir / "jupyterlab.log"
+        cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip", "127.0.0.1", "--port", str(self.port),
+               f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={self.root}",
+               "--ServerApp.port_retries=0", "--LabApp.expose_app_in_browser=True",
+               # the extension manager would query PyPI; terminals are not needed
+               "--LabApp.extension_manager=readonly", "--ServerApp.terminals_enabled=False"]
+        if hasattr(os, "geteuid") and os.geteuid() == 0:  # CI containers run as root
+            cmd.append("--allow-root")
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.workdir,
+                                         start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"jupyter lab exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(f"{self.base}/api/status?token={self.token}", timeout=5) as r:
+                    if r.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.5)
+        raise RuntimeError(f"jupyter lab did not answer within {timeout:.0f} s:\n{self.log_tail()}")
+
+    def log_tail(self, n: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def shutdown_kernels(self) -> None:
+        """Shut down every kernel of the server (REST API), so the next notebook has the CPUs to itself."""
+        try:
+            with urllib.request.urlopen(f"{self.base}/api/kernels?token={self.token}", timeout=10) as r:
+                kernels = json.load(r)
+            for k in kernels:
+                req = urllib.request.Request(f"{self.base}/api/kernels/{k['id']}?token={self.token}", method="DELETE")
+                urllib.request.urlopen(req, timeout=30).close()
+        except OSError as exc:  # a server that is gone has no kernels left either
+            print(f"shutting down kernels: {exc}")
+
+    def stop(self) -> None:
+        """Stop the server (and with it its kernels): SIGTERM to its own process group, then SIGKILL."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+
+# ----------------------------------------------------------------------------------------- page helpers
+# JavaScript run in the page. `jupyterapp` is exposed by --LabApp.expose_app_in_browser.
+_JS_NOTEBOOK_STATE = """() => {
+  const app = window.jupyterapp;
+  const w = app && app.shell.currentWidget;
+  if (!w || !w.content || !w.sessionContext) return {ready: false};
+  const kernel = w.sessionContext.session && w.sessionContext.session.kernel;
+  const cells = w.content.widgets.filter(c => c.model.type === 'code');
+  const errors = [];
+  cells.forEach((c, i) => {
+    const outs = c.model.outputs.toJSON();
+    outs.filter(o => o.output_type === 'error').forEach(o => errors.push({cell: i, ename: o.ename, evalue: o.evalue}));
+  });
+  return {ready: w.context.isReady && !!kernel, status: kernel ? kernel.status : 'none',
+          executed: cells.filter(c => c.model.executionCount !== null).length, cells: cells.length, errors,
+          running: cells.some(c => c.model.executionState === 'running' ||
+                                   (c.promptNode && c.promptNode.textContent.includes('*')))};
+}"""
+
+# Every plotly graph in the notebook (or in the code cell whose source contains `needle`): size, what plotly.js
+# was given (`gd.data`: trace count, per-trace x/y/text), what it drew (trace groups in the SVG), title and
+# subplot-title text. The cell index is the position among the notebook's cells (markdown included).
+_JS_PLOTS = """(needle) => {
+  const nb = window.jupyterapp.shell.currentWidget.content;
+  const cells = nb.widgets;
+  const scopes = needle === null ? cells : cells.filter(c => c.model.type === 'code' &&
+                                                          c.model.sharedModel.getSource().includes(needle));
+  const short = v => (v === undefined || v === null) ? null : Array.from(v).slice(0, 64).map(String);
+  const out = [];
+  scopes.forEach(c => c.node.querySelectorAll('.jp-OutputArea-output .js-plotly-plot').forEach(gd => {
+    // the drawn figure (plotly's svg-container), not the graph div: the div always spans the cell
+    const r = (gd.querySelector('.svg-container') || gd).getBoundingClientRect();
+    const area = gd.closest('.jp-OutputArea-output');
+    const title = gd.querySelector('.gtitle');
+    const groups = Array.from(gd.querySelectorAll('.modebar .modebar-group'));
+    const mb = gd.querySelector('.modebar');
+    const tr = title ? title.getBoundingClientRect() : null, mr = mb ? mb.getBoundingClientRect() : null;
+    // the title's text and the modebar's box overlap (whether or not the modebar is showing right now)
+    const covered = !!(tr && mr && mr.width > 0 && tr.width > 0 && tr.left < mr.right && mr.left < tr.right &&
+                       tr.top < mr.bottom && mr.top < tr.bottom);
+    out.push({
+      cell: cells.indexOf(c), width: Math.round(r.width), height: Math.round(r.height),
+      area_width: area ? Math.round(area.getBoundingClientRect().width) : null, title_covered: covered,
+      traces: Array.isArray(gd.data) ? gd.data.length : -1,
+      drawn: gd.querySelectorAll('.trace, .hm, .heatmaplayer image').length,
+      title: title ? title.textContent : '',
+      annotations: Array.from(gd.querySelectorAll('.annotation-text')).map(t => t.textContent),
+      texts: Array.from(gd.querySelectorAll('.barlayer .trace text, .heatmaplayer text, .texttemplate text'))
+        .map(t => t.textContent),
+      data: Array.isArray(gd.data)
+        ? gd.data.map(t => ({type: t.type, x: short(t.x), y: short(t.y), text: short(t.text)})) : [],
+      // plotly.js hides a hover-only modebar by its groups' opacity, not the bar's
+      modebar_visible: groups.some(g => parseFloat(getComputedStyle(g).opacity) > 0.01 &&
+                                        getComputedStyle(g).display !== 'none'),
+      widget: !!gd.closest('.jupyter-widgets, .widget-box'),  // an ipywidgets view, not a static figure output
+    });
+  }));
+  return out;
+}"""
+
+# The text of a code cell's outputs (the first cell whose source contains `needle`).
+_JS_CELL_TEXT = """(needle) => {
+  const cells = window.jupyterapp.shell.currentWidget.content.widgets;
+  const c = cells.find(c => c.model.type === 'code' && c.model.sharedModel.getSource().includes(needle));
+  return c ? c.node.querySelector('.jp-Cell-outputArea').innerText : null;
+}"""
+
+# Append a code cell with `source` at the end of the notebook and run it.
+_JS_APPEND_AND_RUN = """async (source) => {
+  const app = window.jupyterapp;
+  const nb = app.shell.currentWidget.content;
+  nb.activeCellIndex = nb.widgets.length - 1;
+  await app.commands.execute('notebook:insert-cell-below');
+  nb.activeCell.model.sharedModel.setSource(source);
+  await app.commands.execute('notebook:run-cell');
+  return nb.widgets.length - 1;
+}"""
+
+
+class Page:
+    """One browser page on the lab, collecting console errors and page errors as they happen."""
+
+    def __init__(self, page: Any, lab: Lab, shots: Path | None = None) -> None:
+        self.page = page
+        self.lab = lab
+        self.shots = shots  # where screenshot_element() writes; None: it does nothing
+        self.console: list[dict] = []
+        page.on("console", lambda m: self.console.append({"type": m.type, "text": m.text,
+                                                          "url": (m.location or {}).get("url", "")}))
+        page.on("pageerror", lambda e: self.console.append({"type": "pageerror", "text": str(e), "url": ""}))
+
+    # notebook --------------------------------------------------------------------------------
+    def open(self, notebook: str, timeout: float = 120) -> None:
+        self.page.goto(self.lab.url(notebook), wait_until="domcontentloaded")
+        self.wait_for_kernel(timeout)
+
+    def state(self) -> dict:
+        return self.page.evaluate(_JS_NOTEBOOK_STATE)
+
+    def wait_for_kernel(self, timeout: float = 120) -> dict:
+        """Until the notebook is open and its kernel is idle."""
+        deadline = time.monotonic() + timeout
+        st: dict = {}
+        while time.monotonic() < deadline:
+            try:
+                st = self.state()
+            except Exception:  # the page is still navigating
+                st = {}
+            if st.get("ready") and st.get("status") == "idle":
+                return st
+            time.sleep(0.5)
+        raise TimeoutError(f"the notebook's kernel was not idle within {timeout:.0f} s: {st}")
+
+    def command(self, name: str, args: dict | None = None) -> None:
+        """A JupyterLab command, as the menus and the command palette run it."""
+        self.page.evaluate("([name, args]) => window.jupyterapp.commands.execute(name, args)", [name, args or {}])
+
+    def run_all(self, timeout: float = 600) -> dict:
+        """Run > Run All Cells, then wait until every code cell ran and the kernel is idle again; raises on the
+        first cell that failed."""
+        self.command("notebook:run-all-cells")
+        deadline = time.monotonic() + timeout
+        st: dict = {}
+        while time.monotonic() < deadline:
+            st = self.state()
+            if st.get("errors"):
+                raise AssertionError(f"a cell failed under Run All: {st['errors']}")
+            if st.get("status") == "idle" and st.get("executed") == st.get("cells") and not st.get("running"):
+                return st
+            time.sleep(1.0)
+        raise TimeoutError(f"Run All did not finish within {timeout:.0f} s: {st}")
+
+    def save(self) -> None:
+        self.command("docmanager:save")
+        self.page.wait_for_timeout(1500)
+
+    def reload(self, timeout: float = 120) -> None:
+        self.page.reload(wait_until="domcontentloaded")
+        self.wait_for_kernel(timeout)
+
+    # reading what was drawn ------------------------------------------------------------------
+    def plots(self, needle: str | None = None) -> list[dict]:
+        """The plotly graphs drawn in the notebook, or in the code cell whose source contains ``needle``."""
+        return self.page.evaluate(_JS_PLOTS, needle)
+
+    def pointer_away(self) -> None:
+        """Move the mouse to the page's top-left corner (menu bar), off every figure: a hover-only modebar hides."""
+        self.page.mouse.move(2, 2)
+        self.page.wait_for_timeout(600)  # plotly's modebar fades out in 0.3 s
+
+    def cell_text(self, needle: str) -> str | None:
+        """The output text of the code cell whose source contains ``needle``."""
+        return self.page.evaluate(_JS_CELL_TEXT, needle)
+
+    def cell(self, needle: str) -> Any:
+        """A locator of the current notebook's code cell whose source contains ``needle`` (for clicks and key
+        presses). The cell's node is tagged from the notebook model: other notebooks' tabs stay in the DOM."""
+        tag = self.page.evaluate("""(needle) => {
+            const c = window.jupyterapp.shell.currentWidget.content.widgets
+              .find(c => c.model.type === 'code' && c.model.sharedModel.getSource().includes(needle));
+            if (!c) return null;
+            c.node.dataset.slCell = c.model.id;
+            return c.model.id; }""", needle)
+        if tag is None:
+            raise LookupError(f"no code cell contains {needle!r}")
+        return self.page.locator(f'[data-sl-cell="{tag}"]')
+
+    def append_and_run(self, source: str, timeout: float = 120) -> None:
+        """Add a code cell with ``source`` at the end and run it, as a user typing a new cell would."""
+        self.page.evaluate(_JS_APPEND_AND_RUN, source)
+        self.page.wait_for_timeout(500)
+        self.wait_for_kernel(timeout)
+
+    def wait_for(self, predicate, timeout: float = 60, interval: float = 0.5, what: str = "condition"):
+        """Poll ``predicate()`` until it returns something truthy; returns it."""
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            last = predicate()
+            if last:
+                return last
+            time.sleep(interval)
+        raise TimeoutError(f"{what} not met within {timeout:.0f} s")
+
+    def errors(self) -> list[dict]:
+        """Console errors and uncaught page errors, plus the widget manager's 'Error setting state' warnings
+        (ipywidgets logs a failed state update at that level, and it is what a broken FigureWidget leaves)."""
+        return [m for m in self.console if m["type"] in ("error", "pageerror")
+                or (m["type"] == "warning" and "Error setting state" in m["text"])]
+
+    def screenshot_element(self, locator: Any, name: str) -> Path | None:
+        """A PNG of one element (a cell with its outputs) in ``shots``, if set (for the docs, or a CI artifact)."""
+        if self.shots is None:
+            return None
+        self.shots.mkdir(parents=True, exist_ok=True)
+        path = self.shots / f"{name}.png"
+        # A cell taller than the notebook panel would be cut by the panel's own scrolling: make the window tall
+        # enough for it, then put it back (the figures' width does not change).
+        size = self.page.viewport_size
+        box = locator.bounding_box()
+        if size and box and box["height"] + 250 > size["height"]:
+            self.page.set_viewport_size({"width": size["width"], "height": int(box["height"]) + 250})
+        try:
+            locator.scroll_into_view_if_needed()
+            self.page.wait_for_timeout(500)
+            locator.screenshot(path=str(path))
+        finally:
+            if size:
+                self.page.set_viewport_size(size)
+        return path
+
+    def screenshot(self, path: Path) -> None:
+        try:
+            self.page.screenshot(path=str(path), full_page=True)
+        except Exception as exc:  # a crashed page: the test reports the original failure
+            print(f"screenshot {path} failed: {exc}")
+
+
+def launch(playwright: Any, executable: str, profile: Path, viewport=(1400, 1000)) -> Any:
+    """A headless Chromium context on a fresh profile folder."""
+    return playwright.chromium.launch_persistent_context(
+        str(profile), executable_path=executable, headless=True, args=CHROMIUM_ARGS,
+        viewport={"width": viewport[0], "height": viewport[1]})
+
+
+def temp_root(prefix: str = "specter-browser-") -> Path:
+    return Path(tempfile.mkdtemp(prefix=prefix))

@@ -1,0 +1,294 @@
+"""The tutorial notebooks in a real browser: JupyterLab on 127.0.0.1, driven by headless Chromium.
+
+Kernel-side tests (and nbval) only see what Python holds; these read what the page drew, from the page itself:
+every figure widget has a size and traces, the dashboard's slider and the QuantTuner's controls change what is
+drawn, a reload and a second display show the state Python holds, and the console has no error.
+
+Run alone with ``SPECTER_LAB_REQUIRE_BROWSER=1 python -m pytest -m browser tests/test_browser.py``; without that
+variable they skip (the README's test line stays kernel-only), and with it a missing Playwright package or
+system Chromium is a failure, not a skip (``.ci/run`` sets it). On
+failure a full-page screenshot and the console log go to ``SPECTER_LAB_BROWSER_ARTIFACTS`` (default: the test's
+temporary folder, printed in the failure).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from browser_lab import REPO, Lab, Page, find_chromium, launch
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(900)]
+
+NOTEBOOKS = ("01_quickstart.ipynb", "02_quantization.ipynb", "03_timelines.ipynb")
+
+
+REQUIRED = os.environ.get("SPECTER_LAB_REQUIRE_BROWSER") == "1"
+
+
+def _require_or_skip(reason: str) -> None:
+    if REQUIRED:
+        pytest.fail(f"SPECTER_LAB_REQUIRE_BROWSER=1 but {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    if not REQUIRED:  # minutes of CPU: only where asked for (.ci/run sets it), never in the README's test line
+        pytest.skip("the browser test runs with SPECTER_LAB_REQUIRE_BROWSER=1 (see .ci/run)")
+    path = find_chromium()
+    if path is None:
+        _require_or_skip("no system Chromium (apt-get install chromium, or set SPECTER_LAB_CHROMIUM)")
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        _require_or_skip("Playwright's Python package is not installed (pip install playwright; no browser "
+                         "download is needed)")
+    return path
+
+
+@pytest.fixture(scope="module")
+def lab(chromium, tmp_path_factory):
+    """A JupyterLab serving copies of the tutorial notebooks (saving in the test never touches notebooks/)."""
+    work = tmp_path_factory.mktemp("browser")
+    root = work / "notebooks"
+    root.mkdir()
+    for name in NOTEBOOKS:
+        shutil.copy(REPO / "notebooks" / name, root / name)
+    server = Lab(root=root, workdir=work).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def browser(lab, chromium):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        context = launch(pw, chromium, lab.workdir / "chromium-profile")
+        context.set_default_timeout(60_000)
+        yield context
+        context.close()
+
+
+@pytest.fixture
+def page(browser, lab, request):
+    """A fresh tab; on failure its full-page screenshot and console log are kept. Element screenshots (for the
+    docs) are written only where ``SPECTER_LAB_BROWSER_SHOTS`` names a folder. The tab's kernels are shut down
+    afterwards, so the next notebook has the CPUs to itself."""
+    shots = os.environ.get("SPECTER_LAB_BROWSER_SHOTS")
+    p = Page(browser.new_page(), lab, Path(shots) if shots else None)
+    failed_before = request.session.testsfailed
+    yield p
+    # The call phase's report is logged before teardown, so a failure of this test is already counted.
+    if request.session.testsfailed > failed_before:
+        out = Path(os.environ.get("SPECTER_LAB_BROWSER_ARTIFACTS", lab.workdir / "artifacts"))
+        out.mkdir(parents=True, exist_ok=True)
+        p.screenshot(out / f"{request.node.name}.png")
+        (out / f"{request.node.name}.console.json").write_text(json.dumps(p.console, indent=1))
+        print(f"browser artifacts (screenshot, console log): {out}")
+    lab.shutdown_kernels()
+    p.page.close()
+
+
+# ----------------------------------------------------------------------------------------- checks
+def assert_drawn(plots: list[dict], where: str, expect: int | None = None) -> None:
+    """Every graph has a size and drew its traces."""
+    assert plots, f"{where}: no plotly graph in the page"
+    if expect is not None:
+        assert len(plots) == expect, f"{where}: {len(plots)} graphs, expected {expect}: {[p['title'] for p in plots]}"
+    for p in plots:
+        size = f"{p['width']}×{p['height']} px"
+        assert p["width"] > 300 and p["height"] > 100, f"{where}: graph {p['title']!r} is {size}"
+        assert p["traces"] > 0 and p["drawn"] > 0, f"{where}: graph {p['title']!r} drew no traces: {p}"
+        assert p["title"], f"{where}: graph without a title: {p}"
+
+
+def assert_readable(page: Page, plots: list[dict], where: str) -> None:
+    """The live figures (widgets) fill the width of their cell, no title runs under its modebar, and with the
+    pointer elsewhere no modebar shows."""
+    widgets = [p for p in plots if p["widget"]]
+    assert widgets, f"{where}: no figure widget"
+    for p in widgets:
+        assert p["area_width"] and p["width"] >= 0.9 * p["area_width"], \
+            f"{where}: {p['title']!r} is {p['width']} px wide in a {p['area_width']} px cell"
+    covered = [p["title"] for p in plots if p["title_covered"]]
+    assert not covered, f"{where}: the modebar covers the title of {covered}"
+    shown = [p["title"] for p in widgets if p["modebar_visible"]]
+    assert not shown, f"{where}: the modebar shows without the pointer over {shown}"
+
+
+def wait_readable(page: Page, needle: str | None, where: str, timeout: float = 20) -> list[dict]:
+    """Until the figures in the cell with ``needle`` pass :func:`assert_readable` (they fit their width a moment
+    after they are attached); then returns them, or raises its assertion."""
+    page.pointer_away()
+
+    def ok():
+        plots = page.plots(needle)
+        try:
+            assert_readable(page, plots, where)
+        except AssertionError:
+            return None
+        return plots
+
+    try:
+        return page.wait_for(ok, timeout=timeout, what=where)
+    except TimeoutError:
+        plots = page.plots(needle)
+        assert_readable(page, plots, where)
+        return plots
+
+
+def assert_no_console_errors(page: Page) -> None:
+    errors = page.errors()
+    assert not errors, "console errors:\n" + "\n".join(f"  {e['type']}: {e['text'][:300]}" for e in errors)
+
+
+def dashboard_steps(plots: list[dict]) -> dict[str, int]:
+    """The step each dashboard figure says it shows, read from its drawn title."""
+    found = {}
+    for name, pattern in (("routing", r"^Routing at step (\d+)"), ("cache", r"^Expert cache .* after step (\d+)"),
+                          ("timeline", r"^Timeline · step (\d+)")):
+        for p in plots:
+            m = re.search(pattern, p["title"])
+            if m:
+                found[name] = int(m.group(1))
+    return found
+
+
+def slider_value(page: Page, needle: str) -> int:
+    return int(page.cell(needle).locator(".widget-slider .widget-readout").first.inner_text())
+
+
+def wait_dashboard_at(page: Page, needle: str, step: int, what: str) -> list[dict]:
+    """Until the dashboard in the cell with ``needle`` draws ``step`` in every figure (and its slider says so)."""
+    def at_step():
+        plots = page.plots(needle)
+        ok = dashboard_steps(plots) == {"routing": step, "cache": step, "timeline": step}
+        return plots if ok and slider_value(page, needle) == step else None
+
+    try:
+        return page.wait_for(at_step, timeout=30, what=what)
+    except TimeoutError:
+        plots = page.plots(needle)
+        raise AssertionError(f"{what}: slider {slider_value(page, needle)}, figures {dashboard_steps(plots)}, "
+                             f"expected step {step} everywhere") from None
+
+
+def tuner_table(page: Page) -> dict[str, str]:
+    """strategy → TPOT text of the tuner's HTML table (what Python last computed)."""
+    rows = page.page.evaluate("""() => Array.from(document.querySelectorAll('table.sl-tuner tbody tr'))
+        .map(tr => Array.from(tr.children).map(td => td.textContent.trim()))""")
+    heads = page.page.evaluate("""() => Array.from(document.querySelectorAll('table.sl-tuner thead th'))
+        .map(th => th.textContent.trim())""")
+    i, j = heads.index("strategy"), heads.index("tpot_ms")
+    return {r[i]: r[j] for r in rows}
+
+
+def tuner_chart(page: Page) -> dict[str, str]:
+    """strategy → TPOT text of the bars the tuner's chart drew."""
+    (chart,) = [p for p in page.plots("sl.viz.QuantTuner(") if p["title"].startswith("Quantized draft")]
+    tpot = chart["data"][0]
+    return dict(zip(tpot["x"] or [], tpot["text"] or []))
+
+
+def assert_chart_matches_table(page: Page, what: str) -> None:
+    """The chart's TPOT bars carry the table's numbers (3 decimals in the chart, 4 in the table)."""
+    def same():
+        table, chart = tuner_table(page), tuner_chart(page)
+        want = {k: f"{float(v):.3f}" for k, v in table.items() if v != "–"}
+        return chart if chart and {k: chart.get(k) for k in want} == want else None
+
+    try:
+        page.wait_for(same, timeout=30, what=what)
+    except TimeoutError:
+        raise AssertionError(f"{what}: chart {tuner_chart(page)} vs table {tuner_table(page)}") from None
+
+
+# ----------------------------------------------------------------------------------------- tests
+def test_quickstart_dashboard(page: Page) -> None:
+    """01: every figure drew; the slider redraws them; a reload and a second display show the current step."""
+    needle = "sl.viz.dashboard("
+    page.open("01_quickstart.ipynb")
+    page.run_all(timeout=300)
+    plots = page.wait_for(lambda: len(page.plots(needle)) == 4 and page.plots(needle), what="dashboard drawn")
+    assert_drawn(plots, "dashboard", expect=4)
+    wait_readable(page, needle, "dashboard")
+    last = slider_value(page, needle)
+    wait_dashboard_at(page, needle, last, "dashboard after Run All")
+
+    # Move the slider with the keyboard, as a user would: two steps back.
+    handle = page.cell(needle).locator(".widget-slider .noUi-handle").first
+    handle.focus()
+    handle.press("ArrowLeft")
+    handle.press("ArrowLeft")
+    moved = last - 2
+    plots = wait_dashboard_at(page, needle, moved, "dashboard after moving the slider")
+    assert_drawn(plots, "dashboard after moving the slider", expect=4)
+
+    # A reload with the kernel alive restores the widgets from the kernel: they must show the moved step.
+    page.save()
+    page.reload()
+    plots = page.wait_for(lambda: len(page.plots(needle)) == 4 and page.plots(needle), what="dashboard restored")
+    assert_drawn(plots, "dashboard after a reload", expect=4)
+    wait_dashboard_at(page, needle, moved, "dashboard after a reload")
+    page.screenshot_element(page.cell(needle), "dashboard_after_reload")
+
+    # The same dashboard shown again in a new cell: both views show the current step.
+    page.append_and_run("dash")
+    again = page.wait_for(lambda: len(page.plots(None)) >= 4 + 4 and page.plots(None), what="second display drawn")
+    second = [p for p in again if p["cell"] == max(q["cell"] for q in again)]
+    assert_drawn(second, "dashboard shown again", expect=4)
+    assert dashboard_steps(second) == {"routing": moved, "cache": moved, "timeline": moved}, dashboard_steps(second)
+    wait_readable(page, None, "dashboard shown twice")
+    assert_no_console_errors(page)
+
+
+def test_quantization_tuner(page: Page) -> None:
+    """02: the tuner's chart drew the table's numbers; a control + Run redraws it; a reload keeps it."""
+    page.open("02_quantization.ipynb")
+    page.run_all(timeout=400)
+    plots = page.wait_for(lambda: page.plots("sl.viz.QuantTuner("), what="tuner chart in the page")
+    assert_drawn(plots, "tuner", expect=1)
+    assert_drawn(page.plots(None), "02")
+    assert_chart_matches_table(page, "tuner after Run All")
+    wait_readable(page, "sl.viz.QuantTuner(", "tuner")
+    before = tuner_chart(page)
+
+    # A control: 2-bit draft, then Run (the notebook turned 'run on change' off).
+    cell = page.cell("sl.viz.QuantTuner(")
+    cell.locator(".widget-dropdown:has(label:text-is('bits')) select").select_option(label="2")
+    cell.locator("button:has-text('Run')").click()
+    page.wait_for(lambda: tuner_chart(page) != before, timeout=120, what="tuner chart redrawn after bits=2 + Run")
+    assert_chart_matches_table(page, "tuner after bits=2 + Run")
+    page.screenshot_element(cell, "quanttuner")
+
+    page.save()
+    page.reload()
+    page.wait_for(lambda: page.plots("sl.viz.QuantTuner("), what="tuner chart restored")
+    assert_drawn(page.plots("sl.viz.QuantTuner("), "tuner after a reload", expect=1)
+    assert_chart_matches_table(page, "tuner after a reload")
+    assert_no_console_errors(page)
+
+
+def test_timelines_live(page: Page) -> None:
+    """03: static figures and the live view drew; the finished live view has one token strip; the status
+    printed as text, not HTML."""
+    needle = "sl.viz.live("
+    page.open("03_timelines.ipynb")
+    page.run_all(timeout=300)
+    assert_drawn(page.plots(None), "03")
+    live = page.wait_for(lambda: len(page.plots(needle)) >= 5 and page.plots(needle), what="finished live view")
+    assert_drawn(live, "live view")
+    wait_readable(page, needle, "finished live view")
+    strips = [p["title"] for p in live if p["title"].startswith("Tokens ·")]
+    assert len(strips) == 1, f"the finished live view shows {len(strips)} token strips"
+    printed = page.cell_text("run.join()") or ""
+    assert "<b>" not in printed and "done" in printed, printed
+    page.screenshot_element(page.cell("figures.timeline_figure(spec, step)"), "titled_figure")
+    assert_no_console_errors(page)
