@@ -454,3 +454,19 @@ def test_live_redraws_are_throttled_and_coalesced(model):
     gaps = [b - a for a, b in zip(times, times[1:])]
     assert gaps and min(gaps) >= 0.4 * 0.9 - 0.02, gaps
     assert len(run.progress.data[0].x) == len(run.result.frames()["steps"])  # the end is drawn in full
+
+
+def test_frame_analysis_needs_no_plotly(tmp_path):
+    """What the views show is computed in viz.frames from pandas alone: usable (and testable) without plotly."""
+    import subprocess
+    import sys
+
+    code = ("import sys, specter_lab as sl\n"
+            "from specter_lab.viz import frames\n"
+            "m = sl.tiny_random_model('qwen2_moe', seed=1)\n"
+            "r = sl.Engine(m, None, 'specter', expert_budget=0.5).generate([3, 4, 5, 6], max_new_tokens=6)\n"
+            "cells = frames.routing_cells(r, frames.default_routing_step(r.frames()))\n"
+            "assert len(cells) and 'category' in cells and len(frames.residency(r, 1))\n"
+            "assert 'plotly' not in sys.modules, 'viz.frames imported plotly'\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]

@@ -1,4 +1,6 @@
-"""Notebook views of a run: plotly figures (:mod:`.figures`) and live ipywidgets views (:mod:`.widgets`).
+"""Notebook views of a run: plotly figures of a run (:mod:`.figures`) and of bench tables (:mod:`.bench_figures`),
+the pure frame analysis they draw (:mod:`.frames`, no plotly), the shared palette (:mod:`.style`) and layout
+(:mod:`.layout`), standalone HTML reports (:mod:`.report`) and live ipywidgets views (:mod:`.widgets`).
 
     from specter_lab import viz
     viz.dashboard(result)                 # step slider over routing, cache, timeline and tokens
@@ -19,12 +21,16 @@ _FIGURES = ("routing_figure", "cache_figure", "timeline_figure", "tokens_figure"
             "compare_figure", "speedup_figure", "cost_figure", "regime_figure", "tuner_figure", "report_html", "bench_html", "clock_label")
 _WIDGETS = ("dashboard", "live", "QuantTuner", "Dashboard", "LiveRun", "sync_figure")
 
-__all__ = [*_FIGURES, *_WIDGETS, "figures", "widgets"]
+_MODULES = ("figures", "bench_figures", "frames", "style", "layout", "report", "widgets")
+
+__all__ = [*_FIGURES, *_WIDGETS, *_MODULES]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("figures", "widgets"):
+    if name in _MODULES:
         return importlib.import_module(f".{name}", __name__)
+    if name in ("report_html", "bench_html"):
+        return getattr(importlib.import_module(".report", __name__), name)
     if name in _FIGURES:
         return getattr(importlib.import_module(".figures", __name__), name)
     if name in _WIDGETS:
