@@ -289,6 +289,11 @@ class Engine:
             self._draft = shared[key]  # host memory, outside the budget: keep it
         return shared[key]
 
+    def _hybrid_builder(self) -> Callable[[list[set[int]]], DraftExperts]:
+        """The hybrid draft's low-bit copies, made for the sets the run chose after its prefill (a few experts
+        per layer: quantizing them is quick), so the device never holds the other experts' copies."""
+        return lambda sets: DraftExperts(self.info, self.draft_spec, device=self.device, experts=sets)
+
     def set_draft(self, spec: "QuantSpec | DraftSpec | str") -> None:
         """Change the draft (re-quantized on next use). The slot split follows its new size; on an error (the
         budget cannot hold it) the engine keeps its previous draft."""
@@ -371,8 +376,10 @@ class Engine:
                 for e in range(size):
                     store.load(layer, e, "preload")
         store.fault_hook = self.fault_hook
-        draft = DraftSource(cfg.variant, self.draft if st.speculative and cfg.uses_lowbit else None,
-                            self.draft_expert_bytes, cfg.hybrid_experts if cfg.variant == "hybrid" else 0)
+        hybrid = st.speculative and cfg.variant == "hybrid"
+        draft = DraftSource(cfg.variant, self.draft if st.speculative and cfg.variant == "quantized" else None,
+                            self.draft_expert_bytes, cfg.hybrid_experts if hybrid else 0,
+                            build=self._hybrid_builder() if hybrid else None)
         rt = OffloadRuntime(self.info, store, clock, self.cost, trace, draft=draft, gate_lookahead=st.prefetch == "gate",
                             miss=st.miss)
         dec = Decoder(self.model, rt, Sampling(do_sample, float(temperature), float(top_p), seed),

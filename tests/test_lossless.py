@@ -143,3 +143,19 @@ def test_auto_keeps_the_callers_draft_and_k(family_models):
     assert eng.generate(ids, max_new_tokens=12).token_ids == hf_greedy(model, ids, 12)
     with pytest.raises(ValueError, match="candidates="):
         sl.plan(model, None, candidates=[("lru", "lru", {})], k=3, progress=False)
+
+
+@pytest.mark.parametrize("family", ["qwen2_moe", "gpt_oss"])
+def test_every_draft_variant_matches_hf_greedy(family_models, family):
+    model = family_models[family]
+    ids = PROMPTS[1]
+    ref = hf_greedy(model, ids, 20)
+    for draft in ("quantized", "resident", "host", sl.DraftSpec("hybrid", sl.QuantSpec(2, 32), 2)):
+        run = sl.Engine(model, None, "specter_plus", expert_budget=0.6, draft=draft).prepare(ids, max_new_tokens=20)
+        assert run.execute().token_ids == ref, f"{family}: draft {draft} diverged"
+        d = run.runtime.draft
+        if d.variant == "hybrid":
+            # the low-bit copies are built for the chosen sets only: what the budget charges, not every expert
+            assert d.experts is not None
+            assert all(sorted(d.experts.experts(l)) == sorted(s) and len(s) == 2
+                       for l, s in enumerate(run.runtime.hybrid_sets))

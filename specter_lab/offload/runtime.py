@@ -59,6 +59,9 @@ class DraftSource:
     experts: object | None = None  # DraftExperts
     expert_bytes: float = 0.0
     hybrid_size: int = 0
+    # hybrid: builds the low-bit copies of just the chosen sets (per layer), so the device holds what the budget
+    # charges (hybrid_size experts per layer), not a low-bit copy of every expert
+    build: Callable[[list[set[int]]], object] | None = None
 
 
 class OffloadRuntime:
@@ -290,6 +293,8 @@ class OffloadRuntime:
             resident = self.store.resident(layer)
             order = sorted(range(len(counts)), key=lambda e: (e in resident, -counts[e], e))
             self.hybrid_sets[layer] = set(order[: self.draft.hybrid_size])
+        if self.draft.build is not None:
+            self.draft.experts = self.draft.build(self.hybrid_sets)
 
     def _draft_forward(self, layer: int, mod, x, groups, w) -> torch.Tensor:
         """The draft's MoE layer. Variants (all lossless, the target verifies):
