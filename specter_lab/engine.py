@@ -187,9 +187,11 @@ class Engine:
         if self.use_cuda_clock:  # dense weights on the GPU, experts in pinned host memory (done here if not yet)
             ensure_offload_layout(model, self.info)
             if self.strategy.prefetch == "oracle":
-                warnings.warn(f"strategy={self.strategy.name!r} on hardware='cuda' is not a bound: its look at the "
-                              "target's true routing is a real forward pass on the GPU, inside the timed window "
-                              "(the simulated clock does not charge it).", stacklevel=2)
+                warnings.warn(f"strategy={self.strategy.name!r} on hardware='cuda': its look at the target's true "
+                              "routing is a real forward on the GPU; it is cut out of the timeline, but its "
+                              "prefetches cannot be issued back in time as on the simulated clock, and copies "
+                              "in flight during it are not charged: read it as an estimate, not a strict bound.",
+                              stacklevel=2)
         self.profile = profile or PROFILES["rtx4090-pcie4"]  # CUDA clock: profile only feeds planner estimates
         self.cost_shape = get_cost_shape(cost_shape)
         # On the CUDA clock bytes are the real ones (the model's dtype); simulated runs price the deployment dtype.

@@ -147,6 +147,9 @@ class Trace:
     _copies: int = 0  # transfer ids handed out
     _finalized: bool = False
     _frames: dict | None = None
+    # (start, end) handles of work that is not part of the method (the oracle's look at the target's true
+    # routing, a real forward on CUDA): finalize() cuts these intervals out of the timeline
+    excluded: list = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.level not in TRACE_LEVELS:
@@ -199,7 +202,7 @@ class Trace:
         if self._finalized:
             return self
         clock.synchronize()
-        ms = clock.to_ms
+        ms = _cutting(clock.to_ms, [(clock.to_ms(a), clock.to_ms(b)) for a, b in self.excluded])
         for name, cols in _TIMES.items():
             for rec in self._records(name):
                 for c in cols:
@@ -208,6 +211,10 @@ class Trace:
             rec.stall = rec.start - ms(rec.stall) if rec.stall is not None else 0.0
         self._finalized = True
         return self
+
+    def exclude(self, start: Handle, end: Handle) -> None:
+        """Cut [start, end] out of the timeline at finalize(): every later time moves back by its length."""
+        self.excluded.append((start, end))
 
     def _records(self, name: str) -> list:
         return {"steps": self.steps, "tokens": self.tokens, "forecast": self.forecast, "cache": self.cache_events,
@@ -238,6 +245,20 @@ class Trace:
             self._frames = {k: self._frames[k] for k in ("steps", "tokens", "routing", "forecast", "cache",
                                                           "transfers", "compute")}
         return self._frames
+
+
+def _cutting(ms, cuts: list[tuple[float, float]]):
+    """``ms`` with the intervals ``cuts`` (ms) removed from the time axis: a time after a cut moves back by the
+    cut's length, a time inside one moves to its start."""
+    if not cuts:
+        return ms
+    cuts = sorted(cuts)
+
+    def cut_ms(h):
+        t = ms(h)
+        return t - sum(max(0.0, min(t, b) - a) for a, b in cuts)
+
+    return cut_ms
 
 
 def _frame(records: list, columns: list[str]) -> pd.DataFrame:

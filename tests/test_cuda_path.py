@@ -241,3 +241,35 @@ def test_resident_draft_skips_copies_still_landing_on_cuda(model, fake_cuda, mon
     eng = _cuda_engine(model, "specter_plus", draft="resident")
     r = eng.generate(IDS, max_new_tokens=N)
     assert r.token_ids == hf_greedy(model, IDS, N) and asked
+
+
+def test_oracle_shadow_pass_is_cut_out_of_the_cuda_timeline(model, fake_cuda):
+    """On CUDA the oracle's look at the true routing is a real forward; it is cut out of the timeline (F7), so
+    no committed token's time falls inside it and TPOT does not pay for it."""
+    def busy(*_):
+        for _ in range(100):
+            next(FakeEvent.ticks)
+
+    handles = [m.register_forward_hook(busy) for n, m in model.named_modules() if n.endswith("self_attn")]
+    try:
+        with pytest.warns(UserWarning, match="cut out of the timeline"):
+            eng = _cuda_engine(model, "oracle")
+        r = eng.generate(IDS, max_new_tokens=N)
+    finally:
+        for h in handles:
+            h.remove()
+    assert r.token_ids == hf_greedy(model, IDS, N)
+    cuts = r.trace.excluded
+    assert len(cuts) == len(r.frames()["steps"]) - 1  # one shadow pass per window
+    # every window's shadow forward ran attention (1 ms a layer on the fake GPU): a cut holds at least that
+    assert all(b.t - a.t >= 100 * len(eng.info.layers) for a, b in cuts)
+    tok = r.frames()["tokens"]
+    steps = r.frames()["steps"]
+    assert (steps.end >= steps.start).all() and tok.time.is_monotonic_increasing
+
+
+def test_cut_intervals_shift_later_times_back():
+    from specter_lab.trace import _cutting
+
+    ms = _cutting(lambda h: h, [(10.0, 14.0), (2.0, 3.0)])
+    assert [ms(t) for t in (1.0, 2.5, 5.0, 12.0, 20.0)] == [1.0, 2.0, 4.0, 9.0, 15.0]
