@@ -9,6 +9,7 @@ counted per layer (the window forecast) and the lookahead prefetcher copies fore
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -103,7 +104,7 @@ def draft_window(dec: Decoder, spec: Speculation) -> DraftWindow:
         prefetcher.begin_window(max(k_cap, 1))
     x = w.last
     for j in range(k_cap):
-        ts = clock.now()
+        ts, wall = clock.now(), time.perf_counter()
         logits, info = dec.forward([x], "draft", "draft", keep=1)
         w.forecast.add(info.routing, j)
         w.context = info.pos0
@@ -113,26 +114,25 @@ def draft_window(dec: Decoder, spec: Speculation) -> DraftWindow:
             w.qs.append(q)
         te = clock.now()
         w.step_ends.append(te)
+        # One draft step's time: the clock's on the simulated one; on CUDA the host's wall time (reading the
+        # events would need a sync; eager decoding is host-bound, so the host's time is the step's)
+        step_s = clock.elapsed(ts, te) if clock.kind == "simulated" else time.perf_counter() - wall
         if prefetcher is not None:
-            if clock.kind == "simulated":
-                prefetcher.observe_step(clock.elapsed(ts, te))
+            prefetcher.observe_step(step_s)
             if spec.prefetch == "draft" and prefetcher.due(j + 1):
                 prefetcher.boundary(j + 1, w.forecast)
-        if x in dec.eos or (k_fixed is None and not _keep_drafting(dec, spec, w, j + 1, ts, te)):
+        if x in dec.eos or (k_fixed is None and not _keep_drafting(dec, spec, w, j + 1, step_s)):
             break
     return w
 
 
-def _keep_drafting(dec: Decoder, spec: Speculation, w: DraftWindow, j: int, ts, te) -> bool:
+def _keep_drafting(dec: Decoder, spec: Speculation, w: DraftWindow, j: int, step_s: float) -> bool:
     """The governor's stop rule after draft step j, on what this window has forecast so far."""
-    rt, clock, prefetcher = dec.rt, dec.clock, spec.prefetcher
+    rt, prefetcher = dec.rt, spec.prefetcher
     layers = range(rt.info.num_layers)
     uncovered = sum(len(set(w.forecast.counts[l]) - rt.store.resident(l)) for l in layers)
     miss = uncovered / max(1, w.forecast.union_size())
-    if prefetcher is not None and prefetcher.step_time_avg:
-        t_draft = prefetcher.step_time_avg
-    else:
-        t_draft = clock.elapsed(ts, te) if clock.kind == "simulated" else 1e-3
+    t_draft = prefetcher.step_time_avg if prefetcher is not None and prefetcher.step_time_avg else step_s
     context = w.context
     return spec.governor.keep_drafting(j, t_draft, lambda n, d=None: rt.verify_estimate(n, context, d),
                                        rt.cost.copy_time(rt.cost.expert_bytes), uncovered, miss)
