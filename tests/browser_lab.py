@@ -238,6 +238,7 @@ class Page:
         self.lab = lab
         self.shots = shots  # where screenshot_element() writes; None: it does nothing
         self.console: list[dict] = []
+        self.retried: list[dict] = []  # console lines of a reload that was retried (reload_until)
         page.on("console", lambda m: self.console.append({"type": m.type, "text": m.text,
                                                           "url": (m.location or {}).get("url", "")}))
         page.on("pageerror", lambda e: self.console.append({"type": "pageerror", "text": str(e), "url": ""}))
@@ -334,6 +335,25 @@ class Page:
                 return last
             time.sleep(interval)
         raise TimeoutError(f"{what} not met within {timeout:.0f} s")
+
+    def reload_until(self, predicate, what: str, timeout: float = 90):
+        """Reload and wait for ``predicate``. Once, if the widgets did not come back and the widget manager logged
+        'widget model not found' (its known race after a reload: it renders a saved view before the kernel's
+        comm infos arrive, seen on a loaded machine), reload again: a user would. The retry is printed and its
+        console lines are kept apart (``self.retried``), not hidden from the artifacts."""
+        mark = len(self.console)
+        self.reload()
+        try:
+            return self.wait_for(predicate, timeout=timeout, what=what)
+        except TimeoutError:
+            lost = [m for m in self.console[mark:] if "widget model not found" in m["text"]]
+            if not lost:
+                raise
+        print(f"{what}: the widget manager lost {len(lost)} models after the reload; reloading once more")
+        self.retried.extend(self.console[mark:])
+        del self.console[mark:]
+        self.reload()
+        return self.wait_for(predicate, timeout=timeout, what=f"{what} (after a second reload)")
 
     def errors(self) -> list[dict]:
         """Console errors and uncaught page errors, plus the widget manager's 'Error setting state' warnings

@@ -90,7 +90,7 @@ def page(browser, lab, request):
         out = Path(os.environ.get("SPECTER_LAB_BROWSER_ARTIFACTS", lab.workdir / "artifacts"))
         out.mkdir(parents=True, exist_ok=True)
         p.screenshot(out / f"{request.node.name}.png")
-        (out / f"{request.node.name}.console.json").write_text(json.dumps(p.console, indent=1))
+        (out / f"{request.node.name}.console.json").write_text(json.dumps(p.retried + p.console, indent=1))
         print(f"browser artifacts (screenshot, console log): {out}")
     lab.shutdown_kernels()
     p.page.close()
@@ -233,8 +233,7 @@ def test_quickstart_dashboard(page: Page) -> None:
 
     # A reload with the kernel alive restores the widgets from the kernel: they must show the moved step.
     page.save()
-    page.reload()
-    plots = page.wait_for(lambda: len(page.plots(needle)) == 4 and page.plots(needle), what="dashboard restored")
+    plots = page.reload_until(lambda: len(page.plots(needle)) == 4 and page.plots(needle), what="dashboard restored")
     assert_drawn(plots, "dashboard after a reload", expect=4)
     wait_dashboard_at(page, needle, moved, "dashboard after a reload")
     page.screenshot_element(page.cell(needle), "dashboard_after_reload")
@@ -269,8 +268,7 @@ def test_quantization_tuner(page: Page) -> None:
     page.screenshot_element(cell, "quanttuner")
 
     page.save()
-    page.reload()
-    page.wait_for(lambda: page.plots("sl.viz.QuantTuner("), what="tuner chart restored")
+    page.reload_until(lambda: page.plots("sl.viz.QuantTuner("), what="tuner chart restored")
     assert_drawn(page.plots("sl.viz.QuantTuner("), "tuner after a reload", expect=1)
     assert_chart_matches_table(page, "tuner after a reload")
     assert_no_console_errors(page)
