@@ -64,6 +64,7 @@ def default_candidates(num_experts: int, draft=None, k: "int | str | None" = Non
         # host execution: misses computed on the host CPU (every miss, or where a copy does not pay)
         ("fiddler", "fiddler", {}),
         ("host_lru", "host_lru", {}),
+        ("static_split", "static_split", {}),  # whole layers resident: wins where the budget holds them all
     ]
     drafts = [
         ("int4", DraftSpec("quantized", QuantSpec(4, 64))),
