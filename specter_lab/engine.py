@@ -111,6 +111,16 @@ def _check_options(k, eviction, prefetch, chunking) -> None:
         raise ValueError(f"chunking={chunking!r}: use 'adaptive', 'budgeted' or a tuple of draft fractions in [0, 1].")
 
 
+def _as_host_dtype(host_dtype) -> "torch.dtype | None":
+    if host_dtype is None:
+        return None
+    dt = getattr(torch, host_dtype, None) if isinstance(host_dtype, str) else host_dtype
+    if dt not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"host_dtype={host_dtype!r}: use 'float32', 'bfloat16', 'float16' or None (the experts' "
+                         "own dtype).")
+    return dt
+
+
 def _check_rewindable(model, info: MoEModelInfo, strategy: str) -> None:
     """Speculation rewinds the cache after every window; refuse (before any work) where that is not exact."""
     blockers = rollback_blockers(model)
@@ -144,6 +154,9 @@ class Engine:
         hardware: a profile name in ``sl.PROFILES``, a :class:`HardwareProfile`, or ``"cuda"`` (real clock).
         cost_shape: price experts as a named real model (``sl.COST_SHAPES``); results are labelled projected.
         eviction, prefetch, chunking, shared_slots: override the strategy's (for ablations).
+        host_dtype: the precision host execution computes in (``"float32"``, ``"bfloat16"``; None: the experts'
+            own). A different one keeps a host copy of the experts in it (``metrics['host_copy_bytes']``); only
+            on a GPU, where host and device results differ by rounding anyway.
         trace: ``"full"`` records every copy, compute span, cache event and routing (what the views and the
             per-op metrics read); ``"steps"`` records steps and tokens only (TPOT, acceptance), so that a speed
             run on CUDA creates one untimed event per op instead of three timed ones.
@@ -161,8 +174,10 @@ class Engine:
                  hardware: "str | HardwareProfile | None" = None, cost_shape: str | None = None,
                  eviction: str | None = None, prefetch: str | None = None,
                  chunking: "str | tuple[float, ...] | None" = None, shared_slots: bool | None = None,
-                 record_routing: bool = True, verify_lossless: bool = False, trace: str = "full") -> None:
+                 record_routing: bool = True, verify_lossless: bool = False, trace: str = "full",
+                 host_dtype: "str | torch.dtype | None" = None) -> None:
         self.info = inspect_model(model)  # raises on a dense model
+        _as_host_dtype(host_dtype)  # a bad value fails before anything is planned or placed
         if trace not in TRACE_LEVELS:
             raise ValueError(f"trace={trace!r}: use 'full' (every copy, span and routing: the views need it) or "
                              "'steps' (steps and tokens only: a speed run on CUDA pays for no per-op events).")
@@ -213,6 +228,8 @@ class Engine:
         # The device the model computes on: where its non-expert weights live (experts may sit in host memory).
         self.device = (model.get_input_embeddings().weight.device if hasattr(model, "get_input_embeddings")
                        else next(model.parameters()).device)
+        self.host_dtype = self._check_host_dtype(host_dtype)
+        self._host_exec = None  # host copies in host_dtype (host execution), made once when it differs
 
     @classmethod
     def from_plan(cls, model, tokenizer, plan: PlanLike, **kwargs) -> "Engine":
@@ -383,10 +400,33 @@ class Engine:
                             self.draft_expert_bytes, cfg.hybrid_experts if hybrid else 0,
                             build=self._hybrid_builder() if hybrid else None)
         rt = OffloadRuntime(self.info, store, clock, self.cost, trace, draft=draft, gate_lookahead=st.prefetch == "gate",
-                            miss=st.miss)
+                            miss=st.miss, host_weights=self._host_weights(store))
         dec = Decoder(self.model, rt, Sampling(do_sample, float(temperature), float(top_p), seed),
                       self.info.eos_token_ids, max_new_tokens, callback, keep_cache=st.keep, rewindable=st.speculative)
         return Run(self, ids, trace, clock, store, rt, dec, self._speculation(store) if st.speculative else None)
+
+    def _check_host_dtype(self, host_dtype) -> "torch.dtype | None":
+        """``host_dtype``: the precision host execution computes in (None: the experts' own dtype)."""
+        dt = _as_host_dtype(host_dtype)
+        if dt is None:
+            return None
+        first = self.info.layers[0]
+        native = getattr(first.experts, first.param_names[0]).dtype
+        if dt != native and self.device.type == "cpu":
+            raise NotExact(f"host_dtype={host_dtype!r} differs from the experts' {native}: on the CPU the host's "
+                           "results would not be bit-identical to HF generate's. Leave host_dtype=None here; on a "
+                           "GPU a different host precision is allowed (GPU and CPU kernels round differently "
+                           "anyway; scripts/gpu_check.py measures the agreement).")
+        return None if dt == native else dt
+
+    def _host_weights(self, store: ExpertStore):
+        """The host lane's weights: the store's host copies, or copies in ``host_dtype`` (extra host memory:
+        ``metrics['host_copy_bytes']``), made once per engine."""
+        if self.host_dtype is None or (self.strategy.miss == "copy" and not self.strategy.static):
+            return None
+        if self._host_exec is None:
+            self._host_exec = [{n: h.to(self.host_dtype) for n, h in layer.items()} for layer in store.host]
+        return self._host_exec
 
     def _clock(self):
         if self.use_cuda_clock:
@@ -423,7 +463,10 @@ class Engine:
         metrics.update({"strategy": "auto" if self.plan else st.name, "plan": self.plan.label if self.plan else None,
                         "profile": self.profile.name, "projected": self.cost.projected,
                         "cost_shape": self.cost.shape_name, "draft": cfg.label if st.speculative else None,
-                        "k": st.k, "stopped": stopped})
+                        "k": st.k, "stopped": stopped,
+                        "host_dtype": str(self.host_dtype or "") .replace("torch.", "") or "experts' own",
+                        "host_copy_bytes": sum(t.numel() * t.element_size() for l in (self._host_exec or [])
+                                               for t in l.values())})
         if run.runtime.draft.experts is not None:
             metrics["draft_rel_error"] = run.runtime.draft.experts.rel_error
         return metrics

@@ -68,7 +68,8 @@ class OffloadRuntime:
     """State of one attached engine during generation: store, clock, trace, draft, predictors."""
 
     def __init__(self, info, store, clock, cost, trace, draft: DraftSource | None = None,
-                 gate_lookahead: bool = False, miss: str = "copy") -> None:
+                 gate_lookahead: bool = False, miss: str = "copy",
+                 host_weights: "list[dict[str, torch.Tensor]] | None" = None) -> None:
         self.info = info
         self.store = store
         self.clock = clock
@@ -78,8 +79,11 @@ class OffloadRuntime:
         self.draft = draft or DraftSource()
         self.hybrid_sets: list[set[int]] = [set() for _ in info.layers]  # hybrid draft: experts with low-bit copies
         self.gate_lookahead = gate_lookahead
-        # Host execution (:mod:`.hostexec`): what a miss after the prefill does.
+        # Host execution (:mod:`.hostexec`): what a miss after the prefill does, and the weights the host computes
+        # with (the store's host copies, or copies in another precision: Engine(host_dtype=))
         self.miss = miss
+        self.host_weights = host_weights if host_weights is not None else store.host
+        self.host_weight_bytes = next(iter(host_weights[0].values())).element_size() if host_weights else None
         self.miss_policy = MissPolicy([l.num_experts for l in info.layers], [s.size for s in store.slots],
                                       [l.top_k for l in info.layers]) if miss == "auto" else None
         self.hooks: dict[str, list[Callable]] = {name: [] for name in HOOK_POINTS}
@@ -219,14 +223,17 @@ class OffloadRuntime:
         # the host reads the expert at the weights' width (its copy is the model's own dtype), and the
         # activations cross the link both ways
         c = self.cost
-        return c.host_expert_time(n, weight_bytes=c.weight_bytes) + 2 * 4 * c.hidden * n / c.profile.pcie_bandwidth
+        # host copies in their own precision (Engine(host_dtype=)) read that many bytes per weight
+        wb = self.host_weight_bytes or c.weight_bytes
+        return c.host_expert_time(n, weight_bytes=wb) + 2 * 4 * c.hidden * n / c.profile.pcie_bandwidth
 
     def _issue_host(self, layer: int, mod, x, experts: list[int], groups, now) -> dict:
         """Submit each host expert to the clock's host lane; returns expert → (span, job)."""
         if not experts:
             return {}
-        xh = x.cpu()  # one readback of the layer's input for all its host experts (x is ready: routing synced)
-        host = self.store.host[layer]
+        host = self.host_weights[layer]
+        dtype = next(iter(host.values())).dtype
+        xh = x.to("cpu", dtype)  # one readback of the layer's input for all its host experts (routing synced)
         jobs = {}
         for e in experts:
             weights = {n: h[e] for n, h in host.items()}
@@ -244,7 +251,7 @@ class OffloadRuntime:
             wait, out = self.clock.join_host(span, job)
             self.trace.span(self.fwd.phase, layer, e, span, lane="host")
             self.trace.span(self.fwd.phase, layer, -1, wait)  # the device waiting for it (zero width, a stall)
-            out = out.to(x.device, non_blocking=True)
+            out = out.to(x.device, x.dtype, non_blocking=True)
             outs[e] = mod.post_expert_norm(out) if getattr(mod, "has_post_expert_norm", False) else out
         return outs
 
