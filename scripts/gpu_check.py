@@ -35,12 +35,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPT = "def fibonacci(n):\n"
-SYNCS = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.cpu, torch.Tensor.__bool__, torch.Tensor.__int__,
-         torch.Tensor.__float__, torch.Tensor.__index__}
 
 
 @dataclass
@@ -69,16 +66,6 @@ class Report:
             out = None
         print(f"[{name}] {'ok' if self.parts[name]['ok'] else 'FAILED'} in {self.parts[name]['seconds']} s")
         return out
-
-
-class CountSyncs(TorchFunctionMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.n = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.n += func in SYNCS
-        return func(*args, **(kwargs or {}))
 
 
 # ---------------------------------------------------------------------------------------------- models
@@ -168,6 +155,7 @@ def run_strategy(model, tok, ids, strategy: str, budget: float, hardware, tokens
                  ref: list[int]) -> dict[str, Any]:
     """Warm-up, a speed run (trace='steps'), a full-trace run (copies, stalls), syncs per token."""
     import specter_lab as sl
+    from specter_lab.offload.hostops import CountSyncs
 
     eng = sl.Engine(model, tok, strategy, expert_budget=budget, hardware=hardware, trace="steps")
     eng.info.eos_token_ids = []  # exactly `tokens` tokens, like HF's min_new_tokens
@@ -178,7 +166,7 @@ def run_strategy(model, tok, ids, strategy: str, budget: float, hardware, tokens
     r = full.generate(ids, max_new_tokens=tokens)
     counts = []
     for n in (8, 8 + tokens):
-        mode = CountSyncs()
+        mode = CountSyncs()  # the package's counter, as tests/test_hot_path.py uses it
         with mode:
             eng.generate(ids, max_new_tokens=n)
         counts.append(mode.n)

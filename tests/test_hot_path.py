@@ -9,25 +9,13 @@ from collections import Counter
 
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
 import specter_lab as sl
 from specter_lab.offload import hostops
 from specter_lab.quant import DraftExperts
 
-SYNCS = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.cpu, torch.Tensor.__bool__, torch.Tensor.__int__,
-         torch.Tensor.__float__, torch.Tensor.__index__}
 PROMPT = "def fib(n):"
 NEW = 24
-
-
-class CountSyncs(TorchFunctionMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.n = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.n += func in SYNCS
-        return func(*args, **(kwargs or {}))
+CountSyncs = hostops.CountSyncs
 
 
 class CountOps(hostops.CountOps):

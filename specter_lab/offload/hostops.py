@@ -23,9 +23,10 @@ from typing import Callable, Iterator
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["CountOps", "OpCounts", "RegionCount", "count_ops", "count_model", "tiny_family_model", "op_counts", "IMPLEMENTATIONS", "FAMILIES"]
+__all__ = ["CountOps", "CountSyncs", "SYNCS", "OpCounts", "RegionCount", "count_ops", "count_model", "tiny_family_model", "op_counts", "IMPLEMENTATIONS", "FAMILIES"]
 
 IMPLEMENTATIONS = ("eager", "grouped_mm", "grouped_mm_fallback", "batched_mm", "deepseek_remote", "specter")
 # Matmul-like ops: one kernel each even when compiled (pointwise work around them fuses).
@@ -49,6 +50,24 @@ class RegionCount:
         if not getattr(func, "is_view", False) and name not in ("detach", "alias", "lift_fresh"):
             self.kernels += 1
         self.matmuls += name in _MATMULS
+
+
+# The calls that make the host wait for the device: a read-back of a value, or of a whole tensor.
+SYNCS = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.cpu, torch.Tensor.__bool__, torch.Tensor.__int__,
+         torch.Tensor.__float__, torch.Tensor.__index__}
+
+
+class CountSyncs(TorchFunctionMode):
+    """Counts the host synchronisations (:data:`SYNCS`) made while active. On the CPU they cost nothing, but the
+    engine's code does not branch on the device there, so the count is the CUDA path's too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.n = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.n += func in SYNCS
+        return func(*args, **(kwargs or {}))
 
 
 class CountOps(TorchDispatchMode):
