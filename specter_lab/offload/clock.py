@@ -85,9 +85,8 @@ class SimClock:
 
     def join_host(self, span: Span, job: "Done") -> tuple[Span, Any]:
         """The device waits for a host result (the wait is a stall when the host is the slower side)."""
-        out, _ = job.result(), None
         wait, _ = self.compute(0.0, after=[span.end])
-        return wait, out
+        return wait, job.result()
 
     def elapsed(self, a: Handle, b: Handle) -> float:
         """Seconds from handle a to handle b."""

@@ -110,10 +110,11 @@ class CostModel:
         t = self._op(2.0 * self.expert_params * n_tokens, nbytes + 4 * self.hidden * n_tokens, self._count("expert"))
         return self.depth_scale * t
 
-    def host_expert_time(self, n_tokens: int, weight_bytes: float = 4.0) -> float:
-        """One fp expert computed on the host CPU: weights streamed from DRAM at ``weight_bytes`` per weight
-        (4: the ``host`` draft prices fp32 host copies; host execution passes the deployment dtype's width),
-        plus two copy latencies for the activations (their bytes are negligible at batch 1)."""
+    def host_expert_time(self, n_tokens: int, weight_bytes: float | None = None) -> float:
+        """One fp expert computed on the host CPU (host execution, and the ``host`` draft variant): weights
+        streamed from DRAM at ``weight_bytes`` per weight (default: the deployment dtype's), plus two copy
+        latencies for the activations."""
+        weight_bytes = self.weight_bytes if weight_bytes is None else weight_bytes
         p = self.profile
         nbytes = self.expert_params * weight_bytes
         t = max(2.0 * self.expert_params * n_tokens / p.cpu_flops, nbytes / p.cpu_mem_bandwidth)

@@ -227,8 +227,9 @@ class OffloadRuntime:
         wb = self.host_weight_bytes or c.weight_bytes
         return c.host_expert_time(n, weight_bytes=wb) + 2 * 4 * c.hidden * n / c.profile.pcie_bandwidth
 
-    def _issue_host(self, layer: int, mod, x, experts: list[int], groups, now) -> dict:
-        """Submit each host expert to the clock's host lane; returns expert → (span, job)."""
+    def _issue_host(self, layer: int, mod, x, experts: list[int], groups, now, event: bool = True) -> dict:
+        """Submit each host expert to the clock's host lane; returns expert → (span, job). ``event``: record the
+        target's miss as served on the host (the draft's host experts are not cache requests)."""
         if not experts:
             return {}
         host = self.host_weights[layer]
@@ -240,7 +241,8 @@ class OffloadRuntime:
             rows = groups[e].take(xh)
             jobs[e] = self.clock.host(self._host_time(groups[e].n),
                                       lambda rows=rows, weights=weights: expert_apply(mod, rows, weights, post_norm=False))
-            self.trace.cache(layer, e, "host", now)
+            if event:
+                self.trace.cache(layer, e, "host", now)
         return jobs
 
     def _join_host(self, layer: int, mod, jobs: dict, x) -> dict:
@@ -314,40 +316,39 @@ class OffloadRuntime:
           profile's CPU fields).
         """
         self._dense_span(layer, x.shape[0], "draft")
-        outs = {}
         now = self._stamp()
-        for e, g in groups.items():
-            plan = self._draft_expert(layer, e, now)
-            if plan is None:
-                continue  # skipped: renormalised below
-            weights, cost, slot, host = plan
+        plans = {e: self._draft_expert(layer, e, now) for e in groups}
+        # the host variant's absent experts go to the host lane first, so they run beside the device's own
+        jobs = self._issue_host(layer, mod, x, [e for e, p in plans.items() if p == "host"], groups, now,
+                                event=False)
+        outs = {}
+        for e, plan in plans.items():
+            if plan is None or plan == "host":
+                continue  # skipped (renormalised below), or on the host
+            weights, cost, slot = plan
             after = [self.store.ready(layer, slot)] if slot is not None else []  # a no-op on the sim clock
-            if host and x.device.type != "cpu":
-                fn = lambda: _on_host(mod, g.take(x), weights)
-            else:
-                fn = lambda: expert_apply(mod, g.take(x), weights)
-            span, outs[e] = self.clock.compute(cost(g.n), fn, after=after)
+            span, outs[e] = self.clock.compute(cost(groups[e].n), lambda g=groups[e], wt=weights:
+                                               expert_apply(mod, g.take(x), wt), after=after)
             self.trace.span("draft", layer, e, span)
             if slot is not None:
                 self.store.note_read(layer, slot, span.end)
+        outs.update(self._join_host(layer, mod, jobs, x))
         if len(outs) < len(groups):
             w = self._renormalised(w, groups, outs)
         return combine(x, outs, groups, w)
 
     def _draft_expert(self, layer: int, e: int, now):
-        """(weights, cost of n tokens, slot read or None, computed on the host) for draft expert e, or None to
-        skip it."""
+        """(weights, cost of n tokens, slot read or None) for draft expert e on the device, ``"host"`` to compute
+        it on the host lane, or None to skip it."""
         variant, store = self.draft.variant, self.store
         if variant == "quantized" or (variant == "hybrid" and e in self.hybrid_sets[layer]
                                       and not self._ready_now(layer, e, now)):
             return (self.draft.experts.weights(layer, e),
-                    lambda n: self.cost.expert_time(n, weight_bytes=self.draft.expert_bytes), None, False)
+                    lambda n: self.cost.expert_time(n, weight_bytes=self.draft.expert_bytes), None)
         if self._ready_now(layer, e, now):
             slot = store.lookup(layer, e)
-            return store.weights(layer, slot), self.cost.expert_time, slot, False
-        if variant == "host":
-            return {n: h[e] for n, h in store.host[layer].items()}, self.cost.host_expert_time, None, True
-        return None
+            return store.weights(layer, slot), self.cost.expert_time, slot
+        return "host" if variant == "host" else None
 
     def _ready_now(self, layer: int, expert: int, now) -> bool:
         slot = self.store.lookup(layer, expert)
@@ -370,10 +371,3 @@ class OffloadRuntime:
         kept = (w * keep).sum(-1, keepdim=True)
         scale = torch.where(kept > 0, w.sum(-1, keepdim=True) / kept.clamp(min=1e-12), torch.zeros_like(kept))
         return w * scale
-
-
-def _on_host(mod, x: torch.Tensor, weights: dict) -> torch.Tensor:
-    """An expert computed on the host CPU from its host copy; a post-expert norm (its weights live on the
-    device) runs on the device, after the result is moved back."""
-    out = expert_apply(mod, x.cpu(), weights, post_norm=False).to(x.device)
-    return mod.post_expert_norm(out) if getattr(mod, "has_post_expert_norm", False) else out
