@@ -220,19 +220,25 @@ class Trace:
         return {"steps": self.steps, "tokens": self.tokens, "forecast": self.forecast, "cache": self.cache_events,
                 "transfers": self.transfers, "compute": self.compute}[name]
 
-    def snapshot(self, clock) -> dict[str, Any]:
+    def snapshot(self, clock, kinds: tuple[str, ...] | None = None) -> dict[str, Any]:
         """Frames of the run *so far*, while it is still recording (what a live view draws), plus ``meta``.
 
         The records are copied and their times resolved on the copy, so the run goes on recording untouched.
+        ``kinds`` (e.g. ``("steps", "tokens")``) copies only those frames and leaves the others empty: a view of
+        the token strip and the progress then costs nothing per copy, expert or routing record.
         On a CUDA clock resolving a time synchronises the device: a live view that refreshes often perturbs
         the timings it shows, which is why views throttle their refreshes."""
         if self._finalized:
             return {**self.frames(), "meta": dict(self.meta)}
+        wanted = set(_RECORDS) | {"routing"} if kinds is None else set(kinds)
         copy = Trace(meta=dict(self.meta), record_routing=self.record_routing, level=self.level)
-        for name, recs in (("steps", self.steps), ("tokens", self.tokens), ("cache_events", self.cache_events),
-                           ("transfers", self.transfers), ("compute", self.compute)):
-            setattr(copy, name, [type(r)(*(getattr(r, c) for c in r.__slots__)) for r in recs])
-        copy.forecast, copy.routing_raw = list(self.forecast), list(self.routing_raw)
+        for name, attr, recs in (("steps", "steps", self.steps), ("tokens", "tokens", self.tokens),
+                                 ("cache", "cache_events", self.cache_events),
+                                 ("transfers", "transfers", self.transfers), ("compute", "compute", self.compute)):
+            if name in wanted:
+                setattr(copy, attr, [type(r)(*(getattr(r, c) for c in r.__slots__)) for r in recs])
+        copy.forecast = list(self.forecast) if "forecast" in wanted else []
+        copy.routing_raw = list(self.routing_raw) if "routing" in wanted else []
         return {**copy.finalize(clock).frames(), "meta": copy.meta}
 
     def frames(self) -> dict[str, pd.DataFrame]:

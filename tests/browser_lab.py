@@ -180,7 +180,10 @@ _JS_PLOTS = """(needle) => {
                                                           c.model.sharedModel.getSource().includes(needle));
   const short = v => (v === undefined || v === null) ? null : Array.from(v).slice(0, 64).map(String);
   const out = [];
-  scopes.forEach(c => c.node.querySelectorAll('.jp-OutputArea-output .js-plotly-plot').forEach(gd => {
+  // JupyterLab's plotly renderer puts js-plotly-plot on the output node itself (a static figure); a
+  // FigureWidget's graph sits inside its output: both selectors are needed.
+  const sel = '.jp-OutputArea-output.js-plotly-plot, .jp-OutputArea-output .js-plotly-plot';
+  scopes.forEach(c => c.node.querySelectorAll(sel).forEach(gd => {
     // the drawn figure (plotly's svg-container), not the graph div: the div always spans the cell
     const r = (gd.querySelector('.svg-container') || gd).getBoundingClientRect();
     const area = gd.closest('.jp-OutputArea-output');
@@ -209,6 +212,60 @@ _JS_PLOTS = """(needle) => {
     });
   }));
   return out;
+}"""
+
+# Text labels of one plotly graph (bar and scatter texts) against its error bars, and the smallest label font:
+# a label a whisker crosses, or one plotly shrank below a readable size, is a figure nobody can read.
+_JS_LABELS_CLEAR = """(needle) => {
+  const cells = window.jupyterapp.shell.currentWidget.content.widgets;
+  const c = cells.find(c => c.model.type === 'code' && c.model.sharedModel.getSource().includes(needle));
+  if (!c) return null;
+  const out = [];
+  c.node.querySelectorAll('.js-plotly-plot').forEach(gd => {
+    const labels = Array.from(gd.querySelectorAll('.barlayer .trace text, .scatterlayer .textpoint text'))
+      .filter(t => t.textContent.trim() && t.getBoundingClientRect().width > 0);
+    const bars = Array.from(gd.querySelectorAll('.errorbar path')).map(e => e.getBoundingClientRect())
+      .filter(r => r.height > 0);
+    const hit = (a, b) => a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom;
+    const struck = labels.filter(t => bars.some(b => hit(t.getBoundingClientRect(), b))).map(t => t.textContent);
+    const sizes = labels.map(t => parseFloat(getComputedStyle(t).fontSize) || parseFloat(t.style.fontSize));
+    out.push({labels: labels.length, errorbars: bars.length, struck, min_font: sizes.length ? Math.min(...sizes) : null});
+  });
+  return out;
+}"""
+
+# Axis titles against legend items in one graph: [axis title, legend text] pairs whose boxes overlap.
+_JS_AXIS_LEGEND = """(needle) => {
+  const cells = window.jupyterapp.shell.currentWidget.content.widgets;
+  const scopes = cells.filter(c => c.model.type === 'code' && c.model.sharedModel.getSource().includes(needle));
+  const hit = (a, b) => a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom;
+  const out = [];
+  scopes.forEach(c => c.node.querySelectorAll('.js-plotly-plot').forEach(gd => {
+    const titles = Array.from(gd.querySelectorAll('.xtitle, .ytitle')).filter(t => t.textContent.trim());
+    const items = Array.from(gd.querySelectorAll('.legend .traces'));
+    titles.forEach(t => items.forEach(i => {
+      if (hit(t.getBoundingClientRect(), i.getBoundingClientRect()))
+        out.push([(gd.querySelector('.gtitle') || {}).textContent || '', t.textContent, i.textContent]);
+    }));
+  }));
+  return out;
+}"""
+
+# stderr outputs (JupyterLab draws them red) of the notebook: [cell index, text].
+_JS_STDERR = """() => {
+  const cells = window.jupyterapp.shell.currentWidget.content.widgets;
+  const out = [];
+  cells.forEach((c, i) => c.node.querySelectorAll('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]')
+    .forEach(o => out.push([i, o.innerText.slice(0, 300)])));
+  return out;
+}"""
+
+# Main-thread long tasks (> 50 ms) from now on, as the page's PerformanceObserver reports them.
+_JS_OBSERVE_LONG_TASKS = """() => {
+  if (window.__slLongTasks) return;
+  window.__slLongTasks = [];
+  new PerformanceObserver(list => list.getEntries().forEach(e =>
+    window.__slLongTasks.push([Math.round(e.startTime), Math.round(e.duration)]))).observe({entryTypes: ['longtask']});
 }"""
 
 # The text of a code cell's outputs (the first cell whose source contains `needle`).
@@ -273,6 +330,10 @@ class Page:
         """Run > Run All Cells, then wait until every code cell ran and the kernel is idle again; raises on the
         first cell that failed."""
         self.command("notebook:run-all-cells")
+        return self.wait_run_all(timeout)
+
+    def wait_run_all(self, timeout: float = 600) -> dict:
+        """Until every code cell ran and the kernel is idle again (after ``notebook:run-all-cells``)."""
         deadline = time.monotonic() + timeout
         st: dict = {}
         while time.monotonic() < deadline:
@@ -301,6 +362,27 @@ class Page:
         """Move the mouse to the page's top-left corner (menu bar), off every figure: a hover-only modebar hides."""
         self.page.mouse.move(2, 2)
         self.page.wait_for_timeout(600)  # plotly's modebar fades out in 0.3 s
+
+    def labels_clear(self, needle: str) -> list[dict] | None:
+        """Per graph in the cell with ``needle``: its text labels, error bars, the labels a bar's whisker strikes
+        and the smallest label font (px)."""
+        return self.page.evaluate(_JS_LABELS_CLEAR, needle)
+
+    def axis_titles_on_legend(self, needle: str) -> list[list[str]]:
+        """[figure title, axis title, legend item] for every axis title that overlaps a legend item."""
+        return self.page.evaluate(_JS_AXIS_LEGEND, needle)
+
+    def stderr_outputs(self) -> list[list]:
+        """[cell index, text] of every stderr output (the red boxes) in the notebook."""
+        return self.page.evaluate(_JS_STDERR)
+
+    def observe_long_tasks(self) -> None:
+        """Start recording the page's main-thread long tasks (see :meth:`long_tasks`)."""
+        self.page.evaluate(_JS_OBSERVE_LONG_TASKS)
+
+    def long_tasks(self) -> list[list[int]]:
+        """[start ms, duration ms] of each main-thread long task since :meth:`observe_long_tasks`."""
+        return self.page.evaluate("() => window.__slLongTasks || []")
 
     def cell_text(self, needle: str) -> str | None:
         """The output text of the code cell whose source contains ``needle``."""

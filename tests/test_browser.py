@@ -17,6 +17,7 @@ import json
 import os
 import re
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,8 @@ from browser_lab import REPO, Lab, Page, find_chromium, launch
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(900)]
 
-NOTEBOOKS = ("01_quickstart.ipynb", "02_quantization.ipynb", "03_timelines.ipynb")
+# Every tutorial notebook (a new one is picked up by its name).
+NOTEBOOKS = tuple(sorted(p.name for p in (REPO / "notebooks").glob("[0-9][0-9]_*.ipynb")))
 
 
 REQUIRED = os.environ.get("SPECTER_LAB_REQUIRE_BROWSER") == "1"
@@ -274,19 +276,95 @@ def test_quantization_tuner(page: Page) -> None:
     assert_no_console_errors(page)
 
 
+def static_figure_cells(notebook: str) -> int:
+    """How many code cells of ``notebook`` end in an expression that draws a static plotly figure
+    (``figures.*_figure(...)``, ``sl.viz.*_figure(...)``): what the page must show as plain figures."""
+    cells = json.loads((REPO / "notebooks" / notebook).read_text())["cells"]
+    last = ["".join(c["source"]).rstrip().splitlines()[-1] for c in cells if c["cell_type"] == "code" and c["source"]]
+    return sum(bool(re.match(r"^(figures|sl\.viz|viz)\.\w+_figure\(", line)) for line in last)
+
+
+LIVE = "sl.viz.live("
+_RUNNING = re.compile(r"^step (\d+) · (\d+)/(\d+) tokens")
+
+
+def live_status(page: Page) -> str:
+    """The live view's status line, as the page shows it."""
+    try:
+        return page.cell(LIVE).locator(".widget-html-content").first.inner_text(timeout=2000).strip()
+    except Exception:  # not drawn yet
+        return ""
+
+
 def test_timelines_live(page: Page) -> None:
-    """03: static figures and the live view drew; the finished live view has one token strip; the status
-    printed as text, not HTML."""
-    needle = "sl.viz.live("
-    page.open("03_timelines.ipynb")
-    page.run_all(timeout=300)
-    assert_drawn(page.plots(None), "03")
-    live = page.wait_for(lambda: len(page.plots(needle)) >= 5 and page.plots(needle), what="finished live view")
+    """03 under Run All, as a reader runs it: the live run shows its steps, its Stop button ends it while Run All
+    goes on (no blocking wait after it), it reads 'stopped' and gives way to a dashboard; every static figure and
+    the live view drew; the cache figure's axis titles are clear of its legend."""
+    notebook = "03_timelines.ipynb"
+    page.open(notebook)
+    page.observe_long_tasks()
+    page.command("notebook:run-all-cells")
+    running = page.wait_for(lambda: (m := _RUNNING.match(live_status(page))) and int(m.group(2)) >= 1 and m,
+                            timeout=300, what="the live run showing its steps under Run All")
+    seen = running.group(0)
+    page.screenshot_element(page.cell(LIVE), "live_midrun")
+    page.cell(LIVE).locator("button:has-text('Stop')").click()
+    clicked = time.monotonic()
+    final = page.wait_for(lambda: (s := live_status(page)).startswith(("stopped", "done", "failed")) and s,
+                          timeout=180, what="the live run ending after Stop")
+    print(f"03: Stop clicked at '{seen}'; '{final[:60]}' {time.monotonic() - clicked:.1f} s later")
+    assert final.startswith("stopped"), f"Stop clicked at '{seen}' under Run All, but the run went on: {final!r}"
+    page.wait_run_all(timeout=300)
+    tasks = page.long_tasks()
+    print(f"03: page long tasks during Run All: {len(tasks)}, longest {max((d for _, d in tasks), default=0)} ms")
+
+    plots = page.plots(None)
+    assert_drawn(plots, "03")
+    static = [p for p in plots if not p["widget"]]
+    assert len(static) == static_figure_cells(notebook), \
+        f"03: {len(static)} static figures drawn, the notebook has {static_figure_cells(notebook)}"
+    live = page.wait_for(lambda: len(page.plots(LIVE)) >= 4 and page.plots(LIVE), what="finished live view")
     assert_drawn(live, "live view")
-    wait_readable(page, needle, "finished live view")
+    wait_readable(page, LIVE, "finished live view")
     strips = [p["title"] for p in live if p["title"].startswith("Tokens ·")]
     assert len(strips) == 1, f"the finished live view shows {len(strips)} token strips"
-    printed = page.cell_text("run.join()") or ""
-    assert "<b>" not in printed and "done" in printed, printed
+    wait_dashboard_at(page, LIVE, slider_value(page, LIVE), "the stopped run's dashboard")
+    assert not page.axis_titles_on_legend(LIVE), page.axis_titles_on_legend(LIVE)
+    printed = page.wait_for(lambda: "generate" in (page.cell_text("run.on_done(") or "") and
+                            page.cell_text("run.on_done("), timeout=30, what="the on_done check printed")
+    assert "<b>" not in printed and "stopped" in printed and "True" in printed, printed
+    page.screenshot_element(page.cell(LIVE), "live_stopped")
     page.screenshot_element(page.cell("figures.timeline_figure(spec, step)"), "titled_figure")
+    assert_no_console_errors(page)
+
+
+def test_compare(page: Page) -> None:
+    """04: every static figure drew; the comparison figure's value labels are clear of its error bars and
+    legible; the strategy table shows each description in full; nothing on stderr."""
+    from specter_lab.strategies import STRATEGIES
+
+    notebook = "04_compare.ipynb"
+    page.open(notebook)
+    page.run_all(timeout=400)
+    plots = page.plots(None)
+    assert_drawn(plots, "04", expect=static_figure_cells(notebook))
+    for graph in page.labels_clear("sl.viz.compare_figure("):
+        assert graph["labels"] and graph["errorbars"], graph
+        assert not graph["struck"], f"04: error bars strike the labels {graph['struck']}"
+        assert graph["min_font"] >= 10, f"04: labels shrunk to {graph['min_font']} px"
+    table = " ".join((page.cell_text('"description"') or "").split())
+    cut = [s for s, st in STRATEGIES.items() if s in table and " ".join(st.description.split()) not in table]
+    assert not cut, f"04: descriptions cut short in the strategy table: {cut}"
+    assert not page.stderr_outputs(), page.stderr_outputs()
+    assert_no_console_errors(page)
+
+
+def test_your_model(page: Page) -> None:
+    """05: runs clean, with no red stderr box (our own helpers warn about nothing)."""
+    notebook = "05_your_model.ipynb"
+    page.open(notebook)
+    page.run_all(timeout=300)
+    assert not page.stderr_outputs(), page.stderr_outputs()
+    if static_figure_cells(notebook):
+        assert_drawn([p for p in page.plots(None) if not p["widget"]], "05", expect=static_figure_cells(notebook))
     assert_no_console_errors(page)

@@ -31,8 +31,9 @@ class StepInfo:
     new_tokens: list[int]
     drafted: int = 0
     accepted: int = 0
-    # Frames of the run so far (Trace.snapshot): call it inside the callback, where the trace is consistent.
-    snapshot: Callable[[], dict] | None = field(default=None, repr=False, compare=False)
+    # Frames of the run so far (Trace.snapshot; ``kinds=`` limits which): call it inside the callback, where the
+    # trace is consistent.
+    snapshot: Callable[..., dict] | None = field(default=None, repr=False, compare=False)
 
 
 class Decoder:
@@ -100,7 +101,7 @@ class Decoder:
     def notify(self, new: list[int], drafted: int = 0, accepted: int = 0) -> None:
         if self.callback is not None:
             self.callback(StepInfo(self.step, list(self.out), new, drafted, accepted,
-                                   snapshot=lambda: self.trace.snapshot(self.clock)))
+                                   snapshot=lambda **kw: self.trace.snapshot(self.clock, **kw)))
 
     def end_step(self) -> None:
         if not self.keep_cache:

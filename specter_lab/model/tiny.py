@@ -40,7 +40,14 @@ def tiny_random_model(family: str = "qwen2_moe", seed: int = 0, **overrides: Any
     if family not in families:
         raise ValueError(f"family={family!r} is unknown; use one of {sorted(families)}.")
     cfg_name, model_name, extra = families[family]
-    cfg = getattr(tf, cfg_name)(**{**common, **extra, **overrides})
+    kwargs = {**common, **extra, **overrides}
+    if family == "gpt_oss" and "rope_parameters" not in overrides:
+        # GPT-OSS's YaRN extends an original 4096 positions 32-fold; with 512 positions that ratio no longer
+        # holds and transformers warns. Keep the YaRN path, scaled to the tiny length.
+        rope = dict(getattr(tf, cfg_name)().rope_parameters)
+        rope["original_max_position_embeddings"] = kwargs["max_position_embeddings"] // int(rope["factor"])
+        kwargs["rope_parameters"] = rope
+    cfg = getattr(tf, cfg_name)(**kwargs)
     torch.manual_seed(seed)
     model = getattr(tf, model_name)(cfg)
     # Random init leaves gpt-oss router biases and expert biases at zero/empty; give every tensor real values so

@@ -11,13 +11,14 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .layout import _base_layout
+from .layout import base_layout
 from .style import COPY_COLORS, STALL_COLOR
 
-__all__ = ["compare_figure", "fidelity_figure", "speedup_figure", "cost_figure", "regime_figure", "tuner_figure"]
+__all__ = ["compare_figure", "fidelity_figure", "speedup_figure", "cost_figure", "regime_figure", "tuner_figure",
+           "table_clock"]
 
 
-def _table_clock(df: pd.DataFrame) -> str:
+def table_clock(df: pd.DataFrame) -> str:
     """'simulated' / 'measured (CUDA)' and 'projected as X' from a compare table's clock/projected/cost_shape."""
     clocks = set(str(c) for c in df.get("clock", pd.Series(dtype=str)).dropna())
     if clocks and all(c.startswith("simulated") for c in clocks):
@@ -64,15 +65,18 @@ def compare_figure(df: pd.DataFrame) -> go.Figure:
                 marker_color=_HW_COLORS[hi % len(_HW_COLORS)],
                 error_y=dict(type="data", array=err.fillna(0).to_numpy(), visible=bool(err.notna().any()),
                              thickness=1, width=3),
-                text=[f"{v:.2f}" if pd.notna(v) else "" for v in g["mean"]], textposition="outside",
-                textfont=dict(size=10), cliponaxis=False,
+                # The value at the bar's base, across it: clear of the error bar's whisker (which crosses the top)
+                # and at a legible size however narrow the bars get.
+                text=[f"{v:.2f}" if pd.notna(v) else "" for v in g["mean"]], textposition="inside",
+                insidetextanchor="start", textangle=-90, textfont=dict(size=10, color="white"),
                 hovertemplate=f"{hw}<br>%{{x}}: %{{y:.3f}} ms/token<extra></extra>"), 1, ci)
     n_prompts = df.prompt.nunique() if "prompt" in df else 1
-    title = (f"TPOT by strategy · {_table_clock(df)}"
+    title = (f"TPOT by strategy · {table_clock(df)}"
              f"<br><sup>mean over {n_prompts} prompt{'s' if n_prompts != 1 else ''}; lower is better</sup>")
-    _base_layout(fig, title, plot_height=280, legend="right", top=88)
-    fig.update_layout(barmode="group", legend_title_text="hardware", margin=dict(b=90))
-    fig.update_yaxes(title_text=f"TPOT (ms, {_table_clock(df).split(',')[0]})", row=1, col=1, rangemode="tozero")
+    base_layout(fig, title, plot_height=280, legend="right", top=72)
+    fig.update_layout(barmode="group", legend_title_text="hardware", margin=dict(b=90),
+                      uniformtext=dict(minsize=10, mode="show"))
+    fig.update_yaxes(title_text=f"TPOT (ms, {table_clock(df).split(',')[0]})", row=1, col=1, rangemode="tozero")
     fig.update_xaxes(tickangle=-30)
     return fig
 
@@ -109,7 +113,7 @@ def fidelity_figure(df: pd.DataFrame) -> go.Figure:
     fig.update_xaxes(title_text="bits", tickvals=bits, ticktext=[str(b) for b in bits])
     fig.update_yaxes(range=[0, 1.03], tickformat=".0%")
     fig.update_yaxes(title_text="fraction", row=1, col=1)
-    _base_layout(fig, "Draft fidelity by quantization<br><sup>colour = group size, dash = method "
+    base_layout(fig, "Draft fidelity by quantization<br><sup>colour = group size, dash = method "
                       "(solid rtn, dashed hqq)</sup>", plot_height=240, legend="below", top=100)
     return fig
 
@@ -128,7 +132,7 @@ def speedup_figure(df: pd.DataFrame, target: str = "specter") -> go.Figure:
                              cliponaxis=False,
                              hovertemplate=f"{s_} TPOT / {target} TPOT = %{{y:.3f}}×<extra>%{{x}}</extra>"))
     fig.add_hline(y=1.0, line=dict(color="#444", dash="dash", width=1))
-    _base_layout(fig, f"Speedup of {target} over each strategy · {_table_clock(df)}<br><sup>TPOT of the other / "
+    base_layout(fig, f"Speedup of {target} over each strategy · {table_clock(df)}<br><sup>TPOT of the other / "
                       f"TPOT of {target}; above 1× {target} is faster (oracle below 1× = headroom to the bound)</sup>",
                  plot_height=300, legend="right", top=88)
     fig.update_layout(barmode="group", legend_title_text="against")
@@ -147,7 +151,7 @@ def cost_figure(df: pd.DataFrame) -> go.Figure:
                          hovertemplate="%{x}: %{y:.3f} ms<extra></extra>"), 1, 1)
     fig.add_trace(go.Bar(x=order, y=mean.h2d_bytes_per_token / 1e6, marker_color=COPY_COLORS["demand"],
                          showlegend=False, hovertemplate="%{x}: %{y:.2f} MB<extra></extra>"), 1, 2)
-    _base_layout(fig, f"Stalls and transfers · {_table_clock(df)}<br><sup>mean over hardware, budgets and "
+    base_layout(fig, f"Stalls and transfers · {table_clock(df)}<br><sup>mean over hardware, budgets and "
                       "prompts</sup>", plot_height=260, legend="right", top=88)
     fig.update_xaxes(tickangle=-30)
     return fig
@@ -181,7 +185,7 @@ def regime_figure(df: pd.DataFrame) -> go.Figure:
                 hovertemplate="budget %{x}<br>%{y}<br>%{text}<extra></extra>"), ri, ci)
     fig.update_xaxes(title_text="expert budget (fraction of routed-expert bytes)", row=2)
     projected = "projected, " if df.cost_shape.notna().any() else ""
-    _base_layout(fig, f"Speedup over the best baseline ({projected}simulated)<br><sup>best of on_demand, lru, "
+    base_layout(fig, f"Speedup over the best baseline ({projected}simulated)<br><sup>best of on_demand, lru, "
                       "gate_lookahead, spec_lru, specmoeoff at the same budget; above 1× wins</sup>",
                  plot_height=170 * 2, legend="right", top=95)
     return fig
@@ -203,7 +207,7 @@ def tuner_figure(table: pd.DataFrame | None, clock: str = "simulated") -> go.Fig
                          hovertemplate="%{x}: recall %{y:.0%}<extra></extra>"), 1, 2)
     fig.add_trace(go.Bar(x=spec.strategy, y=spec.acceptance_rate, name="acceptance", marker_color="#1f77b4",
                          hovertemplate="%{x}: acceptance %{y:.0%}<extra></extra>"), 1, 2)
-    _base_layout(fig, "Quantized draft vs baselines at equal device memory", plot_height=220, legend="below",
+    base_layout(fig, "Quantized draft vs baselines at equal device memory", plot_height=220, legend="below",
                  top=62)
     fig.update_layout(barmode="group", legend=dict(x=1.0, xanchor="right"))
     fig.update_yaxes(rangemode="tozero", row=1, col=1)

@@ -14,36 +14,38 @@ Times are milliseconds on the clock named in ``trace.meta``; axis titles say whe
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .frames import (_frames, _grid_shape, _hit_rates, _meta, _positions_text, _routing_cells, _step_frames,
-    _timeline_steps, _token_rows, _token_text, clock_label, default_routing_step, residency)
-from .layout import _base_layout, _discrete_colorscale, _legend_swatch
+from .frames import (as_frames, clock_label, default_routing_step, grid_shape, hit_rates, positions_text,
+                     residency, routing_cells, run_meta, step_outlines, timeline_steps, token_rows, token_text)
+from .layout import base_layout, discrete_colorscale, legend_swatch
 from .style import (COPY_COLORS, COPY_LANE, HOST_LANE, PHASE_COLORS, RESIDENCY_CATEGORIES, RESIDENCY_COLORS,
-    ROUTING_CATEGORIES, ROUTING_COLORS, ROUTING_HELP, STALL_COLOR, STATUS_COLORS, STATUS_HELP, _PHASE_ORDER, _esc)
+    ROUTING_CATEGORIES, ROUTING_COLORS, ROUTING_HELP, STALL_COLOR, STATUS_COLORS, STATUS_HELP, PHASE_ORDER, esc)
 
-__all__ = ["routing_figure", "cache_figure", "timeline_figure", "tokens_figure", "steps_figure"]
+__all__ = ["routing_figure", "cache_figure", "timeline_figure", "tokens_figure", "steps_figure", "StepView",
+           "STEP_VIEWS"]
 
 
 def routing_figure(result: Any, step: int | None = None) -> go.Figure:
     """Layers × experts for one step, each cell coloured by whether the forecast predicted it and the target used
     it: predicted & used (green), predicted not used (orange: a prefetch there is wasted), used not predicted
     (red: a miss unless it was cached anyway), neither (grey). Default step: :func:`default_routing_step`."""
-    f = _frames(result)
-    meta = _meta(result)
+    f = as_frames(result)
+    meta = run_meta(result)
     if step is None:
         step = default_routing_step(f)
-    cells = _routing_cells(f, meta, step)
+    cells = routing_cells(result, step)
     n_layers, n_experts = int(cells.layer.max()) + 1, int(cells.expert.max()) + 1
     z = cells.code.to_numpy().reshape(n_layers, n_experts)
     hover = [
         f"layer {r.layer} · expert {r.expert}<br><b>{r.category}</b><br>forecast count: {r.forecast_count}"
-        f"<br>target count: {r.target_count}<br>token positions: {_positions_text(r.positions)}"
+        f"<br>target count: {r.target_count}<br>token positions: {positions_text(r.positions)}"
         for r in cells.itertuples()
     ]
     hover = np.array(hover, dtype=object).reshape(n_layers, n_experts)
@@ -54,11 +56,11 @@ def routing_figure(result: Any, step: int | None = None) -> go.Figure:
     colors = [ROUTING_COLORS[c] for c in ROUTING_CATEGORIES]
     heat = go.Heatmap(
         z=z, x=list(range(n_experts)), y=list(range(n_layers)), zmin=-0.5, zmax=len(colors) - 0.5,
-        colorscale=_discrete_colorscale(colors), showscale=False, xgap=2, ygap=2, hovertext=hover,
+        colorscale=discrete_colorscale(colors), showscale=False, xgap=2, ygap=2, hovertext=hover,
         hovertemplate="%{hovertext}<extra></extra>", text=text if show_text else None,
         texttemplate="%{text}" if show_text else None, textfont=dict(size=10), name="routing",
     )
-    fig = go.Figure([heat] + [_legend_swatch(c, ROUTING_COLORS[c], ROUTING_HELP[c]) for c in ROUTING_CATEGORIES])
+    fig = go.Figure([heat] + [legend_swatch(c, ROUTING_COLORS[c], ROUTING_HELP[c]) for c in ROUTING_CATEGORIES])
     counts = cells.category.value_counts()
     used = int((cells.target_count > 0).sum())
     pred = int((cells.forecast_count > 0).sum())
@@ -75,8 +77,8 @@ def routing_figure(result: Any, step: int | None = None) -> go.Figure:
         quality = "no forecast for this step" + (" (this strategy makes none)" if f["forecast"].empty else "")
     title = (f"Routing at step {step} ({kind}, {n_tok} target token{'s' if n_tok != 1 else ''}) · {quality}"
              f"<br><sup>cell text: forecast count / target count (token-expert picks) · strategy "
-             f"{_esc(meta.get('strategy', '?'))}</sup>")
-    _base_layout(fig, title, plot_height=max(90, 34 * n_layers), top=62)
+             f"{esc(meta.get('strategy', '?'))}</sup>")
+    base_layout(fig, title, plot_height=max(90, 34 * n_layers), top=62)
     fig.update_xaxes(title_text="expert", dtick=1 if n_experts <= 32 else None, showgrid=False, zeroline=False,
                      range=[-0.5, n_experts - 0.5])
     fig.update_yaxes(title_text="layer", dtick=1 if n_layers <= 32 else None, autorange="reversed", showgrid=False,
@@ -89,12 +91,12 @@ def cache_figure(result: Any, step: int | None = None) -> go.Figure:
     experts are resident in device slots at the end of ``step`` (default: the last step), coloured by whether a
     demand load or a prefetch put them there, with the slot number in the cell when the panel is big enough to
     read it (up to 16 experts; else in the hover text), and the subtitle says which."""
-    f = _frames(result)
-    meta = _meta(result)
-    hr = _hit_rates(f)
+    f = as_frames(result)
+    meta = run_meta(result)
+    hr = hit_rates(f)
     if step is None:
         step = int(hr.step.iloc[-1]) if len(hr) else 0
-    n_layers, n_experts = _grid_shape(f, meta)
+    n_layers, n_experts = grid_shape(f, meta)
 
     fig = make_subplots(rows=1, cols=2, column_widths=[0.5, 0.5], horizontal_spacing=0.1,
                         subplot_titles=("demand hit rate per step", f"slot residency after step {step}"))
@@ -128,19 +130,19 @@ def cache_figure(result: Any, step: int | None = None) -> go.Figure:
     show_text = n_experts <= 16 and n_layers <= 32  # the panel is half the figure wide
     colors = [RESIDENCY_COLORS[c] for c in RESIDENCY_CATEGORIES]
     fig.add_trace(go.Heatmap(z=code, x=list(range(n_experts)), y=list(range(n_layers)), zmin=-0.5,
-                             zmax=len(colors) - 0.5, colorscale=_discrete_colorscale(colors), showscale=False,
+                             zmax=len(colors) - 0.5, colorscale=discrete_colorscale(colors), showscale=False,
                              xgap=2, ygap=2, hovertext=hov, hovertemplate="%{hovertext}<extra></extra>",
                              text=text if show_text else None, texttemplate="%{text}" if show_text else None,
                              textfont=dict(size=10), name="residency"), 1, 2)
     for c in RESIDENCY_CATEGORIES[1:]:
-        fig.add_trace(_legend_swatch(c, RESIDENCY_COLORS[c]), 1, 2)
+        fig.add_trace(legend_swatch(c, RESIDENCY_COLORS[c]), 1, 2)
 
     overall = hr.coverage.dropna()
     overall = f" · run decode hit rate {overall.iloc[-1]:.0%}" if len(overall) else ""
     title = (f"Expert cache · {len(res)} experts resident after step {step}{overall}"
-             f"<br><sup>strategy {_esc(meta.get('strategy', '?'))} · "
+             f"<br><sup>strategy {esc(meta.get('strategy', '?'))} · "
              f"{'slot numbers in the cells' if show_text else 'hover a cell for its slot'}</sup>")
-    _base_layout(fig, title, plot_height=max(190, 30 * n_layers), legend="below", top=80)
+    base_layout(fig, title, plot_height=max(190, 30 * n_layers), legend="below", top=80)
     fig.update_layout(bargap=0.15)
     fig.update_xaxes(title_text="step", dtick=1 if len(hr) <= 16 else None, row=1, col=1,
                      range=[-0.6, max(len(hr), 2) - 0.4])
@@ -166,16 +168,16 @@ def timeline_figure(result: Any, step: int | None = None, max_steps: int = 24, m
     copy lane. Copies are coloured prefetch vs demand and labelled layer/expert (bytes and reason on hover);
     red bars mark stalls, the time a compute op waited on a copy ([start − stall, start] on its lane).
     ``step=None`` draws the whole run, capped to the first ``max_steps`` steps / ``max_bars`` bars."""
-    f = _frames(result)
-    meta = _meta(result)
-    shown, note = _timeline_steps(f, step, max_steps, max_bars)
+    f = as_frames(result)
+    meta = run_meta(result)
+    shown, note = timeline_steps(f, step, max_steps, max_bars)
     co_all, tr_all = f["compute"], f["transfers"]
     if "lane" in co_all:  # host execution: host spans get the host lane, whatever phase they served
         co_all = co_all.assign(phase=co_all.phase.mask(co_all.lane == "host", HOST_LANE))
     co = co_all[co_all.step.isin(shown)]
     tr = tr_all[tr_all.step.isin(shown)]
     # Lanes and traces come from the whole run, so every step's figure has the same traces (see module doc).
-    phases = [p for p in _PHASE_ORDER if p in set(co_all.phase)] + sorted(set(co_all.phase) - set(_PHASE_ORDER))
+    phases = [p for p in PHASE_ORDER if p in set(co_all.phase)] + sorted(set(co_all.phase) - set(PHASE_ORDER))
     lanes = [p for p in phases if p in set(co.phase)] + [COPY_LANE]  # drawn lanes: only those with bars here
 
     # Outlines separate neighbouring ops once zoomed in; over a whole run bars are a pixel wide and white
@@ -224,8 +226,8 @@ def timeline_figure(result: Any, step: int | None = None, max_steps: int = 24, m
     stall_ms = float(co.stall.sum())
     where = f"step {shown[0]} ({steps.kind.iloc[0]})" if step is not None and len(steps) else "whole run"
     title = (f"Timeline · {where}{note} · {len(tr)} copies ({int(tr.bytes.sum()):,} B), stalls {stall_ms:.3f} ms"
-             f"<br><sup>strategy {_esc(meta.get('strategy', '?'))} · clock {_esc(clock_label(meta))}</sup>")
-    _base_layout(fig, title, plot_height=46 * len(lanes), legend="below", left=90, legend_rows=2,
+             f"<br><sup>strategy {esc(meta.get('strategy', '?'))} · clock {esc(clock_label(meta))}</sup>")
+    base_layout(fig, title, plot_height=46 * len(lanes), legend="below", left=90, legend_rows=2,
                  top=82 if annotations else 64)  # room for the step labels
     x0 = float(steps.start.min()) if len(steps) else 0.0
     x1 = float(max(steps.end.max() if len(steps) else 0.0, tr.end.max() if len(tr) else 0.0, x0 + 1e-6))
@@ -237,23 +239,27 @@ def timeline_figure(result: Any, step: int | None = None, max_steps: int = 24, m
     return fig
 
 def tokens_figure(result: Any, tokenizer: Any = None, highlight_step: int | None = None, wrap: int = 16,
-                  max_rows: int = 60) -> go.Figure:
+                  max_rows: int = 60, last_rows: int | None = None) -> go.Figure:
     """The generated tokens as a strip of cells coloured by status: prefill / decode for plain decoding,
     accepted / corrected / bonus / rejected for speculative windows (one row per window, the rejected drafts after
     the committed tokens). Cell text is the decoded token if a tokenizer is given, else the id.
 
     ``result`` may also be a bare tokens DataFrame (the live view builds one while generating).
     ``highlight_step`` frames that step's tokens and dims every later step, so a step slider shows the text as it
-    stood after that step."""
+    stood after that step. ``last_rows`` draws only the last rows instead of the first ``max_rows`` (a live strip:
+    what it sends to the browser per redraw stays the same size however long the run grows)."""
     if isinstance(result, pd.DataFrame):
         tok, kinds = result, {}
     else:
-        f = _frames(result)
+        f = as_frames(result)
         tok = f["tokens"]
         kinds = dict(zip(f["steps"].step, f["steps"].kind))
-    placed = _token_rows(tok, kinds, wrap) if len(tok) else tok.assign(row=[], col=[], row_label=[])
+    placed = token_rows(tok, kinds, wrap) if len(tok) else tok.assign(row=[], col=[], row_label=[])
     truncated = len(placed) and placed.row.max() >= max_rows
-    if truncated:
+    tail = bool(last_rows) and len(placed) and placed.row.max() >= last_rows
+    if tail:
+        placed = placed[placed.row > placed.row.max() - last_rows]
+    elif truncated:
         placed = placed[placed.row < max_rows]
     traces = []
     for status in STATUS_COLORS:
@@ -265,7 +271,7 @@ def tokens_figure(result: Any, tokenizer: Any = None, highlight_step: int | None
         traces.append(go.Bar(
             y=d.row_label.tolist(), x=[0.94] * len(d), base=(d.col - 0.47).tolist(), orientation="h",
             name=status, marker=dict(color=STATUS_COLORS[status], opacity=opacity, line=dict(width=0)),
-            text=[_token_text(t, tokenizer) for t in d.token_id], textposition="inside", insidetextanchor="middle",
+            text=[token_text(t, tokenizer) for t in d.token_id], textposition="inside", insidetextanchor="middle",
             textfont=dict(color="white", size=12), customdata=np.c_[d["index"].to_numpy(), d.step.to_numpy()]
             if len(d) else None,
             hovertemplate=f"<b>{status}</b> ({STATUS_HELP[status]})<br>token %{{text}} · index %{{customdata[0]}} · "
@@ -278,11 +284,11 @@ def tokens_figure(result: Any, tokenizer: Any = None, highlight_step: int | None
     counts = tok.status.value_counts() if len(tok) else pd.Series(dtype=int)
     parts = [f"{int(counts[s])} {s}" for s in STATUS_COLORS if s in counts.index and s != "prefill"]
     title = (f"Tokens · {committed} generated" + (f" ({', '.join(parts)})" if parts else "")
-             + (f" · first {max_rows} rows shown" if truncated else "")
+             + (f" · last {last_rows} rows shown" if tail else f" · first {max_rows} rows shown" if truncated else "")
              + ("" if tokenizer is not None else "<br><sup>token ids (no tokenizer)</sup>"))
-    _base_layout(fig, title, plot_height=max(40, 30 * len(rows)), top=62, left=90)
+    base_layout(fig, title, plot_height=max(40, 30 * len(rows)), top=62, left=90)
     fig.update_layout(barmode="overlay", bargap=0.1, uniformtext=dict(minsize=7, mode="hide"), margin=dict(b=15),
-                      shapes=_step_frames(placed, rows, highlight_step))
+                      shapes=step_outlines(placed, rows, highlight_step))
     fig.update_xaxes(visible=False, range=[-0.6, max(n_cols, 4) - 0.4])
     fig.update_yaxes(categoryorder="array", categoryarray=rows, autorange="reversed", type="category",
                      showgrid=False)
@@ -291,7 +297,7 @@ def tokens_figure(result: Any, tokenizer: Any = None, highlight_step: int | None
 def steps_figure(result: Any) -> go.Figure:
     """Tokens per step: accepted drafts, the target's own token (corrected / bonus, or the decode token) and the
     rejected drafts, stacked. ``result`` may be a bare steps DataFrame (step, kind, drafted, accepted, committed)."""
-    st = result if isinstance(result, pd.DataFrame) else _frames(result)["steps"]
+    st = result if isinstance(result, pd.DataFrame) else as_frames(result)["steps"]
     st = st.copy()
     if len(st):
         own = st.committed - st.accepted
@@ -307,12 +313,35 @@ def steps_figure(result: Any) -> go.Figure:
     committed = int(st.committed.sum()) if len(st) else 0
     drafted = int(st.drafted.sum()) if len(st) else 0
     acc = f" · acceptance {st.accepted.sum() / drafted:.0%}" if drafted else ""
-    _base_layout(fig, f"Tokens per step · {len(st)} steps, {committed} tokens{acc}", plot_height=170, top=50)
+    base_layout(fig, f"Tokens per step · {len(st)} steps, {committed} tokens{acc}", plot_height=170, top=50)
     fig.update_layout(barmode="stack", bargap=0.2)
     fig.update_xaxes(title_text="step", dtick=1 if len(st) <= 30 else None)
     top = float((st.committed + rejected).max()) if len(st) else 1.0
     fig.update_yaxes(title_text="tokens", range=[0, max(top, 1.0) * 1.08])
     return fig
+
+@dataclass(frozen=True)
+class StepView:
+    """One per-step view of a run: ``view(frames, step, tokenizer)`` draws it (``step=None``: the run as a whole,
+    as a report shows it). ``needs`` names a frame without which the view has nothing to say (a report skips it)."""
+
+    heading: str
+    draw: Callable[[Any, "int | None", Any], go.Figure]
+    needs: str | None = None
+
+    def __call__(self, frames: Any, step: int | None = None, tokenizer: Any = None) -> go.Figure:
+        return self.draw(frames, step, tokenizer)
+
+
+# The per-step views, in the order they are shown. The dashboard, the live run and the HTML report iterate over
+# this: a new view is one figure function and one line here.
+STEP_VIEWS: dict[str, StepView] = {
+    "tokens": StepView("Tokens", lambda f, step, tok: tokens_figure(f, tok, highlight_step=step)),
+    "routing": StepView("Routing vs forecast", lambda f, step, tok: routing_figure(f, step), needs="routing"),
+    "cache": StepView("Expert cache", lambda f, step, tok: cache_figure(f, step)),
+    "timeline": StepView("Timeline", lambda f, step, tok: timeline_figure(f, step)),
+}
+
 
 # Re-exported so ``viz.figures`` stays the one place the widgets and notebooks reach every figure through.
 from .bench_figures import *  # noqa: E402,F401,F403

@@ -11,21 +11,22 @@ from typing import Any, Mapping
 import numpy as np
 import pandas as pd
 
-from .style import ROUTING_CATEGORIES, _esc
+from .style import ROUTING_CATEGORIES, esc
 
-__all__ = ["Frames", "clock_label", "default_routing_step", "routing_cells", "residency"]
+__all__ = ["Frames", "as_frames", "clock_label", "default_routing_step", "grid_shape", "hit_rates", "positions_text",
+           "residency", "routing_cells", "run_meta", "step_outlines", "timeline_steps", "token_rows", "token_text"]
 
 
 Frames = dict[str, pd.DataFrame]
 
-def _frames(result: Any) -> Frames:
+def as_frames(result: Any) -> Frames:
     """Frames of a GenerationResult, a Trace or an already-made dict of frames."""
     if isinstance(result, Mapping):
         return dict(result)
     trace = getattr(result, "trace", result)
     return trace.frames()
 
-def _meta(result: Any) -> dict[str, Any]:
+def run_meta(result: Any) -> dict[str, Any]:
     if isinstance(result, Mapping):
         return dict(result.get("meta", {})) if isinstance(result.get("meta"), Mapping) else {}
     trace = getattr(result, "trace", result)
@@ -66,9 +67,9 @@ def routing_cells(result: Any, step: int) -> pd.DataFrame:
 
     "predicted" = the step's forecast rows; "used" = the step's target routing rows (for a window step, the
     verification pass)."""
-    return _routing_cells(_frames(result), _meta(result), step)
+    return _routing_cells(as_frames(result), run_meta(result), step)
 
-def _grid_shape(f: Frames, meta: Mapping[str, Any]) -> tuple[int, int]:
+def grid_shape(f: Frames, meta: Mapping[str, Any]) -> tuple[int, int]:
     """(layers, experts) from trace.meta, else from the largest ids seen in the frames."""
     ro, fc = f["routing"], f["forecast"]
     seen = pd.concat([ro[["layer", "expert"]], fc[["layer", "expert"]]])
@@ -78,7 +79,7 @@ def _grid_shape(f: Frames, meta: Mapping[str, Any]) -> tuple[int, int]:
 
 def _routing_cells(f: Frames, meta: Mapping[str, Any], step: int) -> pd.DataFrame:
     ro, fc = f["routing"], f["forecast"]
-    n_layers, n_experts = _grid_shape(f, meta)
+    n_layers, n_experts = grid_shape(f, meta)
     grid = pd.MultiIndex.from_product([range(n_layers), range(n_experts)], names=["layer", "expert"])
     tgt = ro[(ro.source == "target") & (ro.step == step)]
     used = tgt.groupby(["layer", "expert"]).agg(target_count=("position", "size"),
@@ -94,7 +95,7 @@ def _routing_cells(f: Frames, meta: Mapping[str, Any], step: int) -> pd.DataFram
     cells["category"] = [ROUTING_CATEGORIES[c] for c in code]
     return cells
 
-def _positions_text(pos: list[int], limit: int = 12) -> str:
+def positions_text(pos: list[int], limit: int = 12) -> str:
     if not pos:
         return "–"
     shown = ", ".join(str(p) for p in pos[:limit])
@@ -107,7 +108,7 @@ def residency(result: Any, step: int) -> pd.DataFrame:
     A transfer makes (layer, expert) resident and its 'evict' cache event removes it. An expert cannot be loaded
     again while resident, so it is resident exactly when it has had more loads than evictions up to that step;
     counting avoids relying on time order, which a prefetch issued in the past (the oracle's) would break."""
-    f = _frames(result)
+    f = as_frames(result)
     tr = f["transfers"]
     tr = tr[tr.step <= step]
     ev = f["cache"]
@@ -120,7 +121,7 @@ def residency(result: Any, step: int) -> pd.DataFrame:
     res = res.rename(columns={"step": "loaded_at_step"})[["layer", "expert", "slot", "loaded_at_step", "reason"]]
     return res.astype({"layer": int, "expert": int, "slot": int, "loaded_at_step": int})
 
-def _hit_rates(frames: Frames) -> pd.DataFrame:
+def hit_rates(frames: Frames) -> pd.DataFrame:
     """Per step: demand hits, misses, hit rate and the running decode hit rate (coverage so far; its last value
     is the run's ``hit_rate``, which excludes the prefill)."""
     steps = frames["steps"][["step", "kind"]]
@@ -147,7 +148,7 @@ def _hit_rates(frames: Frames) -> pd.DataFrame:
         out["forecast_recall"] = np.nan
     return out
 
-def _timeline_steps(frames: Frames, step: int | None, max_steps: int, max_bars: int) -> tuple[list[int], str]:
+def timeline_steps(frames: Frames, step: int | None, max_steps: int, max_bars: int) -> tuple[list[int], str]:
     """Which steps to draw and a note for the title. One step, or the first steps of the run up to
     ``max_steps`` and ``max_bars`` bars (a long run would make the browser draw tens of thousands of rects)."""
     all_steps = [int(s) for s in frames["steps"].step]
@@ -164,16 +165,14 @@ def _timeline_steps(frames: Frames, step: int | None, max_steps: int, max_bars: 
     note = "" if len(chosen) == len(all_steps) else f" · first {len(chosen)} of {len(all_steps)} steps shown"
     return chosen, note
 
-def _token_text(token_id: int, tokenizer: Any) -> str:
-    if token_id < 0:  # a rejected draft seen only by count (live view)
-        return "?"
+def token_text(token_id: int, tokenizer: Any) -> str:
     if tokenizer is None:
         return str(int(token_id))
     s = tokenizer.decode([int(token_id)])
     s = s.replace("\n", "↵").replace("\t", "⇥").replace(" ", "·") or "∅"
-    return _esc(s)
+    return esc(s)
 
-def _token_rows(tok: pd.DataFrame, kinds: Mapping[int, str], wrap: int) -> pd.DataFrame:
+def token_rows(tok: pd.DataFrame, kinds: Mapping[int, str], wrap: int) -> pd.DataFrame:
     """Place each token on a (row, column): one row per window for speculative runs (committed tokens first,
     then the rejected drafts), otherwise the tokens in index order wrapped ``wrap`` to a row."""
     tok = tok.copy()
@@ -191,7 +190,7 @@ def _token_rows(tok: pd.DataFrame, kinds: Mapping[int, str], wrap: int) -> pd.Da
     tok["row_label"] = tok.row.map(labels)
     return tok
 
-def _step_frames(placed: pd.DataFrame, rows: list[str], step: int | None) -> list[dict]:
+def step_outlines(placed: pd.DataFrame, rows: list[str], step: int | None) -> list[dict]:
     """Rectangles around the cells of ``step``, one per strip row it occupies (a marker outline would also
     outline the legend swatch)."""
     if step is None or not len(placed):

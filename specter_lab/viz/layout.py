@@ -7,13 +7,13 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-__all__ = []
+__all__ = ["base_layout", "discrete_colorscale", "legend_swatch"]
 
 
 _FONT = dict(family="Inter, Helvetica, Arial, sans-serif", size=12)
 
-def _base_layout(fig: go.Figure, title: str, plot_height: int, legend: str = "top", top: int = 75,
-                 left: int = 70, legend_rows: int = 1) -> go.Figure:
+def base_layout(fig: go.Figure, title: str, plot_height: int, legend: str = "top", top: int = 75,
+                left: int = 70, legend_rows: int = 1) -> go.Figure:
     """Common look. ``plot_height`` is the plot area in px; margins are added around it so a legend never sits
     on an axis title. ``legend``: 'top' (one row between title and plot, right-aligned), 'below' (under the
     x-axis title; plotly positions legends in plot-area fractions, hence the px conversion) or 'right'."""
@@ -22,8 +22,10 @@ def _base_layout(fig: go.Figure, title: str, plot_height: int, legend: str = "to
     if legend == "top":
         top += 22 * legend_rows
     elif legend == "below":
-        bottom = 75 + 22 * legend_rows
-        leg = dict(orientation="h", yanchor="top", y=-62 / plot_height, xanchor="left", x=0.0)
+        # Under the x-axis title with room to spare: tick labels and the title take ~55 px below the plot area,
+        # more where the page falls back to a taller font than Inter.
+        bottom = 92 + 22 * legend_rows
+        leg = dict(orientation="h", yanchor="top", y=-78 / plot_height, xanchor="left", x=0.0)
     elif legend == "right":
         leg = dict(orientation="v", yanchor="top", y=1.0, xanchor="left", x=1.02)
     fig.update_layout(title=dict(text=title, x=0.01, xanchor="left", y=1 - 14 / (plot_height + top + bottom),
@@ -32,13 +34,13 @@ def _base_layout(fig: go.Figure, title: str, plot_height: int, legend: str = "to
                       margin=dict(l=left, r=30, t=top, b=bottom), legend=leg)
     return fig
 
-def _legend_swatch(name: str, color: str, help_text: str = "", group: str | None = None) -> go.Scatter:
+def legend_swatch(name: str, color: str, help_text: str = "", group: str | None = None) -> go.Scatter:
     """An invisible trace whose only job is a legend entry (heatmaps have no per-category legend)."""
     return go.Scatter(x=[None], y=[None], mode="markers", name=name, legendgroup=group or name,
                       marker=dict(symbol="square", size=13, color=color, line=dict(color="#999", width=0.5)),
                       hoverinfo="skip", showlegend=True, meta=help_text)
 
-def _discrete_colorscale(colors: list[str]) -> list[list]:
+def discrete_colorscale(colors: list[str]) -> list[list]:
     """A stepped colorscale for integer codes 0..n-1 drawn with zmin=-0.5, zmax=n-0.5 (code c sits mid-band)."""
     n = len(colors)
     scale = []

@@ -11,10 +11,10 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from .bench_figures import _table_clock, compare_figure, cost_figure, regime_figure, speedup_figure
-from .figures import cache_figure, routing_figure, steps_figure, timeline_figure, tokens_figure
-from .frames import _frames, _meta, clock_label
-from .style import _esc
+from .bench_figures import table_clock, compare_figure, cost_figure, regime_figure, speedup_figure
+from .figures import STEP_VIEWS, steps_figure
+from .frames import as_frames, run_meta, clock_label
+from .style import esc
 
 __all__ = ["report_html", "bench_html"]
 
@@ -47,7 +47,7 @@ def _metrics_table(metrics: Mapping[str, Any], columns: int = 3) -> str:
     per = max(1, math.ceil(len(items) / columns))
     tables = []
     for i in range(0, len(items), per):
-        rows = "".join(f"<tr><th>{_esc(k)}</th><td class='v'>{_esc(_fmt_value(v))}</td></tr>"
+        rows = "".join(f"<tr><th>{esc(k)}</th><td class='v'>{esc(_fmt_value(v))}</td></tr>"
                        for k, v in items[i:i + per])
         tables.append(f"<table class='metrics'>{rows}</table>")
     return f"<div style='display:flex;gap:28px;flex-wrap:wrap;align-items:flex-start'>{''.join(tables)}</div>"
@@ -56,33 +56,32 @@ def _figures_html(figs: Iterable[tuple[str, go.Figure]]) -> str:
     """Figures as HTML fragments; plotly.js is inlined once (the first figure) so the page works offline."""
     out = []
     for i, (heading, fig) in enumerate(figs):
-        out.append(f"<h2>{_esc(heading)}</h2>")
+        out.append(f"<h2>{esc(heading)}</h2>")
         out.append(fig.to_html(full_html=False, include_plotlyjs=(i == 0), config={"displaylogo": False}))
     return "\n".join(out)
 
 def _page(title: str, body: str) -> str:
-    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{_esc(title)}</title>"
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{esc(title)}</title>"
             f"<style>{_CSS}</style></head><body>{body}</body></html>")
 
 def report_html(result: Any, tokenizer: Any = None) -> str:
-    """A standalone HTML report of one run: settings, metrics table and the token, step, routing, cache and
-    timeline figures (plotly.js inline once, so the file opens offline)."""
-    meta = _meta(result)
+    """A standalone HTML report of one run: settings, metrics table, the step figure and every per-step view of
+    :data:`~.figures.STEP_VIEWS` over the whole run (plotly.js inline once, so the file opens offline)."""
+    meta = run_meta(result)
     metrics = dict(getattr(result, "metrics", {}) or {})
     strategy = getattr(result, "strategy", meta.get("strategy", "?"))
     text = getattr(result, "text", None)
     ids = getattr(result, "token_ids", None)
-    figs: list[tuple[str, go.Figure]] = [("Tokens", tokens_figure(result, tokenizer)), ("Steps", steps_figure(result))]
-    frames = _frames(result)
-    if len(frames["routing"]):
-        figs.append(("Routing vs forecast", routing_figure(result)))
-    figs += [("Expert cache", cache_figure(result)), ("Timeline", timeline_figure(result))]
+    frames = as_frames(result)
+    figs: list[tuple[str, go.Figure]] = [("Steps", steps_figure(result))]
+    figs += [(view.heading, view(result, None, tokenizer)) for view in STEP_VIEWS.values()
+             if view.needs is None or len(frames[view.needs])]
     output = text if text is not None else (" ".join(str(t) for t in ids) if ids is not None else "")
-    body = (f"<h1>specter_lab run · strategy {_esc(strategy)}</h1>"
-            f"<p class='note'>clock: {_esc(meta.get('clock', '?'))} — times are {_esc(clock_label(meta))}. "
-            f"{len(ids) if ids is not None else '?'} new tokens; model: {_esc(meta.get('num_layers', '?'))} MoE layers "
-            f"× {_esc(meta.get('num_experts', '?'))} experts, top-{_esc(meta.get('top_k', '?'))}.</p>"
-            f"<h2>Output</h2><pre>{_esc(output)}</pre>"
+    body = (f"<h1>specter_lab run · strategy {esc(strategy)}</h1>"
+            f"<p class='note'>clock: {esc(meta.get('clock', '?'))} — times are {esc(clock_label(meta))}. "
+            f"{len(ids) if ids is not None else '?'} new tokens; model: {esc(meta.get('num_layers', '?'))} MoE layers "
+            f"× {esc(meta.get('num_experts', '?'))} experts, top-{esc(meta.get('top_k', '?'))}.</p>"
+            f"<h2>Output</h2><pre>{esc(output)}</pre>"
             f"<h2>Metrics</h2>{_metrics_table(metrics)}" + _figures_html(figs))
     return _page(f"specter_lab · {strategy}", body)
 
@@ -93,9 +92,9 @@ def bench_html(df: pd.DataFrame, summary: pd.DataFrame | None = None, info: Mapp
     """A standalone HTML report of ``sl.compare``: the TPOT figure, the speedup summary, any extra tables in
     ``info`` (ablations, k_sweep, cpu_overhead, regimes: lists of records) and every run."""
     info = dict(info or {})
-    body = [f"<h1>specter_lab benchmark</h1><p class='note'>{_esc(info.get('note', _table_clock(df)))}"
-            + (f" · model {_esc(info['model'])}" if "model" in info else "")
-            + (f" · draft {_esc(info['draft'])}" if "draft" in info else "") + "</p>"]
+    body = [f"<h1>specter_lab benchmark</h1><p class='note'>{esc(info.get('note', table_clock(df)))}"
+            + (f" · model {esc(info['model'])}" if "model" in info else "")
+            + (f" · draft {esc(info['draft'])}" if "draft" in info else "") + "</p>"]
     figs = [("TPOT by strategy", compare_figure(df))]
     if "specter" in set(df.strategy):
         figs.append(("Speedup of specter", speedup_figure(df)))

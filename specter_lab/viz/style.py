@@ -6,7 +6,8 @@ from __future__ import annotations
 import html
 from typing import Any
 
-__all__ = ["ROUTING_CATEGORIES", "ROUTING_COLORS", "ROUTING_HELP", "STATUS_COLORS", "STATUS_HELP", "PHASE_COLORS", "HOST_LANE", "COPY_COLORS", "STALL_COLOR", "COPY_LANE", "RESIDENCY_CATEGORIES", "RESIDENCY_COLORS"]
+__all__ = ["ROUTING_CATEGORIES", "ROUTING_COLORS", "ROUTING_HELP", "STATUS_COLORS", "STATUS_HELP", "PHASE_COLORS", "HOST_LANE", "COPY_COLORS", "STALL_COLOR", "COPY_LANE", "RESIDENCY_CATEGORIES", "RESIDENCY_COLORS",
+           "PHASE_ORDER", "esc"]
 
 
 # Routing cells: green = the forecast was right, orange = bytes moved for nothing, red = the target waited.
@@ -66,7 +67,7 @@ RESIDENCY_CATEGORIES = ("not resident", "resident (demand load)", "resident (pre
 RESIDENCY_COLORS = {"not resident": "#ececec", "resident (demand load)": "#ff7f0e",
                     "resident (prefetch)": "#2ca02c"}
 
-_PHASE_ORDER = ("prefill", "decode", "draft", "verify", "head", HOST_LANE)
+PHASE_ORDER = ("prefill", "decode", "draft", "verify", "head", HOST_LANE)
 
-def _esc(s: Any) -> str:
+def esc(s: Any) -> str:
     return html.escape(str(s), quote=False)

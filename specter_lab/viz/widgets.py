@@ -14,7 +14,8 @@ step change copies the new figure's trace data into the existing ``FigureWidget`
 was built with. Build live figures with :func:`figure_widget` (hover-only modebar, width of the cell).
 Each view returns plain ``go.Figure`` copies from ``.static()`` (for saving, or for a report).
 
-ipywidgets is imported inside the functions, so ``import specter_lab.viz`` works without it.
+This module needs ipywidgets and anywidget (the ``notebook`` extra); ``import specter_lab.viz`` alone does not
+load it.
 """
 
 from __future__ import annotations
@@ -25,25 +26,24 @@ import re
 import threading
 import time
 from copy import deepcopy
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
-import numpy as np
+import anywidget
+import ipywidgets as W
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.utils import PlotlyJSONEncoder
 
+from ..decode import StopGeneration
+from ..quant import QuantSpec
+from ..runs import DoesNotFit, run_prompts, try_engine
+from ..strategies import get_strategy
+from ..trace import COLUMNS
 from . import figures as F
+from .strip import tokens_html
 
 __all__ = ["Dashboard", "LiveRun", "QuantTuner", "dashboard", "figure_widget", "live", "publish_state",
            "sync_figure"]
-
-
-def _ipywidgets():
-    try:
-        import ipywidgets
-    except ImportError as exc:  # pragma: no cover - ipywidgets is a dependency of the notebook extra
-        raise ImportError("the live views need ipywidgets: pip install ipywidgets") from exc
-    return ipywidgets
 
 
 # Plotly config of every FigureWidget here. The modebar sits on the right end of the title line, where the
@@ -80,15 +80,17 @@ def publish_state(widget: go.FigureWidget) -> None:
     widget._widget_data = deepcopy(widget._data)
 
 
-def sync_figure(widget: go.FigureWidget, fig: go.Figure) -> bool:
+def sync_figure(widget: go.FigureWidget, fig: go.Figure, *, publish: bool = True, compare: bool = True) -> bool:
     """Make ``widget`` show ``fig`` by updating its traces and layout in place, in one batch (one message to the
     browser; the widget object and its place in the notebook stay the same), then :func:`publish_state` so
     every later view (a reload, a second display) draws the same. Returns False, sending nothing, when the
     widget already shows ``fig``.
 
     Both come from the same figure function over the same run, so they have the same traces in the same order.
-    Properties the new trace leaves unset are cleared, so nothing stale (old text, old shapes) survives."""
-    if _same_figure(widget, fig):
+    Properties the new trace leaves unset are cleared, so nothing stale (old text, old shapes) survives.
+    A live view that redraws often passes ``publish=False`` (publishing re-sends the whole figure, twice; it
+    publishes once at its end) and ``compare=False`` (it knows the figure changed; comparing serialises both)."""
+    if compare and _same_figure(widget, fig):
         return False
     with widget.batch_update():
         if len(widget.data) != len(fig.data) or any(a.type != b.type for a, b in zip(widget.data, fig.data)):
@@ -106,7 +108,8 @@ def sync_figure(widget: go.FigureWidget, fig: go.Figure) -> bool:
         for key in ("shapes", "annotations"):
             layout.setdefault(key, [])
         widget.layout.update(layout, overwrite=True)
-    publish_state(widget)
+    if publish:
+        publish_state(widget)
     return True
 
 
@@ -169,8 +172,6 @@ def _fit_width() -> Any:
     """An invisible widget that makes the plotly graphs of the box it sits in follow the box's width."""
     global _FIT_WIDTH_CLASS
     if _FIT_WIDTH_CLASS is None:
-        import anywidget  # a dependency of plotly's FigureWidget; imported here, like ipywidgets
-
         _FIT_WIDTH_CLASS = type("FitWidth", (anywidget.AnyWidget,), {
             "_esm": _FIT_WIDTH_ESM, "__module__": __name__,
             "__doc__": "Fits the plotly graphs of its box to the box's width (see _FIT_WIDTH_ESM)."})
@@ -194,11 +195,12 @@ class Dashboard:
     """Step-by-step views of one finished run.
 
     Attributes: ``widget`` (the VBox to display), ``slider`` (IntSlider over the steps), ``play`` (Play button
-    linked to the slider), ``info`` (HTML line about the step) and the FigureWidgets ``tokens``, ``routing``,
-    ``cache`` and ``timeline``. Setting ``slider.value`` (or calling :meth:`show`) updates all of them."""
+    linked to the slider), ``info`` (HTML line about the step) and ``views``: one FigureWidget per entry of
+    :data:`~.figures.STEP_VIEWS` (token strip, routing, cache, timeline), also readable as attributes
+    (``dash.routing``). Setting ``slider.value`` (or calling :meth:`show`) updates all of them."""
 
-    def __init__(self, result, tokenizer: Any = None, step: int | None = None, play_interval_ms: int = 900) -> None:
-        W = _ipywidgets()
+    def __init__(self, result, tokenizer: Any = None, step: int | None = None, play_interval_ms: int = 900,
+                 reuse: "Mapping[str, go.FigureWidget] | None" = None) -> None:
         self.result = result
         self.tokenizer = tokenizer if tokenizer is not None else getattr(result, "tokenizer", None)
         frames = result.trace.frames()
@@ -213,24 +215,33 @@ class Dashboard:
         self.play = W.Play(value=first, min=lo, max=hi, interval=play_interval_ms, description="play")
         W.jslink((self.play, "value"), (self.slider, "value"))
         self.info = W.HTML()
-        self.tokens = figure_widget(self._tokens_figure(first))
-        self.routing = figure_widget(F.routing_figure(result, first))
-        self.cache = figure_widget(F.cache_figure(result, first))
-        self.timeline = figure_widget(F.timeline_figure(result, first))
+        # ``reuse``: FigureWidgets already in the page (a live run's detail views) are redrawn, not recreated:
+        # creating one ships plotly.js to the page again.
+        reuse = dict(reuse or {})
+        self.views: dict[str, go.FigureWidget] = {}
+        for name, view in F.STEP_VIEWS.items():
+            fig = view(result, first, self.tokenizer)
+            if name in reuse:
+                sync_figure(reuse[name], fig)
+                self.views[name] = reuse[name]
+            else:
+                self.views[name] = figure_widget(fig)
         self._shown = first
         self.info.value = self._info_html(first)
         self.slider.observe(self._on_step, names="value")
-        self.widget = W.VBox([W.HBox([self.play, self.slider, self.info, _fit_width()]), self.tokens, self.routing,
-                              self.cache, self.timeline])
+        self.widget = W.VBox([W.HBox([self.play, self.slider, self.info, _fit_width()]), *self.views.values()])
+
+    def __getattr__(self, name: str) -> go.FigureWidget:
+        views = self.__dict__.get("views", {})
+        if name in views:
+            return views[name]
+        raise AttributeError(f"'Dashboard' has no attribute {name!r} (views: {', '.join(views)})")
 
     # views -----------------------------------------------------------------------------------
     @property
     def step(self) -> int:
         """The step the views show."""
         return self._shown
-
-    def _tokens_figure(self, step: int) -> go.Figure:
-        return F.tokens_figure(self.result, self.tokenizer, highlight_step=step)
 
     def _info_html(self, step: int) -> str:
         r = self._steps.loc[step]
@@ -245,10 +256,8 @@ class Dashboard:
     def show(self, step: int) -> None:
         """Show ``step`` in every view (what the slider calls)."""
         step = int(step)
-        sync_figure(self.tokens, self._tokens_figure(step))
-        sync_figure(self.routing, F.routing_figure(self.result, step))
-        sync_figure(self.cache, F.cache_figure(self.result, step))
-        sync_figure(self.timeline, F.timeline_figure(self.result, step))
+        for name, view in F.STEP_VIEWS.items():
+            sync_figure(self.views[name], view(self.result, step, self.tokenizer))
         self.info.value = self._info_html(step)
         self._shown = step
         if self.slider.value != step:
@@ -259,8 +268,8 @@ class Dashboard:
             self.show(change["new"])
 
     def static(self) -> dict[str, go.Figure]:
-        """The current views as plain figures (tokens, routing, cache, timeline)."""
-        return {name: _static(getattr(self, name)) for name in ("tokens", "routing", "cache", "timeline")}
+        """The current views as plain figures, by view name."""
+        return {name: _static(widget) for name, widget in self.views.items()}
 
     def _repr_mimebundle_(self, **kwargs):
         return self.widget._repr_mimebundle_(**kwargs)
@@ -272,76 +281,58 @@ def dashboard(result, tokenizer: Any = None, step: int | None = None) -> Dashboa
 
 
 # ----------------------------------------------------------------------------------------- live
-def _live_frames(steps: list) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Tokens and steps frames from the StepInfo records seen so far (the trace's frames exist only once
-    generate() returns). Rejected drafts are known by count, not by id: they get id -1, drawn as '?'."""
-    tok_rows, step_rows = [], []
-    n = 0
-    for info in steps:
-        new = list(info.new_tokens)
-        if info.step == 0:
-            status = ["prefill"] * len(new)
-            kind = "prefill"
-        elif info.drafted:
-            acc = min(info.accepted, len(new))
-            last = "bonus" if info.accepted == info.drafted else "corrected"
-            status = ["accepted"] * acc + [last] * (len(new) - acc)  # EOS may have cut the window short
-            kind = "window"
-        else:
-            status = ["decode"] * len(new)
-            kind = "decode"
-        for i in range(max(0, info.drafted - info.accepted)):  # the trace numbers them from the first rejection
-            tok_rows.append((n + info.accepted + i, info.step, -1, "rejected", False, np.nan))
-        for t, st in zip(new, status):
-            tok_rows.append((n, info.step, t, st, True, np.nan))
-            n += 1
-        step_rows.append((info.step, kind, np.nan, np.nan, info.drafted, info.accepted, len(new), 0))
-    from ..trace import COLUMNS
-
-    return pd.DataFrame(tok_rows, columns=COLUMNS["tokens"]), pd.DataFrame(step_rows, columns=COLUMNS["steps"])
+# Steps and tokens only: what the progress bars and the token strip draw, copied from the trace's own records.
+_LIVE_KINDS = ("steps", "tokens")
 
 
 class LiveRun:
     """A generation running in a background thread, with views refreshed as steps complete.
 
-    ``widget`` (display it), ``stop_button``, ``status``, the FigureWidgets ``progress`` (tokens per step) and
-    ``tokens``; with ``details=True`` also ``routing``, ``cache`` and ``timeline`` FigureWidgets of the latest
-    step (``live_step``), drawn from the trace so far (created at the first refresh; None before, and put away
-    when the finished run's dashboard takes their place); ``steps`` (the StepInfo records so far), ``result``
-    (the GenerationResult once done), ``error`` (an exception raised by generate, if any) and ``dashboard`` (a
-    :class:`Dashboard` of the finished run)."""
+    The notebook cell that creates it returns at once and the kernel stays free, so the Stop button is handled
+    while the run goes on, even under Run All. Nothing should block on the run in a later cell: use
+    :meth:`on_done` for what needs the result (``join()`` is for scripts, or a cell run on its own).
 
-    def __init__(self, engine, prompt, max_new_tokens: int = 64, *, tokenizer: Any = None, min_interval: float = 0.5,
-                 start: bool = True, details: bool = True, **generate_kwargs: Any) -> None:
-        W = _ipywidgets()
+    While it runs, the view is light: ``status`` (an HTML line), ``progress`` (a progress bar of the tokens) and
+    ``tokens`` (an HTML strip of the last ``live_rows`` rows of tokens, :func:`~.strip.tokens_html`), redrawn at
+    most once per ``min_interval`` seconds from the trace's own step and token records. ``details`` names
+    :data:`~.figures.STEP_VIEWS` to draw live for the latest step (none by default): each is a plotly
+    FigureWidget, which ships plotly.js (~5 MB) to the page when created and costs a full trace snapshot per
+    redraw; ``views`` holds them (also readable as attributes, ``run.routing``; None when not shown), and the
+    finished run's dashboard reuses them. When the run ends the status line says "finishing …", then the
+    :class:`Dashboard` of the finished run (``dashboard``) replaces the strip, opened at the step the live view
+    showed last. ``result`` is the GenerationResult once done, ``error`` an exception raised by generate,
+    ``stop_button`` the Stop button and ``widget`` the box to display."""
+
+    def __init__(self, engine, prompt, max_new_tokens: int = 64, *, tokenizer: Any = None, min_interval: float = 1.0,
+                 start: bool = True, details: "bool | Sequence[str]" = (), live_rows: int = 6,
+                 **generate_kwargs: Any) -> None:
         self.engine = engine
         self.prompt = prompt
         self.max_new_tokens = max_new_tokens
         self.tokenizer = tokenizer if tokenizer is not None else getattr(engine, "tokenizer", None)
         self.min_interval = float(min_interval)
+        self.live_rows = int(live_rows)
+        self.details = _detail_names(details)
         self._user_callback: Callable | None = generate_kwargs.pop("callback", None)
         self._generate_kwargs = generate_kwargs
-        self.steps: list = []
         self.result = None
         self.error: BaseException | None = None
         self.dashboard: Dashboard | None = None
-        self.details = bool(details)
-        self.routing: go.FigureWidget | None = None
-        self.cache: go.FigureWidget | None = None
-        self.timeline: go.FigureWidget | None = None
-        self.live_step: int | None = None
-        self._live_frames: tuple[int, dict] | None = None
+        self.views: dict[str, go.FigureWidget] = {}
+        self.live_step: int | None = None  # the step the live views last drew
+        self.redraws = 0
+        self._latest: dict | None = None  # the last snapshot: frames of steps and tokens (and of details)
+        self._on_done: list[Callable] = []
         self._stop = threading.Event()
         self._done = threading.Event()
         self._lock = threading.Lock()
-        self._draw_lock = threading.RLock()  # one redraw at a time (generating thread, trailing timer, notebook)
+        self._draw_lock = threading.RLock()  # one redraw at a time (generating thread, notebook)
         self._last_refresh = 0.0
-        self._trailing: threading.Timer | None = None
-        self._finished = False
+        self._last_status = 0.0
         self._t0 = time.perf_counter()
-        tokens, steps = _live_frames([])
-        self.progress = figure_widget(F.steps_figure(steps))
-        self.tokens = figure_widget(F.tokens_figure(tokens, self.tokenizer))
+        self.progress = W.IntProgress(value=0, min=0, max=max_new_tokens, bar_style="info",
+                                      layout=W.Layout(width="100%"))
+        self.tokens = W.HTML(self._strip({name: pd.DataFrame(columns=COLUMNS[name]) for name in _LIVE_KINDS}))
         self.stop_button = W.Button(description="Stop", icon="stop", button_style="danger",
                                     tooltip="end generation after the current step")
         self.stop_button.on_click(lambda _: self.stop())
@@ -353,6 +344,11 @@ class LiveRun:
         self.thread = threading.Thread(target=self._run, name="specter-live", daemon=True)
         if start:
             self.start()
+
+    def __getattr__(self, name: str) -> Any:
+        if name in F.STEP_VIEWS:
+            return self.__dict__.get("views", {}).get(name)
+        raise AttributeError(f"'LiveRun' has no attribute {name!r}")
 
     # control ---------------------------------------------------------------------------------
     def start(self) -> "LiveRun":
@@ -368,11 +364,35 @@ class LiveRun:
 
     def join(self, timeout: float | None = None):
         """Wait for the run to end; returns the GenerationResult (None if still running). Re-raises an error
-        that generate raised in the thread."""
+        that generate raised in the thread. It blocks the kernel: in a notebook, a Stop click waits until it
+        returns, so prefer :meth:`on_done` in the cell after the live view."""
         self.thread.join(timeout)
         if self.error is not None:
             raise self.error
         return self.result
+
+    def on_done(self, fn: Callable[[Any], Any]) -> Any:
+        """Call ``fn(result)`` when the run has ended (at once if it has) and show the text it returns in the
+        returned widget (display it: it says it is waiting until then). The cell returns at once, so the
+        kernel stays free for the Stop button. ``fn`` runs in the run's thread; an exception it raises is shown
+        in red."""
+        out = W.Output()
+        out.append_stdout("waiting for the run to end …\n")
+
+        def show(result: Any) -> None:
+            try:
+                text = str(fn(result))
+                out.outputs = ({"output_type": "stream", "name": "stdout", "text": text + "\n"},)
+            except Exception as exc:  # shown where the reader looks for the answer
+                out.outputs = ({"output_type": "stream", "name": "stderr",
+                                "text": f"{type(exc).__name__}: {exc}\n"},)
+
+        with self._lock:
+            if not self._done.is_set():
+                self._on_done.append(show)
+                return out
+        show(self.result)
+        return out
 
     @property
     def done(self) -> bool:
@@ -385,42 +405,20 @@ class LiveRun:
 
     # thread ----------------------------------------------------------------------------------
     def _callback(self, info) -> None:
-        from ..decode import StopGeneration
-
         if self._user_callback is not None:
             self._user_callback(info)
-        with self._lock:
-            self.steps.append(info)
-        if time.perf_counter() - self._last_refresh >= self.min_interval:
-            # The snapshot is taken here, in the generating thread between two steps, where the trace is
-            # consistent; refresh() may also be called from the notebook's thread and only reads what is kept.
-            if self.details and info.snapshot is not None:
-                frames = info.snapshot()
-                with self._lock:
-                    self._live_frames = (info.step, frames)
+        now = time.perf_counter()
+        if now - self._last_refresh >= self.min_interval and info.snapshot is not None:
+            # Taken here, in the generating thread between two steps, where the trace is consistent; refresh()
+            # may also be called from the notebook's thread and only reads what is kept.
+            frames = info.snapshot(kinds=None if self.details else _LIVE_KINDS)
+            with self._lock:
+                self._latest = frames
             self.refresh()
-        else:
-            self._schedule_trailing_refresh()
+        elif now - self._last_status >= 0.25 and not self._stop.is_set():
+            self._set_running_status(info.step, len(info.tokens))  # a few hundred bytes: kept current
         if self._stop.is_set():
             raise StopGeneration()
-
-    def _schedule_trailing_refresh(self) -> None:
-        """Coalesce: a step that came too soon after the last redraw is drawn by one redraw ``min_interval``
-        after it (with whatever steps came meanwhile), unless a step's own redraw or the end comes first."""
-        with self._lock:
-            if self._trailing is not None:
-                return
-            delay = max(0.0, self._last_refresh + self.min_interval - time.perf_counter())
-            self._trailing = threading.Timer(delay, self._trailing_refresh)
-            self._trailing.daemon = True
-            self._trailing.start()
-
-    def _trailing_refresh(self) -> None:
-        with self._lock:
-            self._trailing = None
-        with self._draw_lock:
-            if not self._finished and time.perf_counter() - self._last_refresh >= self.min_interval * 0.9:
-                self.refresh()
 
     def _run(self) -> None:
         try:
@@ -433,98 +431,128 @@ class LiveRun:
         except Exception as exc:  # a view that fails to draw the finished run is still reported by join()
             self.error = self.error or exc
         finally:
-            self._done.set()
+            with self._lock:
+                self._done.set()
+                waiting, self._on_done = self._on_done, []
+            for show in waiting:
+                show(self.result)
 
     # views -----------------------------------------------------------------------------------
+    def _strip(self, frames: dict) -> str:
+        kinds = dict(zip(frames["steps"].step, frames["steps"].kind))
+        return tokens_html(frames["tokens"], kinds, self.tokenizer, last_rows=self.live_rows)
+
+    def _set_running_status(self, step: int, n: int, acc: str = "") -> None:
+        self.status.value = (f"step {step} · {n}/{self.max_new_tokens} tokens{acc} · "
+                             f"{time.perf_counter() - self._t0:.1f} s")
+        self._last_status = time.perf_counter()
+
     def refresh(self) -> None:
-        """Redraw the progress and token views from the steps seen so far (and the detail views from the latest
-        snapshot). The live run calls it at most once per ``min_interval``."""
+        """Redraw the progress, the token strip and the detail views from the latest snapshot. The live run
+        calls it at most once per ``min_interval``."""
         with self._draw_lock:
             self._refresh()
 
     def _refresh(self) -> None:
         with self._lock:
-            steps = list(self.steps)
-        tokens, st = _live_frames(steps)
-        sync_figure(self.progress, F.steps_figure(st))
-        sync_figure(self.tokens, F.tokens_figure(tokens, self.tokenizer))
+            frames = self._latest
+        if frames is None or self._done.is_set() or self.dashboard is not None:
+            return
+        st = frames["steps"]
+        step = int(st.step.iloc[-1]) if len(st) else 0
         n = int(st.committed.sum()) if len(st) else 0
+        self.progress.value = n
+        self.tokens.value = self._strip(frames)
         drafted = int(st.drafted.sum()) if len(st) else 0
         acc = f" · acceptance {st.accepted.sum() / drafted:.0%}" if drafted else ""
-        self.status.value = (f"step {steps[-1].step if steps else '–'} · {n}/{self.max_new_tokens} tokens{acc} · "
-                             f"{time.perf_counter() - self._t0:.1f} s")
-        self._refresh_details()
+        if not self._stop.is_set():
+            self._set_running_status(step, n, acc)
+        self._refresh_details(frames, step)
+        self.live_step = step
+        self.redraws += 1
         self._last_refresh = time.perf_counter()
 
-    def _refresh_details(self) -> None:
-        """Routing, cache and timeline of the latest snapshotted step, as the finished run's dashboard draws them."""
-        with self._lock:
-            latest = self._live_frames
-        if latest is None or self.dashboard is not None:
+    def _refresh_details(self, frames: dict, step: int) -> None:
+        """The detail views of the latest step, as the finished run's dashboard draws them."""
+        if not self.details:
             return
-        step, frames = latest
-        figs = {"routing": F.routing_figure(frames, step), "cache": F.cache_figure(frames, step),
-                "timeline": F.timeline_figure(frames, step)}
-        if self.routing is None:
-            self.routing, self.cache, self.timeline = (figure_widget(figs[k]) for k in ("routing", "cache", "timeline"))
-            self._details_box.children = (self.routing, self.cache, self.timeline)
+        figs = {name: F.STEP_VIEWS[name](frames, step, self.tokenizer) for name in self.details}
+        if not self.views:
+            self.views = {name: figure_widget(fig) for name, fig in figs.items()}
+            self._details_box.children = tuple(self.views.values())
         else:
+            # Updates only: the synced state is published when the run ends (publishing it per redraw sent
+            # every figure twice more); the figure changed, so comparing (serialising both) is skipped.
             for name, fig in figs.items():
-                sync_figure(getattr(self, name), fig)
-        self.live_step = step
+                sync_figure(self.views[name], fig, publish=False, compare=False)
 
     def _finish(self) -> None:
         with self._draw_lock:
-            self._finished = True
-            with self._lock:
-                if self._trailing is not None:
-                    self._trailing.cancel()
-                    self._trailing = None
             self._draw_finished()
 
     def _draw_finished(self) -> None:
         self.stop_button.disabled = True
         if self.result is None:
-            self.refresh()
             msg = html.escape(f"{type(self.error).__name__}: {self.error}") if self.error else "no result"
             self.status.value = f"<span style='color:#d62728'>failed: {msg}</span>"
+            self.progress.bar_style = "danger"
+            for widget in self.views.values():
+                publish_state(widget)
             return
         r = self.result
-        # The finished run has the real trace: rejected drafts with their ids, every copy and span.
-        sync_figure(self.progress, F.steps_figure(r))
-        sync_figure(self.tokens, F.tokens_figure(r, self.tokenizer))
-        self.dashboard = Dashboard(r, self.tokenizer)
-        # The dashboard shows the same views (token strip included), with a step slider: the live ones go.
+        how = "stopped" if r.metrics.get("stopped") else "done"
+        self.status.value = f"finishing ({how} after {len(r.token_ids)} tokens): drawing the run's dashboard …"
+        # The finished run has the full trace; its dashboard shows the same views (token strip included) with a
+        # step slider, opened where the live view was.
+        steps = [int(s) for s in r.trace.frames()["steps"].step]
+        watched = self.live_step if self.live_step in steps else steps[-1]
+        self.dashboard = Dashboard(r, self.tokenizer, step=watched, reuse=self.views)
+        self.progress.value = len(r.token_ids)
+        self.progress.bar_style = "warning" if how == "stopped" else "success"
         self._details_box.children = ()
         self.widget.children = tuple(w for w in self.widget.children if w is not self.tokens)
         self._result_box.children = (self.dashboard.widget,)
         m = r.metrics
-        how = "stopped" if m.get("stopped") else "done"
         clock = html.escape(F.clock_label(r.trace.meta))
         self.status.value = (f"<b>{how}</b>: {len(r.token_ids)} tokens in {time.perf_counter() - self._t0:.1f} s · "
-                             f"TPOT {m.get('tpot_ms', float('nan')):.3f} ms ({clock})")
+                             f"TPOT {m.get('tpot_ms', float('nan')):.3f} ms ({clock}) · dashboard at step {watched}")
 
     def static(self) -> dict[str, go.Figure]:
-        """The current views as plain figures (plus the dashboard's once the run is done)."""
-        out = {"progress": _static(self.progress), "tokens": _static(self.tokens)}
-        for name in ("routing", "cache", "timeline"):
-            if getattr(self, name) is not None:
-                out[f"live_{name}"] = _static(getattr(self, name))
+        """The live detail views as plain figures; once the run is done, its tokens per step (``steps``) and the
+        dashboard's views (``dashboard_<view>``)."""
         if self.dashboard is not None:
-            out.update({f"dashboard_{k}": v for k, v in self.dashboard.static().items()})
-        return out
+            return {"steps": F.steps_figure(self.result),
+                    **{f"dashboard_{k}": v for k, v in self.dashboard.static().items()}}
+        return {f"live_{name}": _static(w) for name, w in self.views.items()}
 
     def _repr_mimebundle_(self, **kwargs):
         return self.widget._repr_mimebundle_(**kwargs)
 
 
+def _detail_names(details: "bool | Sequence[str]") -> tuple[str, ...]:
+    """The live detail views: True → every per-step view but the token strip (the live run has its own)."""
+    others = tuple(name for name in F.STEP_VIEWS if name != "tokens")
+    if details is True:
+        return others
+    if details is False or details is None:
+        return ()
+    names = (details,) if isinstance(details, str) else tuple(details)
+    bad = [n for n in names if n not in others]
+    if bad:
+        raise ValueError(f"details={details!r}: {bad} are not live views; use True, False or names from {others}.")
+    return names
+
+
 def live(engine, prompt, max_new_tokens: int = 64, **generate_kwargs: Any) -> LiveRun:
     """Start ``engine.generate(prompt, ...)`` in a background thread and return its live view (display it in a
-    notebook cell). ``.stop()`` or the Stop button ends it after the current step (``result.metrics['stopped']``
-    is then True); ``.join()`` waits and returns the GenerationResult. Extra keyword arguments go to
-    ``generate`` (a ``callback`` there is called before the view's own); ``tokenizer=``, ``min_interval=``
-    (seconds between redraws), ``details=`` (routing, cache and timeline of the latest step while it runs; on a
-    CUDA clock each of those redraws synchronises the device) and ``start=`` configure the view."""
+    notebook cell; the cell returns at once). ``.stop()`` or the Stop button ends it after the current step
+    (``result.metrics['stopped']`` is then True); ``.on_done(fn)`` runs ``fn(result)`` when it ends without
+    blocking the kernel; ``.join()`` waits and returns the GenerationResult (it blocks the kernel, and with it
+    the Stop button). Extra keyword arguments go to ``generate`` (a ``callback`` there is called before the
+    view's own); ``tokenizer=``, ``min_interval=`` (seconds between redraws, default 1), ``details=`` (live
+    routing / cache / timeline views of the latest step: True, or their names; on a CUDA clock each of those
+    redraws synchronises the device), ``live_rows=`` (rows of the live token strip) and ``start=`` configure
+    the view."""
     return LiveRun(engine, prompt, max_new_tokens, **generate_kwargs)
 
 
@@ -547,9 +575,6 @@ class QuantTuner:
                  baselines: Sequence[str] = ("lru", "specmoeoff"), bits: int = 4, group_size: int = 64,
                  method: str = "rtn", k: int = 8, auto: bool = True, run_now: bool = True,
                  cost_shape: str | None = None) -> None:
-        W = _ipywidgets()
-        from ..strategies import get_strategy
-
         self.model, self.tokenizer = model, tokenizer
         if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts
                                         and all(isinstance(t, int) for t in prompts)):
@@ -587,9 +612,7 @@ class QuantTuner:
             self.run()
 
     @property
-    def spec(self):
-        from ..quant import QuantSpec
-
+    def spec(self) -> QuantSpec:
         return QuantSpec(int(self.bits.value), int(self.group_size.value), str(self.method.value))
 
     def _on_change(self, change: dict) -> None:
@@ -599,33 +622,26 @@ class QuantTuner:
     def _evaluate(self, name: str, spec, k: int) -> tuple[dict, str | None]:
         """Mean metrics of one strategy over the prompts (cached per setting); the error text if the setting
         does not fit the budget."""
-        from ..engine import Engine
-        from ..strategies import get_strategy
-
         speculative = get_strategy(name).speculative
         key = (name, spec if speculative else None, k if name == "specter" else None)
         if key in self._cache:
             return self._cache[key], None
         row: dict[str, Any] = {"strategy": name, "draft": spec.label if speculative else "–",
                                "k": (k if name == "specter" else get_strategy(name).k) if speculative else None}
-        try:
-            eng = Engine(self.model, self.tokenizer, name, expert_budget=self.expert_budget, hardware=self.hardware,
-                         cost_shape=self.cost_shape,
-                         draft=spec if speculative else None, k=k if name == "specter" else None)
-        except ValueError as exc:  # e.g. an 8-bit draft leaves no room for one slot per layer
-            return row, f"{name}: {exc}"
+        eng = try_engine(self.model, self.tokenizer, name, expert_budget=self.expert_budget, hardware=self.hardware,
+                         cost_shape=self.cost_shape, draft=spec if speculative else None,
+                         k=k if name == "specter" else None)
+        if isinstance(eng, DoesNotFit):  # e.g. an 8-bit draft leaves no room for one slot per layer
+            return row, f"{name}: {eng.reason}"
         if speculative and spec not in self.quantize_seconds:
             t0 = time.perf_counter()
             eng.draft  # quantizes (or reuses a draft another engine on this model already built)
             self.quantize_seconds[spec] = time.perf_counter() - t0
-        ms = [eng.generate(p, max_new_tokens=self.max_new_tokens).metrics for p in self.prompts]
-        for col in ("tpot_ms", "acceptance_rate", "recall", "hit_rate"):
-            vals = [m.get(col, np.nan) for m in ms]
-            row[col] = float(pd.Series(vals, dtype=float).mean())  # skips NaN (no windows → no acceptance)
-        row["draft_bytes"] = int(ms[0].get("draft_bytes", 0))
-        row["slots_per_layer"] = int(ms[0].get("slots_per_layer", 0))
-        self.clock = F.clock_label({"clock": ms[0].get("clock"), "profile": ms[0].get("profile"),
-                                    "projected": ms[0].get("projected"), "cost_shape": ms[0].get("cost_shape")})
+        runs = run_prompts(eng, self.prompts, self.max_new_tokens)
+        row.update(runs.means(("tpot_ms", "acceptance_rate", "recall", "hit_rate")))  # NaN-aware means
+        row["draft_bytes"] = int(runs.first("draft_bytes") or 0)
+        row["slots_per_layer"] = int(runs.first("slots_per_layer") or 0)
+        self.clock = F.clock_label({key: runs.first(key) for key in ("clock", "profile", "projected", "cost_shape")})
         self._cache[key] = row
         return row, None
 
