@@ -229,7 +229,8 @@ _JS_LABELS_CLEAR = """(needle) => {
     const hit = (a, b) => a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom;
     const struck = labels.filter(t => bars.some(b => hit(t.getBoundingClientRect(), b))).map(t => t.textContent);
     const sizes = labels.map(t => parseFloat(getComputedStyle(t).fontSize) || parseFloat(t.style.fontSize));
-    out.push({labels: labels.length, errorbars: bars.length, struck, min_font: sizes.length ? Math.min(...sizes) : null});
+    out.push({labels: labels.length, errorbars: bars.length, struck,
+              min_font: sizes.length ? Math.min(...sizes) : null});
   });
   return out;
 }"""
@@ -255,8 +256,8 @@ _JS_AXIS_LEGEND = """(needle) => {
 _JS_STDERR = """() => {
   const cells = window.jupyterapp.shell.currentWidget.content.widgets;
   const out = [];
-  cells.forEach((c, i) => c.node.querySelectorAll('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]')
-    .forEach(o => out.push([i, o.innerText.slice(0, 300)])));
+  const sel = '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]';
+  cells.forEach((c, i) => c.node.querySelectorAll(sel).forEach(o => out.push([i, o.innerText.slice(0, 300)])));
   return out;
 }"""
 

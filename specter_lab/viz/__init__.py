@@ -1,6 +1,7 @@
 """Notebook views of a run: plotly figures of a run (:mod:`.figures`) and of bench tables (:mod:`.bench_figures`),
 the pure frame analysis they draw (:mod:`.frames`, no plotly), the shared palette (:mod:`.style`) and layout
-(:mod:`.layout`), standalone HTML reports (:mod:`.report`) and live ipywidgets views (:mod:`.widgets`).
+(:mod:`.layout`), standalone HTML reports (:mod:`.report`), live ipywidgets views (:mod:`.widgets`) and the HTML
+token strip they redraw while a run goes on (:mod:`.strip`).
 
     from specter_lab import viz
     viz.dashboard(result)                 # step slider over routing, cache, timeline and tokens
@@ -18,10 +19,11 @@ import importlib
 from typing import Any
 
 _FIGURES = ("routing_figure", "cache_figure", "timeline_figure", "tokens_figure", "steps_figure", "fidelity_figure",
-            "compare_figure", "speedup_figure", "cost_figure", "regime_figure", "tuner_figure", "report_html", "bench_html", "clock_label")
+            "compare_figure", "speedup_figure", "cost_figure", "regime_figure", "tuner_figure", "report_html",
+            "bench_html", "clock_label", "STEP_VIEWS")
 _WIDGETS = ("dashboard", "live", "QuantTuner", "Dashboard", "LiveRun", "sync_figure")
 
-_MODULES = ("figures", "bench_figures", "frames", "style", "layout", "report", "widgets")
+_MODULES = ("figures", "bench_figures", "frames", "style", "layout", "report", "strip", "widgets")
 
 __all__ = [*_FIGURES, *_WIDGETS, *_MODULES]
 

@@ -239,15 +239,15 @@ def timeline_figure(result: Any, step: int | None = None, max_steps: int = 24, m
     return fig
 
 def tokens_figure(result: Any, tokenizer: Any = None, highlight_step: int | None = None, wrap: int = 16,
-                  max_rows: int = 60, last_rows: int | None = None) -> go.Figure:
+                  max_rows: int = 60) -> go.Figure:
     """The generated tokens as a strip of cells coloured by status: prefill / decode for plain decoding,
     accepted / corrected / bonus / rejected for speculative windows (one row per window, the rejected drafts after
     the committed tokens). Cell text is the decoded token if a tokenizer is given, else the id.
 
     ``result`` may also be a bare tokens DataFrame (the live view builds one while generating).
     ``highlight_step`` frames that step's tokens and dims every later step, so a step slider shows the text as it
-    stood after that step. ``last_rows`` draws only the last rows instead of the first ``max_rows`` (a live strip:
-    what it sends to the browser per redraw stays the same size however long the run grows)."""
+    stood after that step. A strip longer than ``max_rows`` rows shows the ``max_rows`` rows that end at the
+    highlighted step (the first ones without a highlight)."""
     if isinstance(result, pd.DataFrame):
         tok, kinds = result, {}
     else:
@@ -255,12 +255,14 @@ def tokens_figure(result: Any, tokenizer: Any = None, highlight_step: int | None
         tok = f["tokens"]
         kinds = dict(zip(f["steps"].step, f["steps"].kind))
     placed = token_rows(tok, kinds, wrap) if len(tok) else tok.assign(row=[], col=[], row_label=[])
-    truncated = len(placed) and placed.row.max() >= max_rows
-    tail = bool(last_rows) and len(placed) and placed.row.max() >= last_rows
-    if tail:
-        placed = placed[placed.row > placed.row.max() - last_rows]
-    elif truncated:
-        placed = placed[placed.row < max_rows]
+    n_rows = int(placed.row.max()) + 1 if len(placed) else 0
+    truncated = n_rows > max_rows
+    first_row = 0
+    if truncated:
+        # The rows up to the highlighted step (ending at it), so the step a slider shows is always in view.
+        marked = placed.row[placed.step == highlight_step] if highlight_step is not None else placed.row[:0]
+        first_row = max(0, int(marked.max()) + 1 - max_rows) if len(marked) else 0
+        placed = placed[(placed.row >= first_row) & (placed.row < first_row + max_rows)]
     traces = []
     for status in STATUS_COLORS:
         d = placed[placed.status == status] if len(placed) else placed
@@ -284,7 +286,7 @@ def tokens_figure(result: Any, tokenizer: Any = None, highlight_step: int | None
     counts = tok.status.value_counts() if len(tok) else pd.Series(dtype=int)
     parts = [f"{int(counts[s])} {s}" for s in STATUS_COLORS if s in counts.index and s != "prefill"]
     title = (f"Tokens · {committed} generated" + (f" ({', '.join(parts)})" if parts else "")
-             + (f" · last {last_rows} rows shown" if tail else f" · first {max_rows} rows shown" if truncated else "")
+             + (f" · rows {first_row}–{first_row + max_rows - 1} of {n_rows} shown" if truncated else "")
              + ("" if tokenizer is not None else "<br><sup>token ids (no tokenizer)</sup>"))
     base_layout(fig, title, plot_height=max(40, 30 * len(rows)), top=62, left=90)
     fig.update_layout(barmode="overlay", bargap=0.1, uniformtext=dict(minsize=7, mode="hide"), margin=dict(b=15),

@@ -27,6 +27,8 @@ def as_frames(result: Any) -> Frames:
     return trace.frames()
 
 def run_meta(result: Any) -> dict[str, Any]:
+    """``trace.meta`` of a GenerationResult or a Trace (the ``meta`` entry of a dict of frames): which clock, which
+    strategy, the model's shape; every title and axis label says where its times came from with it."""
     if isinstance(result, Mapping):
         return dict(result.get("meta", {})) if isinstance(result.get("meta"), Mapping) else {}
     trace = getattr(result, "trace", result)
@@ -96,6 +98,7 @@ def _routing_cells(f: Frames, meta: Mapping[str, Any], step: int) -> pd.DataFram
     return cells
 
 def positions_text(pos: list[int], limit: int = 12) -> str:
+    """Token positions for a hover text, the first ``limit`` of them and a count of the rest."""
     if not pos:
         return "–"
     shown = ", ".join(str(p) for p in pos[:limit])
@@ -166,6 +169,8 @@ def timeline_steps(frames: Frames, step: int | None, max_steps: int, max_bars: i
     return chosen, note
 
 def token_text(token_id: int, tokenizer: Any) -> str:
+    """A token as a strip cell shows it (HTML-escaped): decoded, with newline, tab and space made visible; the id
+    without a tokenizer."""
     if tokenizer is None:
         return str(int(token_id))
     s = tokenizer.decode([int(token_id)])

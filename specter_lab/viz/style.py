@@ -6,7 +6,8 @@ from __future__ import annotations
 import html
 from typing import Any
 
-__all__ = ["ROUTING_CATEGORIES", "ROUTING_COLORS", "ROUTING_HELP", "STATUS_COLORS", "STATUS_HELP", "PHASE_COLORS", "HOST_LANE", "COPY_COLORS", "STALL_COLOR", "COPY_LANE", "RESIDENCY_CATEGORIES", "RESIDENCY_COLORS",
+__all__ = ["ROUTING_CATEGORIES", "ROUTING_COLORS", "ROUTING_HELP", "STATUS_COLORS", "STATUS_HELP", "PHASE_COLORS",
+           "HOST_LANE", "COPY_COLORS", "STALL_COLOR", "COPY_LANE", "RESIDENCY_CATEGORIES", "RESIDENCY_COLORS",
            "PHASE_ORDER", "esc"]
 
 
@@ -70,4 +71,5 @@ RESIDENCY_COLORS = {"not resident": "#ececec", "resident (demand load)": "#ff7f0
 PHASE_ORDER = ("prefill", "decode", "draft", "verify", "head", HOST_LANE)
 
 def esc(s: Any) -> str:
+    """HTML-escape text for plotly titles, hover texts and the HTML views."""
     return html.escape(str(s), quote=False)

@@ -672,7 +672,8 @@ class QuantTuner:
 
     @staticmethod
     def _table_to_html(table: pd.DataFrame) -> str:
-        fmt = {"k": "{:.0f}", "tpot_ms": "{:.4f}", "speedup_vs_lru": "{:.2f}×", "acceptance_rate": "{:.0%}", "recall": "{:.0%}",
+        fmt = {"k": "{:.0f}", "tpot_ms": "{:.4f}", "speedup_vs_lru": "{:.2f}×", "acceptance_rate": "{:.0%}",
+               "recall": "{:.0%}",
                "hit_rate": "{:.0%}", "draft_bytes": "{:,.0f}"}
         shown = table.copy().astype(object)
         for col, f in fmt.items():
