@@ -24,7 +24,7 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
-from .experts import Group, combine, expert_apply, route_groups
+from .experts import Group, combine, exact_forward, expert_apply, route_groups
 from .schedule import HOOK_POINTS, DraftSource, ForwardInfo, LayerSchedule
 
 __all__ = ["OffloadRuntime", "ForwardInfo", "DraftSource", "HOOK_POINTS"]
@@ -112,12 +112,11 @@ class OffloadRuntime:
         fwd = self.fwd
         idx_np = idx.detach().cpu().numpy()  # the host needs the routing to schedule copies (a sync on CUDA)
         self.schedule.routed(fwd, layer, idx_np)
-        groups = route_groups(idx, idx_np)
         if fwd.mode == "shadow":
             host = self.store.host[layer]  # pinned on CUDA: the copies do not block the host
-            outs = {e: expert_apply(mod, g.take(x), {n: h[e].to(x.device, non_blocking=True) for n, h in host.items()})
-                    for e, g in groups.items()}
-            return combine(x, outs, groups, w)
+            return exact_forward(mod, x, idx, w, lambda e: {n: h[e].to(x.device, non_blocking=True)
+                                                            for n, h in host.items()}, idx_np)
+        groups = route_groups(idx, idx_np)
         math = _LayerMath(self.info, mod, x, groups)
         outs, host_outs = self.schedule.layer(fwd, layer, {e: g.n for e, g in groups.items()}, x.shape[0], math)
         outs.update({e: math.finish_host(o) for e, o in host_outs.items()})
