@@ -21,13 +21,11 @@ from .decode import Decoder
 from .engine import Engine, GenerationResult
 from .offload.schedule import ForwardInfo, counts_of, rank_prediction
 from .predict import KGovernor
+from .drafts import as_draft_spec
 from .quant import QuantSpec
 from .routing_trace import RoutedSequence, RoutingTrace, TraceError
 
 __all__ = ["replay", "ReplayDecoder", "skeleton", "ReplayMismatch"]
-
-_UNREPLAYABLE_DRAFTS = ("resident", "hybrid", "host")
-
 
 class ReplayMismatch(RuntimeError):
     """The decode loop asked for a forward the trace does not hold (a bug, or a trace of another run)."""
@@ -171,9 +169,14 @@ def _skeleton(config_json: str):
     model_type = cfg.pop("model_type", None)
     if not model_type:
         raise TraceError("config: no 'model_type': the trace's config cannot be sized (give a config.json).")
-    config = transformers.AutoConfig.for_model(model_type, **cfg)
-    with torch.device("meta"):
-        model = transformers.AutoModelForCausalLM.from_config(config)
+    try:
+        config = transformers.AutoConfig.for_model(model_type, **cfg)
+        with torch.device("meta"):
+            model = transformers.AutoModelForCausalLM.from_config(config)
+    except Exception as exc:  # noqa: BLE001 - transformers raises many kinds; the message is what helps
+        raise TraceError(f"config: transformers cannot build the {model_type!r} model it describes "
+                         f"({type(exc).__name__}: {str(exc).splitlines()[0]}). Give the model's own config.json."
+                         ) from exc
     return model.eval()
 
 
@@ -218,31 +221,33 @@ def replay(trace: RoutingTrace, strategy="lru", *, tokenizer=None, sequences: "S
 
 
 def _recorded_draft(trace: RoutingTrace, draft) -> "QuantSpec | None":
+    """The draft the chains were recorded with (a different one cannot be replayed from them)."""
+    cfg = as_draft_spec(draft) if draft is not None else None
+    if cfg is not None and cfg.variant != "quantized":
+        raise ValueError(f"draft={cfg.variant!r}: that draft computes with whatever the cache holds, so its routing "
+                         "depends on the strategy and cannot be recorded apart from it; replay the quantized "
+                         "draft, or run this one live.")
     d = trace.draft or {}
     if "bits" not in d:
-        return draft
+        return cfg.quant if cfg is not None else None
     recorded = QuantSpec(d["bits"], d["group_size"], d["method"])
-    if draft is not None and draft != recorded:
-        raise ValueError(f"draft={draft!r}: the trace's chains were drafted by {recorded.label}; replay that draft "
-                         "or record the trace again with this one.")
+    if cfg is not None and cfg.quant != recorded:
+        raise ValueError(f"draft={cfg.quant.label}: the trace's chains were drafted by {recorded.label}; replay that "
+                         "draft or record the trace again with this one.")
     return recorded
 
 
 def _check_replayable(eng: Engine, trace: RoutingTrace) -> None:
     st = eng.strategy
-    trace.validate([l.num_experts for l in eng.info.layers])
     if trace.num_layers != eng.info.num_layers:
         raise TraceError(f"trace has {trace.num_layers} MoE layers, its config's model {eng.info.num_layers}: "
                          "the config is of another model.")
+    trace.validate([l.num_experts for l in eng.info.layers])
     if not st.speculative:
         return
     if not trace.speculative:
         raise ValueError(f"strategy={st.name!r} speculates, but this trace has no draft chains (recorded with "
                          "k_max=0): record with k_max > 0, or replay a non-speculative strategy.")
-    if eng.draft_cfg.variant in _UNREPLAYABLE_DRAFTS:
-        raise ValueError(f"draft={eng.draft_cfg.variant!r}: that draft computes with whatever the cache holds, so "
-                         "its routing depends on the strategy and cannot be recorded apart from it; replay the "
-                         "quantized draft, or run this one live.")
     k_need = (eng.governor or KGovernor()).k_max if st.k == "auto" else st.k
     if k_need > trace.k_max:
         raise ValueError(f"k={st.k!r} needs chains of {k_need} drafts; this trace holds {trace.k_max}: use "
