@@ -96,9 +96,10 @@ def _replayable(cand, trace: RoutingTrace) -> bool:
     if not get_strategy(strategy).speculative:
         return True
     d, kk = opts.get("draft"), opts.get("k", get_strategy(strategy).k)
-    recorded = (trace.draft or {}).get("bits")
+    rec = trace.draft or {}
+    recorded = QuantSpec(rec["bits"], rec["group_size"], rec["method"]) if "bits" in rec else None
     k_need = 16 if kk == "auto" else kk  # the governor's k_max
-    return (trace.speculative and d is not None and d.variant == "quantized" and d.quant.bits == recorded
+    return (trace.speculative and d is not None and d.variant == "quantized" and d.quant == recorded
             and k_need <= trace.k_max)
 
 
