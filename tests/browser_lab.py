@@ -444,8 +444,9 @@ class Page:
         return [m for m in self.console if m["type"] in ("error", "pageerror")
                 or (m["type"] == "warning" and "Error setting state" in m["text"])]
 
-    def screenshot_element(self, locator: Any, name: str) -> Path | None:
-        """A PNG of one element (a cell with its outputs) in ``shots``, if set (for the docs, or a CI artifact)."""
+    def screenshot_element(self, locator: Any, name: str, max_height: int | None = None) -> Path | None:
+        """A PNG of one element (a cell with its outputs) in ``shots``, if set (for the docs, or a CI artifact);
+        ``max_height`` keeps only its top (a small PNG of a tall cell)."""
         if self.shots is None:
             return None
         self.shots.mkdir(parents=True, exist_ok=True)
@@ -459,7 +460,11 @@ class Page:
         try:
             locator.scroll_into_view_if_needed()
             self.page.wait_for_timeout(500)
-            locator.screenshot(path=str(path))
+            box = locator.bounding_box()
+            if max_height and box and box["height"] > max_height:
+                self.page.screenshot(path=str(path), clip={**box, "height": max_height})
+            else:
+                locator.screenshot(path=str(path))
         finally:
             if size:
                 self.page.set_viewport_size(size)

@@ -350,7 +350,7 @@ def test_timelines_live(page: Page) -> None:
     printed = page.wait_for(lambda: "generate" in (page.cell_text("run.on_done(") or "") and
                             page.cell_text("run.on_done("), timeout=30, what="the on_done check printed")
     assert "<b>" not in printed and "stopped" in printed and "True" in printed, printed
-    page.screenshot_element(page.cell(LIVE), "live_stopped")
+    page.screenshot_element(page.cell(LIVE), "live_stopped", max_height=820)
     page.screenshot_element(page.cell("figures.timeline_figure(spec, step)"), "titled_figure")
     assert_no_console_errors(page)
 
