@@ -325,6 +325,14 @@ def test_live_cell_returns_and_on_done_reports_without_blocking(model):
     assert late.outputs[0]["name"] == "stderr" and "ZeroDivisionError" in late.outputs[0]["text"]
 
 
+def test_live_details_names_are_checked(model):
+    engine = sl.Engine(model, None, "lru", cache_slots=3)
+    with pytest.raises(ValueError, match=r"details=\['routes'\].*'routing'"):
+        viz.LiveRun(engine, PROMPT, details=["routes"], start=False)
+    assert viz.LiveRun(engine, PROMPT, details="cache", start=False).details == ("cache",)
+    assert viz.LiveRun(engine, PROMPT, details=True, start=False).details == ("routing", "cache", "timeline")
+
+
 def test_live_finish_opens_the_dashboard_where_the_view_was(model):
     engine = sl.Engine(model, None, "lru", cache_slots=3)
     statuses = []

@@ -1,9 +1,10 @@
 """Live notebook views: ipywidgets controls driving plotly ``FigureWidget``s built from :mod:`.figures`.
 
-* :func:`dashboard` – a step slider (and Play button) over a finished run: token strip, routing, cache and
-  timeline views of the chosen step.
-* :func:`live` – generation in a background thread, the views refreshed after every step (throttled), and a
-  Stop button that ends generation cleanly after the current step.
+* :func:`dashboard` – a step slider (and Play button) over a finished run: every view of
+  :data:`~.figures.STEP_VIEWS` (token strip, routing, cache, timeline) at the chosen step.
+* :func:`live` – generation in a background thread while the kernel stays free: a light view (status, progress
+  bar, HTML token strip) redrawn at most once a second, a Stop button that ends generation after the current
+  step, and the finished run's dashboard when it ends.
 * :class:`QuantTuner` – pick the draft's bits / group size / method and K, rerun a short generation, and compare
   specter with ``lru`` and ``specmoeoff`` at the same expert budget.
 
