@@ -17,6 +17,8 @@ from .drafts import DRAFT_VARIANTS, DraftSpec
 from .engine import Engine, GenerationResult
 from .errors import BudgetTooSmall, CopyFault, NotExact
 from .fidelity import fidelity
+from .import_routing import import_routing
+from .locality import less_local, lru_hit_curve
 from .model import inspect_model, load_model, tiny_random_model
 from .offload.calibrate import calibrate
 from .offload.hostcal import calibrate_host
@@ -37,6 +39,7 @@ __all__ = [
     "COST_SHAPES", "CostShape", "calibrate", "calibrate_host", "QuantSpec", "DraftSpec", "DRAFT_VARIANTS", "STRATEGIES", "Strategy",
     "compare", "summarize", "fidelity", "plan", "Plan", "regime_map", "heldout_prompts", "BudgetTooSmall",
     "CopyFault", "NotExact", "viz", "record", "replay", "RoutingTrace", "load_trace", "TraceError",
+    "import_routing", "lru_hit_curve", "less_local",
 ]
 
 

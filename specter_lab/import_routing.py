@@ -168,7 +168,7 @@ def _config_dict(config) -> dict[str, Any]:
                         f"{type(config).__name__}.")
     if not isinstance(cfg, dict) or not cfg.get("model_type"):
         raise TraceError("config: no 'model_type': it cannot be sized. Give the model's own config.json.")
-    return cfg
+    return json.loads(json.dumps(cfg, default=str))  # as a saved trace holds it (JSON keys are strings)
 
 
 def _moe_info(cfg: dict):
