@@ -13,11 +13,13 @@ PKG = Path(__file__).resolve().parents[1] / "specter_lab"
 
 LAYERS = [
     ["errors", "units", "strategies", "quant", "drafts", "prompts"],  # data and specs: no package imports
-    ["trace", "routing_trace", "locality", "budget", "model"],  # records; recorded routing, its locality; budget split; model
+    # records; recorded routing and its locality; the budget split; the model adapter
+    ["trace", "routing_trace", "locality", "budget", "model"],
     ["metrics", "offload", "predict"],  # derived metrics; store, runtime, clocks, costs; forecasts, prefetch, K
     ["decode", "assembly"],  # the decode loops; strategy → a run's parts (the only reader of its mechanisms)
     ["engine"],  # one model + strategy + budget + clock
-    ["runs", "fidelity", "analysis", "published", "record", "replay", "import_routing"],  # things that run engines or read traces
+    # things that run engines or read traces
+    ["runs", "fidelity", "analysis", "published", "record", "replay", "import_routing"],
     ["bench", "planner"],  # comparisons and the planner
     ["viz"],  # notebook views
     ["cli", "__init__"],  # entry points
