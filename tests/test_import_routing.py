@@ -15,7 +15,7 @@ from specter_lab.routing_trace import TraceError
 
 PROMPTS = [[5, 6, 7, 8, 9, 10], [17, 3, 99, 42, 42, 7, 200, 11]]
 N = 12
-NON_SPECULATIVE = ("lru", "fiddler", "global_lru", "host_lru", "static_split")
+NON_SPECULATIVE = ("lru", "fiddler", "global_lru", "host_lru", "static_split", "on_demand")
 RECORDS = ("cache_events", "transfers", "compute", "steps")  # token ids are placeholders in an import
 
 
@@ -180,6 +180,9 @@ def test_gate_lookahead_is_refused_on_an_import(model):
     with pytest.raises(ValueError, match="next layer's router"):
         sl.replay(trace, "gate_lookahead", cache_slots=3)
     assert trace.draft is None and not trace.speculative and "modeled" not in trace.source
+    table = sl.plan(None, None, expert_budget=0.5, trace=trace, progress=False).table.set_index("candidate")
+    assert not table.loc["gate_lookahead", "feasible"] and "no gate predictions" in table.loc["gate_lookahead", "why"]
+    assert table.loc["lru", "feasible"]
 
 
 # ------------------------------------------------------------------------------------------- bad input
