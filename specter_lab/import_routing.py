@@ -281,6 +281,7 @@ def _segments(segments, stored: dict, n_rows: int) -> list[_Segment]:
                              f"{phases.dtype} with shape {phases.shape}.")
         if len(starts) != len(lengths):
             raise TraceError(f"segment_lengths: {len(lengths)} values for {len(starts)} segment_starts.")
+        phases = phases.astype(str) if phases is not None else None  # bytes ('S') read as text
         segments = [(int(s), int(n), str(phases[i]) if phases is not None else "decode")
                     for i, (s, n) in enumerate(zip(starts, lengths))]
     if segments is None:

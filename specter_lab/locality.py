@@ -136,18 +136,22 @@ def replace_experts(routing: np.ndarray, replace: np.ndarray, num_experts, rng: 
     E = int(ne.max())
     flat = routing.reshape(-1, k)  # [rows, k]; row r is layer r % L
     n_rows = flat.shape[0]
-    if keys is None:
-        keys = rng.random((n_rows, E), dtype=np.float32)
-    keys = keys.reshape(n_rows, E).copy()
     per_row = ne[np.arange(n_rows) % L]
-    keys[np.arange(E)[None, :] >= per_row[:, None]] = 2.0  # past a layer's experts: never drawn
     valid = flat >= 0
-    r, j = np.nonzero(valid)
-    keys[r, flat[r, j]] = 2.0  # the token's own experts: never drawn
-    order = np.argsort(keys, axis=1)[:, :k]  # a random order of the unused experts first
-    unused = per_row[:, None] - valid.sum(1, keepdims=True)
+    unused = per_row[:, None] - valid.sum(1, keepdims=True)  # experts the row does not use
     can = replace.reshape(n_rows, k) & valid & (np.arange(k)[None, :] < unused)
-    return np.where(can, order.astype(routing.dtype), flat).reshape(shape)
+    out = flat.copy()
+    rows = np.nonzero(can.any(1))[0]  # only rows with a slot to replace draw an order
+    all_keys = keys.reshape(n_rows, E) if keys is not None else None
+    for chunk in np.array_split(rows, max(1, -(-len(rows) * E // 2**22))):  # ~4M keys at a time
+        kc = all_keys[chunk] if all_keys is not None else rng.random((len(chunk), E), dtype=np.float32)
+        kc[np.arange(E)[None, :] >= per_row[chunk][:, None]] = 2.0  # past a layer's experts: never drawn
+        sub = flat[chunk]
+        r, j = np.nonzero(sub >= 0)
+        kc[r, sub[r, j]] = 2.0  # the token's own experts: never drawn
+        order = np.argsort(kc, axis=1)[:, :k]  # a random order of the unused experts first
+        out[chunk] = np.where(can[chunk], order.astype(routing.dtype), sub)
+    return out.reshape(shape)
 
 
 @dataclass
