@@ -90,7 +90,7 @@ class ModeledDraft:
         origin = "measured on the bundled model" if self.defaults else "given"
         return (f"modeled draft int{self.bits}-g64 (forecast recall {self.recall:.3f}, per-token acceptance "
                 f"{self.acceptance:.3f} [{origin}], seed {self.seed}; verification rows after a rejection are the "
-                "text's own)")
+                "text's own; chains end at the text's end)")
 
 
 @dataclass
@@ -116,6 +116,7 @@ def import_routing(source, config, segments: "Sequence | None" = None, *, recall
     cfg = _config_dict(config)
     info = _moe_info(cfg)
     experts, stored = _read_source(source)
+    what = repr(str(source)) if isinstance(source, (str, Path)) else f"array {tuple(np.shape(experts))}"
     experts = _checked_experts(experts, info, stored)
     segs = _segments(segments, stored, len(experts))
     draft = _modeled_draft(recall, acceptance, replace_fraction, draft_bits, seed, k_max)
@@ -130,12 +131,11 @@ def import_routing(source, config, segments: "Sequence | None" = None, *, recall
         for s in seqs:
             _add_chains(s, k_max, draft, text_id, reject_id, num_experts, acc_rng, recall_rng)
     n_rows = sum(seg.length for seg in segs)
-    what = f"array {tuple(experts.shape)}" if not isinstance(source, (str, Path)) else repr(str(source))
     text = (f"imported: {what}, {n_rows} routed tokens in {len(seqs)} sequence(s), {cfg['model_type']} config; "
             f"token ids are placeholders (id {text_id}, never EOS); no gate predictions")
     if k_max:
         text += "; " + draft.describe()
-    meta = {"imported": {"rows": n_rows, "not_recorded": int((experts < 0).sum()), "text_token": text_id,
+    meta = {"imported": {"rows": n_rows, "slots_not_recorded": int((experts < 0).sum()), "text_token": text_id,
                          "rejected_draft_token": reject_id, "gate": "not recorded",
                          "segments": [asdict(s) for s in segs]}}
     draft_field = ({"bits": draft.bits, "group_size": 64, "method": "rtn", "modeled": asdict(draft)}
