@@ -11,25 +11,32 @@ profile, execution mode and cost shape, with the engine's own :class:`~specter_l
   full-precision slots shared by every layer (what ``global_lru`` pools; a per-layer split and a static split
   are special cases, a draft's bytes are given to slots). A per-layer pool of ``pool // layers`` slots is also
   tried (see *variants*);
-* **start of decoding**: the pool already holds the best set, ready, with the link and the host idle (the
-  prefill is not part of TPOT; a real run's prefill leaves something no better there);
+* **start of decoding**: the pool starts full (Belady's set or the most used experts, see below), every copy
+  landed, the link and the host idle (the prefill is not part of TPOT; a real run starts from what its prefill
+  left, copies maybe still in flight);
 * **eviction**: Belady's (evict the expert whose next use is furthest in the future; never one the current
   layer still needs);
 * **copies**: every copy starts as early as the link (one copy at a time, in request order) and its slot (the
   victim's last use) allow, whenever that is: the schedule knows which expert comes next, so it does not wait
-  for the router. A layer computes its experts in the order they become ready;
-* **host execution**: a miss may instead run on the host lane (``LayerSchedule.host_time``; it starts after the
-  layer's dense part, when its input exists, and the device waits for it at the layer's end), and then leaves
-  the pool as it was.
+  for the router. A layer computes its experts in the order they become ready; a layer that needs more experts
+  than there are slots streams the rest through the slots of experts it has computed (as the runtime does);
+* **host execution**: an expert may instead run on the host lane (``LayerSchedule.host_time``; it starts after
+  the layer's dense part, when its input exists, and the device waits for it at the layer's end); the pool then
+  stays as it was. Misses, and also resident experts: the cost model lets the host lane run beside the device,
+  so where a host expert is cheap against the device's per-expert dispatch (eager, unprojected tiny models),
+  splitting a layer's experts between the two lanes beats having them all resident, and a strategy that sends
+  misses to the host (``fiddler``) does exactly that.
 
-The copy-or-host choice is greedy, per miss in expert order: whichever ends the layer sooner given both lanes'
-state (the future is not weighed). Because neither that greedy nor the initial set is provably optimal once
-copies and the host overlap, :func:`bound` prices a few clairvoyant schedules and keeps the fastest (the label
-says which): pool {global, per layer} × initial set {Belady's: the first experts asked for; the most used} ×
-misses {always copied; greedy, ties copied; greedy, ties on the host; always on the host}. Each is a schedule a
-strategy that knew the routing could run on the simulated clock, so the bound is *achievable*, not a proof that
-nothing could go lower; ``tests/test_bound.py`` shows that no non-speculative strategy of the package beats it,
-and that with every expert resident (budget 1.0) it equals the all-resident run (``static_split``) exactly.
+The copy-or-host choice is greedy, per expert (resident ones first, then misses, in expert order): whichever ends
+the layer sooner given both lanes' state (a tie is copied; the future is not weighed). Neither that greedy nor
+the initial set is provably optimal once copies and the host overlap, so :func:`bound` prices twelve clairvoyant
+schedules and keeps the fastest (``schedule`` says which): pool {global, per layer} × initial set {Belady's: the
+first experts asked for; the most used over the sequence} × experts {misses always copied, nothing on the host;
+greedy copy-or-host; misses always on the host}. Each is a schedule that a strategy knowing the routing could run
+on the simulated clock, so the bound is *achieved*, not a proof that nothing goes lower; ``tests/test_bound.py``
+shows that no non-speculative strategy of the package beats it on two models, several budgets, profiles and cost
+shapes. With every expert resident (budget 1.0) it equals the all-resident run (``static_split`` there) exactly,
+unless the host lane pays even for resident experts (see above), where it is lower, as ``fiddler`` is.
 
 **What it does not bound**: speculative strategies verify several tokens per forward and pay dense work and the
 LM head once per window, so they can go below this autoregressive bound; their "× of the bound" can exceed 1.0
@@ -57,7 +64,7 @@ __all__ = ["BoundResult", "bound", "trace_bound", "x_of_bound", "bound_column", 
 
 POOLS = ("global", "layer")
 INITIAL = ("belady", "frequent")
-MISSES = ("copy", "greedy", "greedy_host_ties", "host")
+MISSES = ("copy", "greedy", "host")
 VARIANTS: tuple[tuple[str, str, str], ...] = tuple(itertools.product(POOLS, INITIAL, MISSES))
 
 
@@ -72,7 +79,7 @@ class BoundResult:
     host_ms: float  # exposed host time: the device waiting for a host result
     misses: int  # decode requests whose expert was not in the pool when asked
     copies: int
-    host_experts: int
+    host_experts: int  # experts computed on the host lane (misses, and resident ones where that was faster)
     tokens: int  # decode forwards priced (N − 1)
     pool_slots: int  # full-precision slots the budget holds (one pool for every layer)
     schedule: str  # which clairvoyant schedule was fastest
@@ -140,8 +147,7 @@ def trace_bound(trace: RoutingTrace, strategy="lru", *, sequences: "Sequence[int
 
 def _label(variant: tuple[str, str, str]) -> str:
     pool, init, miss = variant
-    misses = {"copy": "misses copied", "greedy": "copy or host, ties copied",
-              "greedy_host_ties": "copy or host, ties on the host", "host": "misses on the host"}[miss]
+    misses = {"copy": "misses copied", "greedy": "each expert copy-or-host, greedy", "host": "misses on the host"}[miss]
     return f"{pool} pool, {init} initial set, {misses}"
 
 
@@ -280,7 +286,7 @@ def _simulate(prob: _Problem, slots: int, pool_kind: str, init: str, miss: str) 
         dev: list[tuple[float, float, int]] = []
         host_ends: list[float] = []
         deferred: list[int] = []
-        greedy = miss in ("greedy", "greedy_host_ties")
+        greedy = miss == "greedy"
         for key in sorted(req, key=lambda k: (k not in pool.ready, k)):  # resident experts first, then misses
             n = req[key]
             if key in pool.ready:
@@ -310,7 +316,7 @@ def _simulate(prob: _Problem, slots: int, pool_kind: str, init: str, miss: str) 
                 h_max = max(host_ends, default=-math.inf)
                 end_copy = max(_finish(dense_end, dev + [(c_end, prob.expert[n], key)]), h_max)
                 end_host = max(_finish(dense_end, dev), h_max, h_end)
-                if end_host < end_copy or (miss == "greedy_host_ties" and end_host == end_copy):
+                if end_host < end_copy:  # ties copied: the copy stays for later uses
                     host_t = h_end
                     host_ends.append(h_end)
                     out.host += 1
@@ -352,8 +358,7 @@ def _stream(prob: _Problem, pool: _Pool, t: int, key: int, n: int, compute_t: fl
     c_end = max(copy_t, pool.free_at(victim)) + prob.copy
     h_end = max(host_t, compute_t) + prob.host[n]  # issued now (a later start than the layer's dense end)
     end_copy = max(compute_t, c_end) + prob.expert[n]
-    if miss in ("greedy", "greedy_host_ties") and (h_end < end_copy or (miss == "greedy_host_ties"
-                                                                         and h_end == end_copy)):
+    if miss == "greedy" and h_end < end_copy:
         host_ends.append(h_end)
         out.host += 1
         return compute_t, copy_t, h_end
