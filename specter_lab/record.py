@@ -44,16 +44,21 @@ class _Recorder:
         self.gate: dict[int, np.ndarray] = {}
         self._views: dict[tuple[int, int], dict] = {}
 
-    def _target_weights(self, layer: int, mod, e: int) -> dict:
+    def _target_weights(self, layer: int, mod, e: int, device) -> dict:
         # the same views a device slot hands the live runtime (with the transposed view it multiplies by), so the
         # recorded hidden states, hence routing, are the live run's bit for bit
         key = (layer, e)
-        if key not in self._views:
-            w = {n: getattr(mod, n)[e] for n in self.info.layers[layer].param_names}
-            if not mod.is_transposed:
-                w.update({f"{n}.t": t.t() for n, t in list(w.items()) if not n.endswith("_bias")})
+        if key in self._views:
+            return self._views[key]
+        w = {n: getattr(mod, n)[e] for n in self.info.layers[layer].param_names}
+        offloaded = next(iter(w.values())).device != device  # experts in host memory (placed for offloading)
+        if offloaded:
+            w = {n: t.to(device, non_blocking=True) for n, t in w.items()}  # streamed per use, like a demand copy
+        if not mod.is_transposed:
+            w.update({f"{n}.t": t.t() for n, t in list(w.items()) if not n.endswith("_bias")})
+        if not offloaded:
             self._views[key] = w
-        return self._views[key]
+        return w
 
     def experts_forward(self, layer: int, mod, x, idx, w):
         idx_np = idx.detach().cpu().numpy()
@@ -64,7 +69,7 @@ class _Recorder:
                 self.gate[layer] = pred
         if self.mode == "draft":
             return exact_forward(mod, x, idx, w, lambda e: self.draft.weights(layer, e), idx_np)
-        return exact_forward(mod, x, idx, w, lambda e: self._target_weights(layer, mod, e), idx_np)
+        return exact_forward(mod, x, idx, w, lambda e: self._target_weights(layer, mod, e, x.device), idx_np)
 
 
 def _stack(per_layer: dict[int, np.ndarray], n_layers: int, k: int, rows: int) -> np.ndarray:
