@@ -139,6 +139,10 @@ def trace_bound(trace: RoutingTrace, strategy="lru", *, sequences: "Sequence[int
     if not isinstance(trace, RoutingTrace):
         raise TypeError(f"trace must be a sl.RoutingTrace (sl.record(...) or sl.load_trace(path)), got "
                         f"{type(trace).__name__}.")
+    if engine_options.get("hardware") == "cuda":
+        raise ValueError("hardware='cuda' measures a live run; the bound prices on a simulated profile: give one.")
+    if strategy == "auto" or hasattr(strategy, "engine_kwargs"):
+        strategy = "lru"  # a plan's choice does not change the device memory the bound is priced at
     draft = engine_options.pop("draft", None)
     eng = Engine(skeleton(trace.config), None, strategy, draft=_recorded_draft(trace, draft), **engine_options)
     picked = range(len(trace.sequences)) if sequences is None else list(sequences)
