@@ -36,7 +36,7 @@ COMPARE_COLUMNS = ["strategy", "hardware", "prompt", "expert_budget", "tpot_ms",
                    "precision", "hit_rate", "h2d_bytes_per_token", "stall_ms_per_token", "mean_accepted",
                    "slots_per_layer", "draft_bytes", "device_bytes", "budget_bytes", "new_tokens", "clock",
                    "projected", "cost_shape", "execution", "projection", "host_experts_per_token", "plan", "fits",
-                   "routing"]
+                   "routing", "wall_s"]
 
 
 def _as_list(x) -> list:
@@ -91,7 +91,8 @@ def compare(model, tokenizer, strategies: Sequence[str] | None = None, prompts: 
             rows.append({**{c: m.get(c) for c in COMPARE_COLUMNS if c in m},
                          "strategy": s, "hardware": h, "prompt": i, "expert_budget": b,
                          "execution": "measured" if engine.clocks.measured else engine.profile.execution,
-                         "projection": engine.cost.projection_label, "fits": "yes", "routing": source.label})
+                         "projection": engine.cost.projection_label, "fits": "yes", "routing": source.label,
+                         "wall_s": runs[(s, h, b)].seconds / len(runs[(s, h, b)].metrics)})
     df = pd.DataFrame(rows)
     return df[[c for c in COMPARE_COLUMNS if c in df.columns]]
 

@@ -242,6 +242,12 @@ def _print_bench(out, df, summ, a, n_prompts, new_tokens) -> None:
          "slots_per_layer"]].mean().reset_index()
     print("\nMean over prompts (TPOT in ms, simulated):")
     print(_fmt(mean))
+    if "wall_s" in df:
+        speed = df.groupby("strategy", sort=False).apply(lambda g: g.new_tokens.sum() / g.wall_s.sum(),
+                                                          include_groups=False)
+        how = "replayed" if a.trace else "generated (live, simulated clock)"
+        print(f"\nTokens {how} per second of this machine's wall time, per strategy (all cells):")
+        print("  " + ", ".join(f"{s} {v:,.0f}" for s, v in speed.items()))
     print("\nSpeedup of specter over the strongest baseline, and specter / oracle:")
     print(_fmt(summ[[c for c in summ.columns if not c.startswith("tpot_")]]))
     for key, title in (("ablations", "Ablations (specter, lowest budget, first profile)"),

@@ -80,6 +80,10 @@ def rank_prediction(ids: np.ndarray) -> list[tuple[int, int]]:
 
 def counts_of(idx: np.ndarray) -> dict[int, int]:
     """Routed tokens per expert of a layer's top-k ids ``[T, k]``, in ascending expert order (-1: not recorded)."""
+    if idx.shape[0] == 1:  # one token (decode, a draft step): k distinct ids, no counting needed
+        row = sorted(int(e) for e in idx[0] if e >= 0)
+        if len(set(row)) == len(row):
+            return dict.fromkeys(row, 1)
     ids, n = np.unique(idx[idx >= 0], return_counts=True)
     return {int(e): int(c) for e, c in zip(ids, n)}
 
