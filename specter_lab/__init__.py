@@ -13,6 +13,7 @@ ipywidgets.
 
 from . import planner  # registers sl.plan as the planner behind strategy="auto"
 from .bench import compare, summarize
+from .bound import BoundResult, bound
 from .drafts import DRAFT_VARIANTS, DraftSpec
 from .engine import Engine, GenerationResult
 from .errors import BudgetTooSmall, CopyFault, NotExact
@@ -36,7 +37,8 @@ __all__ = [
     "Engine", "GenerationResult", "load_model", "inspect_model", "tiny_random_model", "HardwareProfile", "PROFILES",
     "COST_SHAPES", "CostShape", "calibrate", "calibrate_host", "QuantSpec", "DraftSpec", "DRAFT_VARIANTS", "STRATEGIES", "Strategy",
     "compare", "summarize", "fidelity", "plan", "Plan", "regime_map", "heldout_prompts", "BudgetTooSmall",
-    "CopyFault", "NotExact", "viz", "record", "replay", "RoutingTrace", "load_trace", "TraceError",
+    "CopyFault", "NotExact", "viz", "record", "replay", "RoutingTrace", "load_trace", "TraceError", "bound",
+    "BoundResult",
 ]
 
 

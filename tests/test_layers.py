@@ -17,7 +17,7 @@ LAYERS = [
     ["metrics", "offload", "predict"],  # derived metrics; store, runtime, clocks, costs; forecasts, prefetch, K
     ["decode", "assembly"],  # the decode loops; strategy → a run's parts (the only reader of its mechanisms)
     ["engine"],  # one model + strategy + budget + clock
-    ["runs", "fidelity", "analysis", "published", "record", "replay"],  # things that run engines or read traces
+    ["runs", "fidelity", "analysis", "published", "record", "replay", "bound"],  # things that run engines or read traces
     ["bench", "planner"],  # comparisons and the planner
     ["viz"],  # notebook views
     ["cli", "__init__"],  # entry points
