@@ -14,10 +14,12 @@ PKG = Path(__file__).resolve().parents[1] / "specter_lab"
 LAYERS = [
     ["errors", "units", "strategies", "quant", "drafts", "prompts"],  # data and specs: no package imports
     ["trace", "budget", "model"],  # records; the budget split; the model adapter
-    ["metrics", "offload", "predict"],  # derived metrics; store, runtime, clocks, costs; forecasts, prefetch, K
+    # derived metrics; store, runtime, clocks, costs; forecasts, prefetch, K; a run's trace as trace-event JSON
+    ["metrics", "offload", "predict", "perfetto"],
     ["decode"],  # the decode loops
     ["engine"],  # one model + strategy + budget + clock
-    ["runs", "fidelity", "analysis", "published"],  # things that run engines or read their traces; published rows
+    # things that run engines or read their traces; published rows; estimates from a config and their anchors
+    ["runs", "fidelity", "analysis", "published", "estimate", "consumer"],
     ["bench", "planner"],  # comparisons and the planner
     ["viz"],  # notebook views
     ["cli", "__init__"],  # entry points

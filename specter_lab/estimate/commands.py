@@ -3,12 +3,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ..strategies import STRATEGIES
-
-if TYPE_CHECKING:
-    from .core import Estimate
 
 __all__ = ["llama_cpp_command", "engine_call", "report", "LLAMA_CPP_PLACEMENTS"]
 
@@ -19,11 +14,11 @@ MiB = 2**20
 
 
 def _ot_regex(layers: list[int]) -> str:
-    """The -ot override that keeps ``layers``' routed experts in host memory (llama.cpp tensor names blk.N.ffn_*_exps)."""
+    """The -ot override that keeps ``layers``' routed experts in host memory (tensors ``blk.N.ffn_*_exps``)."""
     return "blk\\.(" + "|".join(str(i) for i in layers) + ")\\.ffn_.*_exps\\.=CPU"
 
 
-def llama_cpp_command(e: "Estimate", model_path: str = "model.gguf") -> str:
+def llama_cpp_command(e, model_path: str = "model.gguf") -> str:  # e: an estimate.core.Estimate
     """``llama-server`` flags for the fastest of :data:`LLAMA_CPP_PLACEMENTS` in the estimate (a cache flag only
     where the cache beats the static split)."""
     rows = e.table[e.table.strategy.isin(LLAMA_CPP_PLACEMENTS)]
@@ -44,7 +39,7 @@ def llama_cpp_command(e: "Estimate", model_path: str = "model.gguf") -> str:
     return " ".join(parts)
 
 
-def engine_call(e: "Estimate") -> str:
+def engine_call(e) -> str:
     """``sl.Engine(...)`` with the fastest of our strategies at this expert budget on this machine's profile."""
     ours = e.table[e.table.strategy.map(lambda s: s in STRATEGIES)]
     if e.budget.all_fit or ours.empty:
@@ -56,7 +51,7 @@ def engine_call(e: "Estimate") -> str:
             "checkpoint's")
 
 
-def report(e: "Estimate") -> str:
+def report(e) -> str:
     """What ``specter-lab estimate`` prints."""
     g = e.model
     head = (f"Estimate for {g.name} ({g.model_type}: {g.total_params / 1e9:.1f}B params, {g.moe_layers} MoE layers x "

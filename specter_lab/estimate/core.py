@@ -177,7 +177,8 @@ def _placements(geom: ModelGeometry, budget: VramBudget, routing: np.ndarray):
     yield "global_lru", replay.global_lru(routing, slots, _WARMUP), {"slots": slots}, {}
     yield "fiddler", replay.hot_set(routing, per_layer, _WARMUP), {"slots_per_layer": per_layer}, {}
     if per_layer >= 1:
-        yield "host_lru", replay.layer_lru(routing, per_layer, _WARMUP, miss="reuse"), {"slots_per_layer": per_layer}, {}
+        yield "host_lru", replay.layer_lru(routing, per_layer, _WARMUP, miss="reuse"), \
+            {"slots_per_layer": per_layer}, {}
         yield "lru", replay.layer_lru(routing, per_layer, _WARMUP), {"slots_per_layer": per_layer}, {}
     yield "on_demand", replay.on_demand(L, k), {}, {}
 
@@ -193,7 +194,8 @@ def _row(name: str, t: TokenTime, counts: replay.Counts, params: dict) -> dict:
 
 def _placement_text(name: str, params: dict, what: str) -> str:
     if name == "static_split":
-        return f"experts of the last {params['layers_on_gpu']} layers on the GPU, first {params['n_cpu_moe']} on the host"
+        return (f"experts of the last {params['layers_on_gpu']} layers on the GPU, the first {params['n_cpu_moe']} "
+                "on the host")
     if "slots" in params:
         return f"{params['slots']} expert slots shared by all layers; {what.split('; ')[-1]}"
     if "slots_per_layer" in params:

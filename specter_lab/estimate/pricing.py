@@ -84,7 +84,8 @@ class TokenTime:
 def _device_s(m: Machine, fmt: WeightFormat, params: float, extra_bytes: float, kernels: float) -> float:
     bw = m.vram_bandwidth * fmt.gpu_efficiency
     flops = 2.0 * params
-    return kernels * m.gpu.kernel_time + max(flops / m.gpu.peak_flops, (params * fmt.bytes_per_weight + extra_bytes) / bw)
+    nbytes = params * fmt.bytes_per_weight + extra_bytes
+    return kernels * m.gpu.kernel_time + max(flops / m.gpu.peak_flops, nbytes / bw)
 
 
 def _host_s(m: Machine, fmt: WeightFormat, params: float, extra_bytes: float, eta: float) -> float:
@@ -124,7 +125,8 @@ def price_token(geom: ModelGeometry, prec: WeightPrecision, m: Machine, counts: 
         if overlap:
             slower = max(d_exp + l_copy, h_exp)
             share = (d_exp + l_copy) / slower if slower else 1.0  # attribute the overlapped time to its lane
-            dev, link, host = dev + d_dense + share * d_exp, link + share * l_copy, host + (slower - share * (d_exp + l_copy))
+            dev, link = dev + d_dense + share * d_exp, link + share * l_copy
+            host += slower - share * (d_exp + l_copy)
         else:
             dev, link, host = dev + d_dense + d_exp, link + l_copy, host + h_exp
         trips += t_trip

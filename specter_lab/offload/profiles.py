@@ -230,7 +230,8 @@ def with_host(profile: HardwareProfile, host: dict | None = None) -> HardwarePro
 def get_profile(hardware: "str | HardwareProfile | None") -> HardwareProfile | None:
     """Resolve ``hardware=``: a profile, a preset name, a saved calibrated profile name or JSON path.
 
-    A name may end in ``@eager`` or ``@compiled`` to pick the execution mode (``"a100-40g-pcie4@compiled"``).
+    A name may end in ``@eager`` or ``@compiled`` to pick the execution mode (``"a100-40g-pcie4@compiled"``), and
+    ``+<host>`` names the host CPU beside the GPU (``"rtx2080-pcie3+i9-10900x-ddr4-2933"``, a name in ``HOSTS``).
     Returns None for ``"cuda"`` (the caller then uses the CUDA clock).
     """
     if isinstance(hardware, str) and "@" in hardware and not hardware.endswith(".json"):
@@ -261,6 +262,9 @@ def get_profile(hardware: "str | HardwareProfile | None") -> HardwareProfile | N
         return PROFILES[hardware]
     if hardware.endswith("+host") and hardware != "cuda+host":
         return with_host(get_profile(hardware[: -len("+host")]))
+    base, plus, host = hardware.partition("+")
+    if plus and host in HOSTS and base != "cuda":  # a GPU profile beside a named host CPU (sl.estimate's machines)
+        return with_host_cpu(get_profile(base), HOSTS[host])
     for candidate in (Path(hardware), profile_dir() / f"{hardware}.json"):
         if candidate.suffix == ".json" and candidate.is_file():
             return HardwareProfile.from_json(candidate.read_text())
