@@ -227,7 +227,7 @@ def model_part(name, model, tok, ids, a, device, profile) -> dict[str, Any]:
 def copies(clock, mode: str):
     """``delayed``: every copy waits ~1 ms on the copy stream first (widens any race window); ``ordered``: copies
     run on the compute stream (nothing overlaps). A no-op on the simulated clock."""
-    if clock.kind != "cuda":
+    if not clock.measured:
         yield
         return
     if mode == "ordered":

@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 
 from .engine import Engine
 from .fidelity import fidelity
-from .offload.profiles import get_profile
+from .offload.clock import make_clock
 from .offload.shapes import get_cost_shape
 from .prompts import heldout_prompts
 from .consumer import consumer_anchors
@@ -54,7 +54,7 @@ def compare(model, tokenizer, strategies: Sequence[str] | None = None, prompts: 
         get_strategy(s)
     hws = _as_list(hardware)
     for h in hws:
-        get_profile(h)
+        make_clock(h)
     get_cost_shape(cost_shape)
     budgets = _as_list(expert_budget)
     for b in budgets:
@@ -83,7 +83,7 @@ def compare(model, tokenizer, strategies: Sequence[str] | None = None, prompts: 
             for i, m in enumerate(run_prompts(engine, prompts, max_new_tokens, bar).metrics):
                 rows.append({**{c: m.get(c) for c in COMPARE_COLUMNS if c in m},
                              "strategy": s, "hardware": h, "prompt": i, "expert_budget": b,
-                             "execution": "measured" if engine.use_cuda_clock else engine.profile.execution,
+                             "execution": "measured" if engine.clocks.measured else engine.profile.execution,
                              "projection": engine.cost.projection_label, "fits": "yes"})
     df = pd.DataFrame(rows)
     return df[[c for c in COMPARE_COLUMNS if c in df.columns]]

@@ -16,7 +16,7 @@ LAYERS = [
     ["trace", "budget", "model"],  # records; the budget split; the model adapter
     # derived metrics; store, runtime, clocks, costs; forecasts, prefetch, K; a run's trace as trace-event JSON
     ["metrics", "offload", "predict", "perfetto"],
-    ["decode"],  # the decode loops
+    ["decode", "assembly"],  # the decode loops; strategy → a run's parts (the only reader of its mechanisms)
     ["engine"],  # one model + strategy + budget + clock
     # things that run engines or read their traces; published rows; estimates from a config and their anchors
     ["runs", "fidelity", "analysis", "published", "estimate", "consumer"],
