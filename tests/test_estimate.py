@@ -13,7 +13,7 @@ import pytest
 from specter_lab.estimate import estimate
 from specter_lab.model.geometry import CONFIG_DIR, geometry_from_config
 from specter_lab.offload.precision import get_precision
-from specter_lab.offload.synthetic_routing import LOCALITY, lru_hit_rate, synthetic_routing
+from specter_lab.offload.synthetic_routing import LOCALITY, hot_coverage, lru_hit_rate, synthetic_routing
 
 DATA = Path(__file__).parent / "data"
 QWEN3, GPT_OSS = DATA / "qwen3-30b-a3b", DATA / "gpt-oss-20b"
@@ -121,6 +121,8 @@ def test_synthetic_routing_reproduces_the_published_lru_curve(key, shape):
     routing = synthetic_routing(4, *shape, 512, loc, seed=3)
     for fraction, published in loc.lru_points.items():
         assert lru_hit_rate(routing, round(fraction * shape[0])) == pytest.approx(published, abs=0.06)
+    for fraction, published in loc.hot_points.items():  # a pinned hot set serves little: the hot set moves
+        assert hot_coverage(routing, round(fraction * shape[0])) == pytest.approx(published, abs=0.06)
 
 
 def test_cli_estimate_prints_the_command(capsys):

@@ -39,7 +39,7 @@ class VramBudget:
 
     @property
     def slots(self) -> int:
-        return int(self.experts // self.expert_bytes)
+        return int(self.experts / self.expert_bytes + 1e-9)  # all experts when all fit, despite float rounding
 
     def describe(self) -> str:
         g = lambda b: f"{b / GiB:.2f} GiB"

@@ -164,14 +164,14 @@ def estimate(config, gpu: "str | HardwareProfile" = "rtx4090", vram=None, host=N
 def _placements(geom: ModelGeometry, budget: VramBudget, routing: np.ndarray):
     """(strategy, counts, its parameters, pricing options) for every strategy the VRAM allows."""
     L, E, k = geom.moe_layers, geom.num_experts, geom.top_k
-    if budget.all_fit:
+    if budget.all_fit:  # every cache would hold everything: they are all the resident placement
         yield "resident", replay.resident(L, k), {"layers_on_gpu": L}, {}
-    layer_bytes = E * budget.expert_bytes
-    on_gpu = min(L, int(budget.experts // layer_bytes))
-    if not budget.all_fit:
-        # llama.cpp --n-cpu-moe N keeps the experts of the first N layers on the host
-        yield "static_split", replay.static_layers([l >= L - on_gpu for l in range(L)], k), \
-            {"layers_on_gpu": on_gpu, "n_cpu_moe": L - on_gpu}, {}
+        yield "on_demand", replay.on_demand(L, k), {}, {}
+        return
+    on_gpu = min(L, int(budget.experts // (E * budget.expert_bytes)))
+    # llama.cpp --n-cpu-moe N keeps the experts of the first N layers on the host
+    yield "static_split", replay.static_layers([l >= L - on_gpu for l in range(L)], k), \
+        {"layers_on_gpu": on_gpu, "n_cpu_moe": L - on_gpu}, {}
     slots = budget.slots
     per_layer = max(0, min(E, slots // L))
     yield "global_lru", replay.global_lru(routing, slots, _WARMUP), {"slots": slots}, {}
@@ -193,14 +193,17 @@ def _row(name: str, t: TokenTime, counts: replay.Counts, params: dict) -> dict:
 
 
 def _placement_text(name: str, params: dict, what: str) -> str:
-    if name == "static_split":
-        return (f"experts of the last {params['layers_on_gpu']} layers on the GPU, the first {params['n_cpu_moe']} "
-                "on the host")
-    if "slots" in params:
-        return f"{params['slots']} expert slots shared by all layers; {what.split('; ')[-1]}"
-    if "slots_per_layer" in params:
-        return f"{params['slots_per_layer']} experts per layer on the GPU; {what.split('; ')[-1]}"
-    return what
+    """The placement in a few words, with its numbers."""
+    n = params.get("slots_per_layer")
+    text = {
+        "static_split": lambda: (f"experts of the last {params['layers_on_gpu']} layers on the GPU, the first "
+                                 f"{params['n_cpu_moe']} on the host CPU"),
+        "global_lru": lambda: f"one LRU of {params['slots']} slots over all layers; misses copied",
+        "fiddler": lambda: f"{n} most routed experts/layer pinned on the GPU; the rest on the host CPU",
+        "host_lru": lambda: f"LRU of {n} experts/layer; misses reused lately copied, the rest on the host CPU",
+        "lru": lambda: f"LRU of {n} experts/layer; misses copied",
+    }.get(name)
+    return text() if text else what
 
 
 def _assumptions(m: Machine, prec: WeightPrecision, label: str, overhead: float, eta: float) -> list[str]:

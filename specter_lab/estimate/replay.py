@@ -79,8 +79,9 @@ def hot_set(routing: np.ndarray, slots: int, warmup: int, by: str = "frequency")
 
 def layer_lru(routing: np.ndarray, slots: int, warmup: int, miss: str = "copy", reuse_window: int = 4) -> Counts:
     """A per-layer LRU of ``slots`` experts. ``miss="copy"``: every miss is copied and cached (``lru``);
-    ``"reuse"``: a miss is copied only if the layer routed that expert in the last ``reuse_window`` tokens (its
-    reuse pays for the copy), else computed on the host (``host_lru``, approximated by recent reuse)."""
+    ``"reuse"``: a miss is copied only if a slot is free or the layer routed that expert in the last
+    ``reuse_window`` tokens (its reuse pays for the copy), else computed on the host (``host_lru``, whose per-miss
+    rule is approximated here by recent reuse)."""
     tokens, layers, _ = routing.shape
     dev, cop, host, trips = (np.zeros(layers) for _ in range(4))
     for layer in range(layers):
@@ -92,7 +93,7 @@ def layer_lru(routing: np.ndarray, slots: int, warmup: int, miss: str = "copy", 
             for e in ids:
                 if e in cache:
                     d += 1
-                elif miss == "copy" or e in recent:
+                elif miss == "copy" or e in recent or len(cache) < slots:  # a free slot costs nothing
                     c += 1
                 else:
                     h += 1
