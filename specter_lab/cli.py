@@ -201,8 +201,8 @@ def _bench_consumer(a) -> int:
     print("Published offloaded decode on consumer machines (llama.cpp, ktransformers) vs the estimator (modelled: "
           "sl.estimate's pricing of the row's placement from the model's config, weights format, GPU profile and "
           f"host CPU; host efficiency {HOST_DECODE_EFFICIENCY} fitted to the 'host fit' rows).")
-    cols = ["model", "machine", "engine", "strategy", "published_tok_s", "simulated_tok_s", "ratio", "loo_ratio",
-            "row_host_efficiency", "role"]
+    cols = ["model", "machine", "engine", "strategy", "placement", "published_tok_s", "simulated_tok_s", "ratio",
+            "loo_ratio", "row_host_efficiency", "role"]
     print(_fmt(df[cols]))
     print("\nNotes:")
     for _, r in df.iterrows():

@@ -44,7 +44,7 @@ class ConsumerRow:
     host: str  # HOSTS name
     vram_gib: float
     engine: str  # engine and placement, as published
-    strategy: str  # the placement as our strategy
+    strategy: str  # the placement as our strategy ("whole layers": llama.cpp -ngl short of every layer)
     placement: dict  # static_split: layers_on_gpu (+ which); fiddler: gpu_experts; host_layers (whole layers)
     published_tok_s: tuple[float, float]  # (low, high) as published
     context: int  # mean tokens in the KV cache over the measured decode
@@ -64,12 +64,12 @@ CONSUMER_ROWS: tuple[ConsumerRow, ...] = (
                 "the split's layer list is not published: placed by the estimator's VRAM rule at 6 GiB (dense + KV "
                 "at 4096 + 0.6 GiB overhead, then as many expert layers as fit)"),
     ConsumerRow("DeepSeek-V2-Lite Q4_K_M", "deepseek-v2-lite", "q4_k_m", "gtx1060-pcie3", "i5-7600k-ddr4-3000", 6.0,
-                "llama.cpp -ngl 13 (whole layers)", "static_split", {"host_layers": 14, "head_on_host": True},
+                "llama.cpp -ngl 13 (whole layers)", "whole layers", {"host_layers": 14, "head_on_host": True},
                 (18.21, 18.21), 64, _QP_LADDER, "host fit",
                 "'-ngl 13 / -ngl 20 for the two big models': 13 of 27 decoder layers on the GPU, the other 14 and "
                 "the LM head on the host"),
     ConsumerRow("DeepSeek-V2-Lite Q4_K_M", "deepseek-v2-lite", "q4_k_m", "gtx1060-pcie3", "i5-7600k-ddr4-3000", 6.0,
-                "llama.cpp CPU only (-ngl 0, mmap on)", "static_split", {"host_layers": 27, "head_on_host": True},
+                "llama.cpp CPU only (-ngl 0, mmap on)", "whole layers", {"host_layers": 27, "head_on_host": True},
                 (6.84 - 5.13, 6.84 + 5.13), 64, _QP_LADDER, "check",
                 "published as 6.84 +/- 5.13, bimodal: mmap pages the file from disk on the first pass; the model "
                 "prices a warm --no-mmap run, so only the upper half of the range can be reproduced"),
@@ -102,6 +102,26 @@ def _geometry(config: str) -> ModelGeometry:
     return geometry_from_config(config)
 
 
+def _layers_on_gpu(row: ConsumerRow) -> int:
+    """Expert layers on the GPU of a static split: published, or the estimator's VRAM rule."""
+    g, p = _geometry(row.config), row.placement
+    if p.get("layers_on_gpu") is not None:
+        return p["layers_on_gpu"]
+    b = vram_budget(g, get_precision(row.weights), row.vram_gib * GiB, p["context"])
+    return min(g.moe_layers, int(b.experts // (g.num_experts * b.expert_bytes)))
+
+
+def _placement_label(row: ConsumerRow) -> str:
+    g, p = _geometry(row.config), row.placement
+    if row.strategy == "resident":
+        return "every expert on the GPU"
+    if row.strategy == "fiddler":
+        return f"{p['gpu_experts']} of {g.num_experts} experts/layer on the GPU ({p['by']}), host overlapped"
+    if "host_layers" in p:
+        return f"{g.decoder_layers - p['host_layers']} of {g.decoder_layers} whole layers on the GPU"
+    return f"experts of {_layers_on_gpu(row)} of {g.moe_layers} MoE layers on the GPU"
+
+
 def _priced(row: ConsumerRow, eta: float) -> float:
     """Simulated ms per token of ``row`` with host efficiency ``eta``."""
     g = _geometry(row.config)
@@ -119,10 +139,7 @@ def _priced(row: ConsumerRow, eta: float) -> float:
         counts = replay.resident(L, k)
         extra = {"host_layers": p["host_layers"], "head_on_host": p.get("head_on_host", False)}
     else:
-        on_gpu = p.get("layers_on_gpu")
-        if on_gpu is None:  # the estimator's own rule
-            b = vram_budget(g, prec, m.vram, p["context"])
-            on_gpu = min(L, int(b.experts // (g.num_experts * b.expert_bytes)))
+        on_gpu = _layers_on_gpu(row)
         counts = replay.static_layers([l < on_gpu for l in range(L)], k)
     return price_token(g, prec, m, counts, row.context, eta, **extra).total_ms
 
@@ -172,6 +189,7 @@ def consumer_anchors(rows: tuple[ConsumerRow, ...] = CONSUMER_ROWS) -> pd.DataFr
         ratio = sim / r.published_mid
         out.append({
             "model": r.model, "machine": f"{r.gpu} + {r.host}", "engine": r.engine, "strategy": r.strategy,
+            "placement": _placement_label(r),
             "published_tok_s": f"{lo:g}" if lo == hi else f"{lo:g}-{hi:g}", "published_mid": r.published_mid,
             "simulated_tok_s": sim, "ratio": ratio, "within_30pct": abs(ratio - 1) <= TOLERANCE,
             "in_published_range": lo * (1 - TOLERANCE) <= sim <= hi * (1 + TOLERANCE), "loo_ratio": loo,

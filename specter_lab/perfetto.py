@@ -5,8 +5,8 @@ One process, one track per lane: ``steps`` (a slice per decoding step), ``comput
 layer's dense part, each expert, the head), ``copy`` (the host-to-device link: each expert copy) and ``host``
 (experts computed on the host CPU). Expert slices carry layer, expert, hit / miss, bytes and stall as args; a flow
 arrow runs from each copy to the compute that read its weights (``ComputeSpan.copy_id``). ``status`` is ``hit``
-(resident), ``miss`` (a demand copy), ``prefetch`` / ``preload`` (copied ahead), ``host`` or ``draft`` (the draft's
-own low-bit copy). Times are the run's
+(on the device before this step), ``miss`` (a demand copy in this step), ``prefetch`` / ``preload`` (copied ahead
+in this step), ``host`` or ``draft`` (the draft's own low-bit copy). Times are the run's
 clock (simulated or CUDA), in microseconds from the start of the run. Format reference: the Trace Event Format
 (Google, "Trace Event Format" doc: ph X complete events, M metadata, s/f flow events).
 """
@@ -83,19 +83,20 @@ def trace_events(result) -> dict[str, Any]:
         else:
             name, kind = f"L{c.layer} E{c.expert}", "expert"
         args = {"step": c.step, "phase": c.phase, "layer": c.layer, "stall_ms": c.stall}
+        # the copy this compute waited for: one made in the same step (an older copy_id is a cache hit)
+        copy = transfers.get(copy_id) if copy_id is not None else None
+        fresh = copy if copy is not None and copy.step == c.step else None
         if kind == "expert":
-            copy = transfers.get(copy_id) if copy_id is not None else None
             draft = c.phase == "draft"  # the draft computes its own resident low-bit copy: no cache involved
-            status = "host" if track == "host" else "draft" if draft else ("hit" if copy is None else
-                                                                            ("miss" if copy.reason == "demand"
-                                                                             else copy.reason))
+            status = "host" if track == "host" else "draft" if draft else ("hit" if fresh is None else
+                                                                            ("miss" if fresh.reason == "demand"
+                                                                             else fresh.reason))
             args.update(expert=c.expert, status=status, copy_id=copy_id,
                         bytes=int(copy.bytes) if copy is not None else (None if draft else expert_bytes))
         events.append(_slice(name, track, c.start, c.end, kind, _clean(args)))
-        copy = transfers.get(copy_id) if copy_id is not None else None
-        if copy is not None:  # flow arrow: the copy that brought the weights -> the compute that waited on it
+        if fresh is not None:  # flow arrow: the copy that brought the weights -> the compute that waited on it
             flow = {"name": "weights", "cat": "copy->compute", "pid": PID, "id": i}
-            events.append({**flow, "ph": "s", "tid": TRACKS["copy"], "ts": _us(copy.start)})
+            events.append({**flow, "ph": "s", "tid": TRACKS["copy"], "ts": _us(fresh.start)})
             events.append({**flow, "ph": "f", "bp": "e", "tid": TRACKS[track], "ts": _us(c.start)})
     meta = {k: result.metrics.get(k) for k in ("clock", "tpot_ms", "hit_rate", "cost_shape", "execution")}
     return {"traceEvents": events, "displayTimeUnit": "ms",
