@@ -136,3 +136,27 @@ def test_cli_estimate_prints_the_command(capsys):
     assert f"--n-cpu-moe {e.placements['static_split']['n_cpu_moe']}" in out or "--moe-cache-mib" in out
     assert main(["estimate", "--config", str(GPT_OSS), "--gpu", "gtx9"]) == 2
     assert "gpu='gtx9'" in capsys.readouterr().err
+
+
+def test_emitted_engine_call_names_a_profile_the_engine_takes(family_models):
+    import specter_lab as sl
+    from specter_lab.offload.profiles import HOSTS, get_profile
+
+    e = estimate(GPT_OSS, gpu="rtx2080", vram="8GiB", host="i9-10900x")
+    hardware = re.search(r"hardware='([^']+)'", e.engine_call()).group(1)
+    p = get_profile(hardware)
+    assert p.execution == "compiled" and p.cpu_mem_bandwidth == HOSTS["i9-10900x-ddr4-2933"].dram_delivered
+    strategy = re.search(r"strategy='([^']+)'", e.engine_call()).group(1)
+    r = sl.Engine(family_models["gpt_oss"], None, strategy, expert_budget=0.5, hardware=hardware).generate(
+        [1, 2, 3], max_new_tokens=3)
+    assert len(r.token_ids) == 3 and hardware.split("@")[0] in r.metrics["clock"]
+
+
+def test_cli_estimate_json(capsys):
+    from specter_lab.cli import main
+
+    assert main(["estimate", "--config", "qwen3-30b-a3b", "--gpu", "gtx1060", "--vram", "6GiB", "--host", "i5-7600k",
+                 "--weights", "q2_k", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["best"] == out["table"][0]["strategy"] and "llama-server" in out["llama_cpp"]
+    assert any("synthetic routing matched to" in a for a in out["assumptions"])
