@@ -35,7 +35,9 @@ def llama_cpp_command(e, model_path: str = "model.gguf") -> str:  # e: an estima
         return f"{flags}\n# or, the same layers by name: {' '.join(parts)} -ot \"{ot}\""
     if best == "global_lru":
         mib = int(e.budget.experts // MiB)
-        return " ".join(parts) + f" --n-cpu-moe {L} --moe-cache-mib {mib}"
+        share = e.placements["global_lru"]["cpu_share"]
+        return " ".join(parts) + f" --n-cpu-moe {L} --moe-cache-mib {mib}" + (
+            f" --moe-cache-cpu-share {share:g}" if share else "")
     return " ".join(parts)
 
 
@@ -46,7 +48,9 @@ def engine_call(e) -> str:
         strategy, budget = "static_split", "1.0"
     else:
         strategy, budget = str(ours.iloc[0]["strategy"]), f"'{e.budget.experts / 2**30:.2f}GiB'"
-    return (f"sl.Engine(model, tok, strategy={strategy!r}, expert_budget={budget}, "
+    share = e.placements.get(strategy, {}).get("cpu_share")
+    extra = f"cpu_share={share:g}, " if share else ""
+    return (f"sl.Engine(model, tok, strategy={strategy!r}, expert_budget={budget}, {extra}"
             f"hardware='{e.machine.hardware_name}@compiled')  # prices bf16 experts: its weights are the "
             "checkpoint's")
 

@@ -48,6 +48,7 @@ PLACEMENTS = {
 NOT_ESTIMATED = ("spec_lru", "specmoeoff", "specter", "specter_plus", "specter_host", "oracle", "gate_lookahead")
 
 _TOKENS, _WARMUP = 320, 64  # replayed decode tokens; the first _WARMUP warm the caches (the prompt would)
+_CPU_SHARES = (0.0, 0.25, 0.5, 0.75)  # global_lru's share of misses computed on the host: the fastest is kept
 
 
 def get_gpu(gpu: "str | HardwareProfile") -> HardwareProfile:
@@ -153,6 +154,10 @@ def estimate(config, gpu: "str | HardwareProfile" = "rtx4090", vram=None, host=N
     routing, label = routing_for(trace, geom, seed=seed)
     rows, placements = [], {}
     for name, counts, params, extra in _placements(geom, budget, routing):
+        if isinstance(counts, dict):  # a sweep of one parameter (global_lru's cpu_share): keep the fastest
+            share, counts = min(counts.items(), key=lambda sc: price_token(geom, prec, machine, sc[1], context,
+                                                                           eta_host, **extra).total_ms)
+            params = {**params, "cpu_share": share}
         t = price_token(geom, prec, machine, counts, context, eta_host, **extra)
         placements[name] = params
         rows.append(_row(name, t, counts, params))
@@ -174,7 +179,8 @@ def _placements(geom: ModelGeometry, budget: VramBudget, routing: np.ndarray):
         {"layers_on_gpu": on_gpu, "n_cpu_moe": L - on_gpu}, {}
     slots = budget.slots
     per_layer = max(0, min(E, slots // L))
-    yield "global_lru", replay.global_lru(routing, slots, _WARMUP), {"slots": slots}, {}
+    yield "global_lru", {share: replay.global_lru(routing, slots, _WARMUP, share) for share in _CPU_SHARES}, \
+        {"slots": slots}, {}
     yield "fiddler", replay.hot_set(routing, per_layer, _WARMUP), {"slots_per_layer": per_layer}, {}
     if per_layer >= 1:
         yield "host_lru", replay.layer_lru(routing, per_layer, _WARMUP, miss="reuse"), \
@@ -198,7 +204,8 @@ def _placement_text(name: str, params: dict, what: str) -> str:
     text = {
         "static_split": lambda: (f"experts of the last {params['layers_on_gpu']} layers on the GPU, the first "
                                  f"{params['n_cpu_moe']} on the host CPU"),
-        "global_lru": lambda: f"one LRU of {params['slots']} slots over all layers; misses copied",
+        "global_lru": lambda: (f"one LRU of {params['slots']} slots over all layers; misses copied" +
+                               (f", {params['cpu_share']:.0%} of them on the host CPU" if params["cpu_share"] else "")),
         "fiddler": lambda: f"{n} most routed experts/layer pinned on the GPU; the rest on the host CPU",
         "host_lru": lambda: f"LRU of {n} experts/layer; misses reused lately copied, the rest on the host CPU",
         "lru": lambda: f"LRU of {n} experts/layer; misses copied",
@@ -219,7 +226,7 @@ def _assumptions(m: Machine, prec: WeightPrecision, label: str, overhead: float,
         f"{host}; the host reaches {eta:.2f} of it in a batch-1 expert matvec (fitted to the consumer rows, "
         "sl.bench.consumer_anchors())",
         f"weights {prec.label}: experts {prec.experts.bits} bits/weight, dense {prec.dense.bits}; embeddings on "
-        "the host; KV cache at 2 bytes/value",
+        "the host; KV cache at 2 bytes/value, read at the full stated context (the speed once the context is full)",
         f"runtime overhead {overhead / 2**30:.2f} GiB of VRAM (CUDA context + compute buffers)",
         f"routing: {label}; {_TOKENS - _WARMUP} decode tokens replayed after {_WARMUP} warm-up tokens",
         f"speculative strategies ({', '.join(NOT_ESTIMATED)}) are not estimated: they need a draft's acceptance, "

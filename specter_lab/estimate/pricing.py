@@ -3,7 +3,8 @@ per layer, the host computing its experts from DRAM, batch 1.
 
 Per MoE layer, serially (llama.cpp runs a layer's device and host parts one after the other at batch 1)::
 
-    device  = kernels * kernel_time + bytes / (datasheet VRAM bandwidth * the format's decode efficiency)
+    device  = kernels * kernel_time + weight bytes / (datasheet VRAM bandwidth * the format's decode efficiency)
+              + KV bytes at the stated context / (datasheet VRAM bandwidth * bf16's efficiency)
     link    = copies * (copy_latency + expert bytes / link bandwidth)      (a cache miss, before its matmul)
     host    = host experts * expert bytes / (delivered DRAM bandwidth * HOST_DECODE_EFFICIENCY)
     trips   = 2 * copy_latency for each layer that hands activations to the host and back
@@ -25,7 +26,7 @@ import numpy as np
 
 from ..model.geometry import ModelGeometry
 from ..offload.hostops import op_counts
-from ..offload.precision import WeightFormat, WeightPrecision
+from ..offload.precision import FORMATS, WeightFormat, WeightPrecision
 from ..offload.profiles import HardwareProfile, HostCPU
 from .replay import Counts
 
@@ -81,11 +82,11 @@ class TokenTime:
         return 1e3 / self.total_ms
 
 
-def _device_s(m: Machine, fmt: WeightFormat, params: float, extra_bytes: float, kernels: float) -> float:
-    bw = m.vram_bandwidth * fmt.gpu_efficiency
-    flops = 2.0 * params
-    nbytes = params * fmt.bytes_per_weight + extra_bytes
-    return kernels * m.gpu.kernel_time + max(flops / m.gpu.peak_flops, nbytes / bw)
+def _device_s(m: Machine, fmt: WeightFormat, params: float, kv_bytes: float, kernels: float) -> float:
+    """Weights streamed at the format's decode efficiency; the KV cache (16-bit) at bf16's."""
+    stream = params * fmt.bytes_per_weight / (m.vram_bandwidth * fmt.gpu_efficiency)
+    stream += kv_bytes / (m.vram_bandwidth * FORMATS["bf16"].gpu_efficiency)
+    return kernels * m.gpu.kernel_time + max(2.0 * params / m.gpu.peak_flops, stream)
 
 
 def _host_s(m: Machine, fmt: WeightFormat, params: float, extra_bytes: float, eta: float) -> float:

@@ -111,27 +111,37 @@ def layer_lru(routing: np.ndarray, slots: int, warmup: int, miss: str = "copy", 
     return _counts(dev / n, cop / n, host / n, trips / n)
 
 
-def global_lru(routing: np.ndarray, slots: int, warmup: int) -> Counts:
+def global_lru(routing: np.ndarray, slots: int, warmup: int, cpu_share: float = 0.0) -> Counts:
     """One LRU over (layer, expert) with ``slots`` slots in all (llama.cpp ``--moe-cache-mib``): a miss is copied
-    and cached, evicting the least recently used expert of any layer."""
+    and cached, evicting the least recently used expert of any layer; with ``cpu_share`` that share of the misses
+    (every n-th, deterministically) is computed on the host instead and not cached (``--moe-cache-cpu-share``)."""
     tokens, layers, _ = routing.shape
-    dev, cop = np.zeros(layers), np.zeros(layers)
+    dev, cop, host, trips = (np.zeros(layers) for _ in range(4))
     cache: OrderedDict[tuple[int, int], None] = OrderedDict()
+    owed = 0.0  # misses owed to the host so far
     for t in range(tokens):
         for layer in range(layers):
+            h = 0
             for e in routing[t, layer]:
                 key = (layer, int(e))
-                hit = key in cache
-                if t >= warmup:
-                    dev[layer] += hit
-                    cop[layer] += not hit
+                if key in cache:
+                    dev[layer] += t >= warmup
+                else:
+                    owed += cpu_share
+                    if owed >= 1.0:
+                        owed -= 1.0
+                        h += 1
+                        continue
+                    cop[layer] += t >= warmup
                 cache[key] = None
                 cache.move_to_end(key)
                 if len(cache) > slots:
                     cache.popitem(last=False)
+            if t >= warmup:
+                host[layer] += h
+                trips[layer] += h > 0
     n = max(1, tokens - warmup)
-    z = np.zeros(layers)
-    return _counts(dev / n, cop / n, z, z)
+    return _counts(dev / n, cop / n, host / n, trips / n)
 
 
 def on_demand(layers: int, top_k: int) -> Counts:
