@@ -160,3 +160,21 @@ def test_cli_estimate_json(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["best"] == out["table"][0]["strategy"] and "llama-server" in out["llama_cpp"]
     assert any("synthetic routing matched to" in a for a in out["assumptions"])
+
+
+def test_replays_count_where_experts_run():
+    from specter_lab.estimate import replay
+
+    rng = np.random.default_rng(0)
+    routing = np.stack([rng.permutation(16)[:2] for _ in range(2 * 100)]).reshape(100, 2, 2)
+    plain, shared = replay.global_lru(routing, 8, 20), replay.global_lru(routing, 8, 20, cpu_share=0.5)
+    per_token = lambda c: (c.device + c.copied + c.host).sum()
+    assert per_token(plain) == per_token(shared) == pytest.approx(4.0)  # every routed expert runs somewhere
+    assert plain.host_per_token == 0 and shared.host_per_token > 0
+    # every other miss goes to the host (and is not cached)
+    share = shared.host_per_token / (shared.host_per_token + shared.copies_per_token)
+    assert share == pytest.approx(0.5, abs=0.05)
+    static = replay.static_layers([True, False], 2)
+    assert list(static.device) == [2, 0] and list(static.host) == [0, 2] and list(static.host_trips) == [0, 1]
+    pinned = replay.hot_set(routing, 16, 20)  # every expert pinned: nothing left for the host
+    assert pinned.hit_rate == 1.0 and pinned.host_per_token == 0
