@@ -27,6 +27,9 @@ from .offload.shapes import COST_SHAPES, CostShape
 from .planner import Plan, plan, regime_map
 from .prompts import heldout_prompts
 from .quant import QuantSpec
+from .record import record
+from .replay import replay
+from .routing_trace import RoutingTrace, TraceError, load_trace
 from .strategies import STRATEGIES, Strategy
 
 __version__ = "0.1.0"
@@ -35,7 +38,8 @@ __all__ = [
     "Engine", "GenerationResult", "load_model", "inspect_model", "tiny_random_model", "HardwareProfile", "PROFILES",
     "COST_SHAPES", "CostShape", "calibrate", "calibrate_host", "QuantSpec", "DraftSpec", "DRAFT_VARIANTS", "STRATEGIES", "Strategy",
     "compare", "summarize", "fidelity", "plan", "Plan", "regime_map", "heldout_prompts", "BudgetTooSmall",
-    "CopyFault", "NotExact", "viz", "estimate", "Estimate", "HOSTS", "HostCPU", "FORMATS", "WeightPrecision",
+    "CopyFault", "NotExact", "viz", "record", "replay", "RoutingTrace", "load_trace", "TraceError", "estimate",
+    "Estimate", "HOSTS", "HostCPU", "FORMATS", "WeightPrecision",
 ]
 
 

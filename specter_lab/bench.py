@@ -10,6 +10,7 @@ holds the simulator against published batch-1 measurements.
 from __future__ import annotations
 
 import time
+from concurrent.futures import Executor
 from typing import Iterable, Sequence
 
 import pandas as pd
@@ -24,7 +25,8 @@ from .prompts import heldout_prompts
 from .consumer import consumer_anchors
 from .published import published
 from .quant import QuantSpec
-from .runs import DoesNotFit, run_prompts, try_engine
+from .routing_trace import RoutingTrace
+from .runs import Cell, DoesNotFit, as_source, run_cells, run_prompts, try_engine
 from .strategies import BASELINES, STRATEGIES, get_strategy
 from .units import parse_budget
 
@@ -34,7 +36,8 @@ __all__ = ["compare", "fidelity", "summarize", "heldout_prompts", "ablations", "
 COMPARE_COLUMNS = ["strategy", "hardware", "prompt", "expert_budget", "tpot_ms", "acceptance_rate", "recall",
                    "precision", "hit_rate", "h2d_bytes_per_token", "stall_ms_per_token", "mean_accepted",
                    "slots_per_layer", "draft_bytes", "device_bytes", "budget_bytes", "new_tokens", "clock",
-                   "projected", "cost_shape", "execution", "projection", "host_experts_per_token", "plan", "fits"]
+                   "projected", "cost_shape", "execution", "projection", "host_experts_per_token", "plan", "fits",
+                   "routing"]
 
 
 def _as_list(x) -> list:
@@ -44,11 +47,15 @@ def _as_list(x) -> list:
 def compare(model, tokenizer, strategies: Sequence[str] | None = None, prompts: Sequence | None = None,
             hardware: "str | Sequence[str]" = ("rtx4090-pcie4",), max_new_tokens: int = 48,
             expert_budget: "float | str | Sequence" = 0.5, cost_shape: str | None = None, k=None,
-            draft: QuantSpec | None = None, progress: bool = True, **engine_kw) -> pd.DataFrame:
+            draft: QuantSpec | None = None, progress: bool = True, trace: RoutingTrace | None = None,
+            executor: Executor | None = None, **engine_kw) -> pd.DataFrame:
     """Run every strategy × hardware × budget × prompt and return one tidy row per run.
 
     All runs see the same prompts and the same expert budget in bytes (the draft's bytes come out of it for the
-    speculative strategies). Arguments are validated before any generation starts."""
+    speculative strategies). Arguments are validated before any generation starts. ``trace=`` (a recorded or
+    imported :class:`~specter_lab.RoutingTrace`) replays every cell from it instead of generating (seconds, not
+    minutes; ``model`` may be None; the prompts are the trace's; greedy); ``executor=`` runs the cells on any
+    ``concurrent.futures.Executor``, with the same rows as the serial run."""
     strategies = list(strategies or STRATEGIES)
     for s in strategies:
         get_strategy(s)
@@ -59,32 +66,33 @@ def compare(model, tokenizer, strategies: Sequence[str] | None = None, prompts: 
     budgets = _as_list(expert_budget)
     for b in budgets:
         parse_budget(b)
-    prompts = list(prompts) if prompts is not None else heldout_prompts(4)
-    if not prompts:
+    source = as_source(model, tokenizer, prompts if prompts is not None or trace is not None else heldout_prompts(4),
+                       max_new_tokens, trace)
+    if not source.prompts:
         raise ValueError("prompts is empty: give at least one prompt.")
     # Build every engine first, so a bad budget for any strategy fails before the long part starts. The CUDA
     # clock measures this model as it is: a cost shape applies to the simulated profiles only.
     # A strategy the budget cannot hold (its draft plus a slot per layer) is a row that says so, not an error.
-    engines = {(s, h, b): try_engine(model, tokenizer, s, expert_budget=b, hardware=h,
-                                     cost_shape=None if h == "cuda" else cost_shape,
-                                     k=k if get_strategy(s).speculative else None, draft=draft, **engine_kw)
-               for b in budgets for h in hws for s in strategies}
+    cells = {(s, h, b): Cell.of(s, expert_budget=b, hardware=h, cost_shape=None if h == "cuda" else cost_shape,
+                                k=k if get_strategy(s).speculative else None, draft=draft, **engine_kw)
+             for b in budgets for h in hws for s in strategies}
+    engines = {key: source.engine(cell) for key, cell in cells.items()}
     if all(isinstance(e, DoesNotFit) for e in engines.values()):
         raise ValueError(f"expert_budget={expert_budget!r} is too small for every strategy asked for: "
                          f"{next(iter(engines.values())).reason}")
+    todo = [key for key, e in engines.items() if not isinstance(e, DoesNotFit)]
+    runs = dict(zip(todo, run_cells(source, [cells[key] for key in todo], executor, progress, "compare")))
     rows = []
-    with tqdm(total=len(engines) * len(prompts), desc="compare", disable=not progress) as bar:
-        for (s, h, b), engine in engines.items():
-            if isinstance(engine, DoesNotFit):
-                rows.append({"strategy": s, "hardware": h, "expert_budget": b, "tpot_ms": float("nan"),
-                             "fits": engine.label})
-                bar.update(len(prompts))
-                continue
-            for i, m in enumerate(run_prompts(engine, prompts, max_new_tokens, bar).metrics):
-                rows.append({**{c: m.get(c) for c in COMPARE_COLUMNS if c in m},
-                             "strategy": s, "hardware": h, "prompt": i, "expert_budget": b,
-                             "execution": "measured" if engine.clocks.measured else engine.profile.execution,
-                             "projection": engine.cost.projection_label, "fits": "yes"})
+    for (s, h, b), engine in engines.items():
+        if isinstance(engine, DoesNotFit):
+            rows.append({"strategy": s, "hardware": h, "expert_budget": b, "tpot_ms": float("nan"),
+                         "fits": engine.label, "routing": source.label})
+            continue
+        for i, m in enumerate(runs[(s, h, b)].metrics):
+            rows.append({**{c: m.get(c) for c in COMPARE_COLUMNS if c in m},
+                         "strategy": s, "hardware": h, "prompt": i, "expert_budget": b,
+                         "execution": "measured" if engine.clocks.measured else engine.profile.execution,
+                         "projection": engine.cost.projection_label, "fits": "yes", "routing": source.label})
     df = pd.DataFrame(rows)
     return df[[c for c in COMPARE_COLUMNS if c in df.columns]]
 

@@ -117,6 +117,7 @@ def cmd_bench(a) -> int:
     from .model import load_model
     from .prompts import heldout_prompts
     from .quant import QuantSpec
+    from .routing_trace import load_trace
     from .strategies import STRATEGIES
 
     # The default set is the paper's comparison plus our own; `auto` (a calibration per cell) is in --regimes.
@@ -127,23 +128,39 @@ def cmd_bench(a) -> int:
     budgets = _bench_budgets(a)
     cost_shape = None if (a.cost_shape or "deepseek-v2-lite") == "none" else (a.cost_shape or "deepseek-v2-lite")
     spec = QuantSpec(a.bits, a.group_size, a.method)
-    model, tok = load_model(a.model, trust_remote_code=a.trust_remote_code,
-                            **_cuda_load("cuda" if "cuda" in hardware else None))
-    prompts = heldout_prompts(a.prompts)
+    trace = load_trace(a.trace) if a.trace else None
+    if trace is not None:  # replay every cell: no model to load; the trace's own draft and prompts
+        if "cuda" in hardware:
+            raise ValueError("bench --trace prices on simulated profiles: drop 'cuda' from --hardware.")
+        model, tok, prompts, spec = None, None, None, None
+        n_prompts, new_tokens = len(trace.sequences), f"{trace.tokens} recorded tokens"
+    else:
+        model, tok = load_model(a.model, trust_remote_code=a.trust_remote_code,
+                                **_cuda_load("cuda" if "cuda" in hardware else None))
+        prompts = heldout_prompts(a.prompts)
+        n_prompts, new_tokens = len(prompts), f"{a.max_new_tokens} tokens"
     t0 = time.perf_counter()
-    out: dict[str, Any] = {"model": a.model, "cost_shape": cost_shape, "draft": spec.label,
-                           "max_new_tokens": a.max_new_tokens, "prompts": len(prompts),
+    recorded_draft = QuantSpec(**trace.draft).label if trace is not None and trace.draft and "bits" in trace.draft \
+        else (trace.draft if trace is not None else None)
+    out: dict[str, Any] = {"model": a.model, "cost_shape": cost_shape, "draft": spec.label if spec else recorded_draft,
+                           "max_new_tokens": a.max_new_tokens, "prompts": n_prompts,
+                           "routing": trace.source if trace else "live",
                            "note": _bench_note(hardware, cost_shape)}
     df = bench.compare(model, tok, strategies, prompts, hardware, a.max_new_tokens, budgets, cost_shape, a.k, spec,
-                       progress=not a.json)
+                       progress=not a.json, trace=trace)
     summ = bench.summarize(df)
     out["runs"], out["summary"] = df.to_dict(orient="records"), summ.to_dict(orient="records")
-    out.update(_bench_extras(a, model, tok, prompts, hardware, budgets, cost_shape, spec))
+    if trace is None:
+        out.update(_bench_extras(a, model, tok, prompts, hardware, budgets, cost_shape, spec))
+    elif a.regimes:
+        from .planner import regime_map
+
+        out["regimes"] = regime_map(None, None, None, progress=not a.json, trace=trace).to_dict(orient="records")
     out["seconds"] = time.perf_counter() - t0
     if a.json:
         print(json.dumps(out, indent=1, default=lambda v: v.item() if hasattr(v, "item") else str(v)))
     else:
-        _print_bench(out, df, summ, a, spec, prompts)
+        _print_bench(out, df, summ, a, n_prompts, new_tokens)
     if a.html:
         from .viz.report import bench_html
 
@@ -240,11 +257,12 @@ def _fmt(df) -> str:
     return df.to_string(index=False, float_format=lambda v: f"{v:.4g}")
 
 
-def _print_bench(out, df, summ, a, spec, prompts) -> None:
+def _print_bench(out, df, summ, a, n_prompts, new_tokens) -> None:
     import pandas as pd
 
-    print(f"specter-lab bench · model {a.model} · {out['note']} · draft {spec.label} · "
-          f"{len(prompts)} held-out prompts × {a.max_new_tokens} tokens")
+    what = (f"routing replayed from {a.trace} ({out['routing']})" if a.trace else f"model {a.model}")
+    print(f"specter-lab bench · {what} · {out['note']} · draft {out['draft']} · "
+          f"{n_prompts} {'recorded' if a.trace else 'held-out'} prompts × {new_tokens}")
     mean = df.groupby(["hardware", "expert_budget", "strategy"], sort=False)[
         ["tpot_ms", "hit_rate", "acceptance_rate", "recall", "stall_ms_per_token", "h2d_bytes_per_token",
          "slots_per_layer"]].mean().reset_index()
@@ -259,6 +277,37 @@ def _print_bench(out, df, summ, a, spec, prompts) -> None:
             print(f"\n{title}:")
             print(_fmt(pd.DataFrame(out[key])))
     print(f"\n({out['seconds']:.0f} s)")
+
+
+# ----------------------------------------------------------------------------------------- trace
+def cmd_trace_record(a) -> int:
+    from .model import load_model
+    from .prompts import heldout_prompts
+    from .quant import QuantSpec
+    from .record import record
+
+    spec = QuantSpec(a.bits, a.group_size, a.method)  # checked before the model loads
+    for flag, v in (("--max-new-tokens", a.max_new_tokens), ("--prompts", a.prompts)):
+        if v < 1:
+            raise ValueError(f"{flag} {v}: use an integer >= 1.")
+    model, tok = load_model(a.model, trust_remote_code=a.trust_remote_code,
+                            **({"device": a.device} if a.device else {}))
+    prompts = a.prompt or heldout_prompts(a.prompts)
+    trace = record(model, tok, prompts, max_new_tokens=a.max_new_tokens, k_max=a.k_max, draft=spec)
+    path = trace.save(a.out)
+    print(f"{trace!r}\nwritten to {path} ({path.stat().st_size / 1e6:.2f} MB); replay it with "
+          f"`specter-lab bench --trace {path}` or sl.replay(sl.load_trace({str(path)!r}), ...)")
+    return 0
+
+
+def cmd_trace_info(a) -> int:
+    from .routing_trace import load_trace
+
+    trace = load_trace(a.path)
+    print(repr(trace))
+    for key, value in sorted(trace.meta.items()):
+        print(f"  {key:<20} {value}")
+    return 0
 
 
 # ----------------------------------------------------------------------------------------- calibrate
@@ -336,7 +385,28 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--overhead", action="store_true", help="CPU wall-clock overhead against HF generate")
     b.add_argument("--json", action="store_true")
     b.add_argument("--html", default=None)
+    b.add_argument("--trace", default=None,
+                   help="replay every cell from a recorded routing trace (.npz from `specter-lab trace record`) "
+                        "instead of generating: seconds instead of minutes; the model is not loaded")
     b.set_defaults(fn=cmd_bench)
+    t = sub.add_parser("trace", help="record a model's routing once, for replaying every strategy from it")
+    tsub = t.add_subparsers(dest="trace_cmd", required=True)
+    tr = tsub.add_parser("record", help="greedy decoding with the draft chains: sl.record(...).save(--out)")
+    tr.add_argument("--model", default="tiny", help="'tiny' (bundled), a local HF MoE folder, or a hub id")
+    tr.add_argument("--trust-remote-code", action="store_true")
+    tr.add_argument("--out", required=True, help="the trace file to write (.npz)")
+    tr.add_argument("--prompts", type=int, default=4, help="how many held-out prompts (or --prompt)")
+    tr.add_argument("--prompt", action="append", default=None, help="a prompt text (repeatable)")
+    tr.add_argument("--max-new-tokens", type=int, default=48)
+    tr.add_argument("--k-max", type=int, default=16, help="draft chain length recorded per window (0: no chains)")
+    tr.add_argument("--bits", type=int, default=4)
+    tr.add_argument("--group-size", type=int, default=64)
+    tr.add_argument("--method", default="rtn")
+    tr.add_argument("--device", default=None, help="cuda to record on the GPU (default: where the model loads)")
+    tr.set_defaults(fn=cmd_trace_record)
+    ti = tsub.add_parser("info", help="what a trace file holds")
+    ti.add_argument("path")
+    ti.set_defaults(fn=cmd_trace_info)
     c = sub.add_parser("calibrate", help="measure this CUDA machine's profile (or, with --host, its CPU) and save it")
     c.add_argument("--name", default="calibrated")
     c.add_argument("--host", action="store_true", help="time expert-sized SwiGLU on this CPU instead (no GPU)")

@@ -21,7 +21,7 @@ import numpy as np
 from .clock import Span, stamper
 from .hostexec import MissRule
 
-__all__ = ["ForwardInfo", "LayerSchedule", "ExpertMath", "DraftSource", "HOOK_POINTS"]
+__all__ = ["ForwardInfo", "LayerSchedule", "ExpertMath", "DraftSource", "HOOK_POINTS", "counts_of", "rank_prediction"]
 
 HOOK_POINTS = ("moe.routing",)  # fn(info: ForwardInfo, layer: int, top_k_ids: np.ndarray [T, k])
 
@@ -68,6 +68,13 @@ class ExpertMath(Protocol):
 
     def gate_prediction(self, layer: int) -> list[tuple[int, int]]:
         """Layer ``layer``'s router applied to this layer's hidden state: (expert, tokens), most routed first."""
+
+
+def rank_prediction(ids: np.ndarray) -> list[tuple[int, int]]:
+    """(expert, tokens) of a predicted routing ``[T, k]``, most routed first, ties in ascending expert order."""
+    uniq, counts = np.unique(ids, return_counts=True)
+    order = np.argsort(-counts, kind="stable")
+    return [(int(uniq[i]), int(counts[i])) for i in order]
 
 
 def counts_of(idx: np.ndarray) -> dict[int, int]:
