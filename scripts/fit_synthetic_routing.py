@@ -41,8 +41,9 @@ def fit(key: str, drift: float | None = None):
     err = lambda s, z: error(replace(loc, stick=s, skew=z, drift=drift), experts, k)
     _, s0, z0 = min((err(s, z), s, z) for s, z in itertools.product(np.arange(0.0, 0.96, 0.1),
                                                                      np.arange(0.0, 2.41, 0.3)))
-    e, s, z = min((err(s, z), s, z) for s, z in itertools.product(np.clip(np.arange(s0 - 0.08, s0 + 0.09, 0.04), 0, 0.97),
-                                                                   np.clip(np.arange(z0 - 0.2, z0 + 0.21, 0.1), 0, 3)))
+    sticks = np.clip(np.arange(s0 - 0.08, s0 + 0.09, 0.04), 0, 0.97)
+    skews = np.clip(np.arange(z0 - 0.2, z0 + 0.21, 0.1), 0, 3)
+    e, s, z = min((err(s, z), s, z) for s, z in itertools.product(sticks, skews))
     return round(float(s), 3), round(float(z), 3), drift, e
 
 

@@ -115,6 +115,23 @@ def test_trace_hook_replays_a_given_routing():
     assert g.moe_layers == 24
 
 
+def test_a_routing_trace_is_replayed(tmp_path):
+    from specter_lab.routing_trace import RoutedSequence, RoutingTrace
+
+    rng = np.random.default_rng(1)
+    routes = lambda n: np.stack([np.stack([rng.permutation(32)[:4] for _ in range(24)]) for _ in range(n)])
+    seqs = [RoutedSequence(prompt=np.arange(20), tokens=np.arange(100), prefill=routes(20), decode=routes(99))
+            for _ in range(2)]
+    trace = RoutingTrace(config=json.loads((GPT_OSS / "config.json").read_text()), sequences=seqs,
+                         source="test: uniform routing")
+    e = estimate(GPT_OSS, gpu="rtx2080", vram="8GiB", trace=trace)
+    assert "recorded routing trace (test: uniform routing, 200 tokens)" in e.routing_label
+    # uniform routing has no locality: an LRU of 17 of 32 experts hits about 17/32 (the synthetic curve is higher)
+    assert e.row("lru").hit_rate == pytest.approx(17 / 32, abs=0.06)
+    assert estimate(GPT_OSS, gpu="rtx2080", vram="8GiB", trace=trace.save(tmp_path / "t.npz")).row(
+        "lru").hit_rate == pytest.approx(e.row("lru").hit_rate)
+
+
 @pytest.mark.parametrize("key,shape", [("qwen3_moe", (128, 8)), ("deepseek_v2", (64, 6))])
 def test_synthetic_routing_reproduces_the_published_lru_curve(key, shape):
     loc = LOCALITY[key]

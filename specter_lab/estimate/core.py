@@ -13,6 +13,7 @@ when one is given (``trace=``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -21,6 +22,7 @@ from ..model.geometry import ModelGeometry, geometry_from_config
 from ..offload.precision import WeightPrecision
 from ..offload.profiles import CONSUMER_GPUS, PROFILES, HardwareProfile, get_host
 from ..offload.synthetic_routing import locality_for, synthetic_routing
+from ..routing_trace import RoutingTrace, load_trace
 from ..strategies import STRATEGIES
 from ..units import parse_bytes
 from . import replay
@@ -77,22 +79,26 @@ def _vram(vram, gpu: HardwareProfile) -> float:
 
 def routing_for(trace, geom: ModelGeometry, tokens: int = _TOKENS, seed: int = 0) -> tuple[np.ndarray, str]:
     """The routing an estimate replays, and its label. ``trace=None``: synthetic, matched to the family's
-    published locality. An array ``[tokens, moe_layers, top_k]`` of expert ids is replayed as given.
-
-    This is the hook for recorded traces: a ``RoutingTrace`` (recorded with an Engine, or imported from
-    llama.cpp's moe-trace CSV) becomes that array here."""
+    published locality. A :class:`~specter_lab.routing_trace.RoutingTrace` (or the path of its ``.npz``): each
+    sequence's prefill then decode routing, the sequences one after the other. An array ``[tokens, moe_layers,
+    top_k]`` of expert ids is replayed as given."""
     if trace is None:
         loc = locality_for(geom.model_type)
         return synthetic_routing(geom.moe_layers, geom.num_experts, geom.top_k, tokens, loc, seed), loc.label
-    routing = getattr(trace, "routing_array", None)
-    arr = np.asarray(routing() if callable(routing) else trace)
+    label = "recorded routing trace"
+    if isinstance(trace, (str, Path)):
+        trace = load_trace(trace)
+    if isinstance(trace, RoutingTrace):
+        label = f"recorded routing trace ({trace.source or trace.config.get('model_type', '?')}, {trace.tokens} tokens)"
+        trace = np.concatenate([np.concatenate([s.prefill, s.decode]) for s in trace.sequences])
+    arr = np.asarray(trace)
     want = (geom.moe_layers, geom.top_k)
     if arr.ndim != 3 or arr.shape[1:] != want or arr.shape[0] <= _WARMUP:
         raise ValueError(f"trace: expected expert ids shaped [tokens > {_WARMUP}, {want[0]} MoE layers, top-{want[1]}]"
                          f" for {geom.name}, got {tuple(arr.shape)}. Record it on this model, or pass trace=None.")
     if arr.min() < 0 or arr.max() >= geom.num_experts:
         raise ValueError(f"trace: expert ids must lie in [0, {geom.num_experts}) for {geom.name}.")
-    return arr.astype(np.int64), getattr(trace, "label", "recorded routing trace")
+    return arr.astype(np.int64), label
 
 
 @dataclass
