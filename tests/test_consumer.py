@@ -8,7 +8,7 @@ import pytest
 
 from specter_lab import bench
 from specter_lab.consumer import CONSUMER_ROWS, TOLERANCE, derive_host_efficiency
-from specter_lab.estimate import HOST_DECODE_EFFICIENCY
+from specter_lab.estimate.pricing import HOST_DECODE_EFFICIENCY, HOST_EFFICIENCY_RANGE
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +40,10 @@ def test_the_mmap_row_misses_and_says_why(table):
     assert "mmap" in row.note
 
 
-def test_host_efficiency_constant_is_the_fit():
+def test_host_efficiency_constant_is_the_fit(table):
     assert HOST_DECODE_EFFICIENCY == pytest.approx(derive_host_efficiency(), rel=0.01)
+    rows = table.row_host_efficiency.dropna()
+    assert HOST_EFFICIENCY_RANGE == pytest.approx((rows.min(), rows.max()), abs=0.002)
 
 
 def test_cli_bench_consumer(capsys):

@@ -61,7 +61,7 @@ def report(e) -> str:
     head = (f"Estimate for {g.name} ({g.model_type}: {g.total_params / 1e9:.1f}B params, {g.moe_layers} MoE layers x "
             f"{g.num_experts} experts, top-{g.top_k}, {g.active_params / 1e9:.2f}B read per token) at weights "
             f"{e.precision.label}, context {e.context}, on {e.machine.label}.")
-    cols = ["strategy", "tokens_per_s", "tpot_ms", "hit_rate", "copies_per_token", "host_experts_per_token",
+    cols = ["strategy", "tokens_per_s", "band_tok_s", "tpot_ms", "hit_rate", "copies_per_token", "host_experts_per_token",
             "device_ms", "link_ms", "host_ms", "placement", "runs_as"]
     table = e.table[cols].to_string(index=False, float_format=lambda v: f"{v:.3g}")
     lines = [head, e.budget.describe() + ".", "", "Decode, modelled (fastest first):", table, "",

@@ -27,7 +27,7 @@ from ..strategies import STRATEGIES
 from ..units import parse_bytes
 from . import replay
 from .budget import RUNTIME_OVERHEAD, VramBudget, precision_for, vram_budget
-from .pricing import HOST_DECODE_EFFICIENCY, Machine, TokenTime, price_token
+from .pricing import HOST_DECODE_EFFICIENCY, HOST_EFFICIENCY_RANGE, Machine, TokenTime, price_token
 
 __all__ = ["estimate", "Estimate", "PLACEMENTS", "NOT_ESTIMATED", "get_gpu", "routing_for"]
 
@@ -165,8 +165,10 @@ def estimate(config, gpu: "str | HardwareProfile" = "rtx4090", vram=None, host=N
                                                                            eta_host, **extra).total_ms)
             params = {**params, "cpu_share": share}
         t = price_token(geom, prec, machine, counts, context, eta_host, **extra)
+        band = [price_token(geom, prec, machine, counts, context, e, **extra).tokens_per_s
+                for e in HOST_EFFICIENCY_RANGE]
         placements[name] = params
-        rows.append(_row(name, t, counts, params))
+        rows.append(_row(name, t, counts, params, band))
     table = pd.DataFrame(rows).sort_values("tpot_ms", kind="stable").reset_index(drop=True)
     return Estimate(geom, machine, prec, context, budget, table, label,
                     _assumptions(machine, prec, label, overhead, eta_host), placements)
@@ -195,9 +197,10 @@ def _placements(geom: ModelGeometry, budget: VramBudget, routing: np.ndarray):
     yield "on_demand", replay.on_demand(L, k), {}, {}
 
 
-def _row(name: str, t: TokenTime, counts: replay.Counts, params: dict) -> dict:
+def _row(name: str, t: TokenTime, counts: replay.Counts, params: dict, band: list[float]) -> dict:
     what, engine = PLACEMENTS[name]
-    return {"strategy": name, "tpot_ms": t.total_ms, "tokens_per_s": t.tokens_per_s, "hit_rate": counts.hit_rate,
+    return {"strategy": name, "tpot_ms": t.total_ms, "tokens_per_s": t.tokens_per_s,
+            "band_tok_s": f"{band[0]:.3g}-{band[1]:.3g}", "hit_rate": counts.hit_rate,
             "copies_per_token": counts.copies_per_token, "host_experts_per_token": counts.host_per_token,
             "device_ms": t.device_ms, "link_ms": t.link_ms, "host_ms": t.host_ms, "trips_ms": t.trips_ms,
             "placement": _placement_text(name, params, what), "runs_as": engine,
@@ -230,7 +233,8 @@ def _assumptions(m: Machine, prec: WeightPrecision, label: str, overhead: float,
         f"{prec.dense.gpu_efficiency}: {prec.experts.source}); link {m.gpu.pcie_bandwidth / 1e9:.1f} GB/s; "
         f"{m.gpu.kernel_time * 1e6:.1f} us per kernel, kernels counted on a tiny sibling of the family",
         f"{host}; the host reaches {eta:.2f} of it in a batch-1 expert matvec (fitted to the consumer rows, "
-        "sl.bench.consumer_anchors())",
+        f"sl.bench.consumer_anchors(); band_tok_s: at {HOST_EFFICIENCY_RANGE[0]} and {HOST_EFFICIENCY_RANGE[1]}, the "
+        "lowest and highest a single row reproduces)",
         f"weights {prec.label}: experts {prec.experts.bits} bits/weight, dense {prec.dense.bits}; embeddings on "
         "the host; KV cache at 2 bytes/value, read at the full stated context (the speed once the context is full)",
         f"runtime overhead {overhead / 2**30:.2f} GiB of VRAM (CUDA context + compute buffers)",

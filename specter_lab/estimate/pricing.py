@@ -30,9 +30,11 @@ from ..offload.precision import FORMATS, WeightFormat, WeightPrecision
 from ..offload.profiles import HardwareProfile, HostCPU
 from .replay import Counts
 
-__all__ = ["Machine", "TokenTime", "price_token", "HOST_DECODE_EFFICIENCY"]
+__all__ = ["Machine", "TokenTime", "price_token", "HOST_DECODE_EFFICIENCY", "HOST_EFFICIENCY_RANGE"]
 
 HOST_DECODE_EFFICIENCY = 0.575  # fitted: consumer.derive_host_efficiency() (tests/test_consumer.py checks it)
+# The lowest and highest value a single consumer row reproduces exactly: an estimate's band (tests check it too).
+HOST_EFFICIENCY_RANGE = (0.469, 0.677)
 
 
 @dataclass(frozen=True)
