@@ -57,8 +57,8 @@ def test_qwen3_on_an_8gb_card_splits_and_emits_the_layers():
         assert f"--n-cpu-moe {split['n_cpu_moe']}" in cmd
         listed = re.search(r'blk\\\.\(([0-9|]+)\)', cmd).group(1).split("|")
         assert listed == [str(i) for i in range(split["n_cpu_moe"])]
-    else:
-        assert "--moe-cache-mib" in cmd
+    else:  # the cache pays: its flags, and the split for a llama.cpp without the cache
+        assert "--moe-cache-mib" in cmd and f"--n-cpu-moe {split['n_cpu_moe']}" in cmd
     assert "sl.Engine(model, tok, strategy=" in e.engine_call()
     text = str(e)
     assert "Placement it implies" in text and "modelled, not measured" in text

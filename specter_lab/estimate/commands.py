@@ -36,8 +36,14 @@ def llama_cpp_command(e, model_path: str = "model.gguf") -> str:  # e: an estima
     if best == "global_lru":
         mib = int(e.budget.experts // MiB)
         share = e.placements["global_lru"]["cpu_share"]
-        return " ".join(parts) + f" --n-cpu-moe {L} --moe-cache-mib {mib}" + (
+        cached = " ".join(parts) + f" --n-cpu-moe {L} --moe-cache-mib {mib}" + (
             f" --moe-cache-cpu-share {share:g}" if share else "")
+        split = e.placements.get("static_split")
+        if split is None:
+            return cached
+        tps = e.row("static_split").tokens_per_s
+        return (f"{cached}\n# without the expert cache (llama.cpp before b12191), the split at {tps:.3g} tok/s: "
+                f"{' '.join(parts)} --n-cpu-moe {split['n_cpu_moe']}")
     return " ".join(parts)
 
 
