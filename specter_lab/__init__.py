@@ -16,12 +16,14 @@ from .bench import compare, summarize
 from .bound import BoundResult, bound
 from .drafts import DRAFT_VARIANTS, DraftSpec
 from .engine import Engine, GenerationResult
+from .estimate import Estimate, estimate
 from .errors import BudgetTooSmall, CopyFault, NotExact
 from .fidelity import fidelity
 from .model import inspect_model, load_model, tiny_random_model
 from .offload.calibrate import calibrate
 from .offload.hostcal import calibrate_host
-from .offload.profiles import PROFILES, HardwareProfile
+from .offload.precision import FORMATS, WeightPrecision
+from .offload.profiles import HOSTS, PROFILES, HardwareProfile, HostCPU
 from .offload.shapes import COST_SHAPES, CostShape
 from .planner import Plan, plan, regime_map
 from .prompts import heldout_prompts
@@ -38,7 +40,7 @@ __all__ = [
     "COST_SHAPES", "CostShape", "calibrate", "calibrate_host", "QuantSpec", "DraftSpec", "DRAFT_VARIANTS", "STRATEGIES", "Strategy",
     "compare", "summarize", "fidelity", "plan", "Plan", "regime_map", "heldout_prompts", "BudgetTooSmall",
     "CopyFault", "NotExact", "viz", "record", "replay", "RoutingTrace", "load_trace", "TraceError", "bound",
-    "BoundResult",
+    "BoundResult", "estimate", "Estimate", "HOSTS", "HostCPU", "FORMATS", "WeightPrecision",
 ]
 
 

@@ -22,6 +22,7 @@ from .fidelity import fidelity
 from .offload.clock import make_clock
 from .offload.shapes import get_cost_shape
 from .prompts import heldout_prompts
+from .consumer import consumer_anchors
 from .published import published
 from .quant import QuantSpec
 from .routing_trace import RoutingTrace
@@ -30,7 +31,7 @@ from .strategies import BASELINES, STRATEGIES, get_strategy
 from .units import parse_budget
 
 __all__ = ["compare", "fidelity", "summarize", "heldout_prompts", "ablations", "k_sweep", "cpu_overhead",
-           "BASELINES", "COMPARE_COLUMNS", "ABLATIONS", "published"]
+           "BASELINES", "COMPARE_COLUMNS", "ABLATIONS", "published", "consumer_anchors"]
 
 COMPARE_COLUMNS = ["strategy", "hardware", "prompt", "expert_budget", "tpot_ms", "acceptance_rate", "recall",
                    "precision", "hit_rate", "h2d_bytes_per_token", "stall_ms_per_token", "mean_accepted",
