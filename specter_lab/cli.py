@@ -264,9 +264,10 @@ def _print_bench(out, df, summ, a, n_prompts, new_tokens) -> None:
     print(f"specter-lab bench · {what} · {out['note']} · draft {out['draft']} · "
           f"{n_prompts} {'recorded' if a.trace else 'held-out'} prompts × {new_tokens}")
     mean = df.groupby(["hardware", "expert_budget", "strategy"], sort=False)[
-        ["tpot_ms", "hit_rate", "acceptance_rate", "recall", "stall_ms_per_token", "h2d_bytes_per_token",
-         "slots_per_layer"]].mean().reset_index()
-    print("\nMean over prompts (TPOT in ms, simulated):")
+        ["tpot_ms", "x_of_bound", "hit_rate", "acceptance_rate", "recall", "stall_ms_per_token",
+         "h2d_bytes_per_token", "slots_per_layer"]].mean().reset_index()
+    print("\nMean over prompts (TPOT in ms, simulated; x_of_bound = the autoregressive bound's TPOT / this TPOT: "
+          "1.0 is the best any non-speculative schedule can do at this memory, speculation may exceed it):")
     print(_fmt(mean))
     if "wall_s" in df:
         speed = df.groupby("strategy", sort=False).apply(lambda g: g.new_tokens.sum() / g.wall_s.sum(),
