@@ -93,6 +93,12 @@ class GenerationResult:
             f.write(report_html(self, self.tokenizer))
         return path
 
+    def to_perfetto(self, path: str) -> str:
+        """Write this run's timeline as Chrome trace-event JSON (open it in ui.perfetto.dev). Returns the path."""
+        from .perfetto import write_perfetto
+
+        return write_perfetto(self, path)
+
     def __repr__(self) -> str:
         m = self.metrics
         return (f"GenerationResult(strategy={self.strategy!r}, new_tokens={len(self.token_ids)}, "

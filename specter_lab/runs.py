@@ -12,6 +12,7 @@ budget), not an exception that ends a table; any other error is a bug and propag
 
 from __future__ import annotations
 
+import time
 import warnings
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ class PromptRuns:
     """The metrics of one engine's generations, one dict per prompt (``metrics[i]`` for ``prompts[i]``)."""
 
     metrics: list[dict[str, Any]] = field(default_factory=list)
+    seconds: float = float("nan")  # wall time of all the runs (this machine's, not the simulated clock's)
 
     def mean(self, key: str) -> float:
         """Mean over prompts, NaN-aware (acceptance is NaN without speculation: it stays NaN, quietly)."""
@@ -113,7 +115,12 @@ class LiveSource:
 
     def run(self, cell: Cell) -> "PromptRuns | DoesNotFit":
         eng = self.engine(cell)
-        return eng if isinstance(eng, DoesNotFit) else run_prompts(eng, self.prompts, self.max_new_tokens)
+        if isinstance(eng, DoesNotFit):
+            return eng
+        t0 = time.perf_counter()
+        runs = run_prompts(eng, self.prompts, self.max_new_tokens)
+        runs.seconds = time.perf_counter() - t0
+        return runs
 
 
 @dataclass
@@ -135,11 +142,12 @@ class TraceSource:
         return try_engine(skeleton(self.trace.config), self.tokenizer, cell.strategy, **cell.kwargs)
 
     def run(self, cell: Cell) -> "PromptRuns | DoesNotFit":
+        t0 = time.perf_counter()
         try:
             results = replay(self.trace, cell.strategy, tokenizer=self.tokenizer, **cell.kwargs)
         except BudgetTooSmall as e:
             return DoesNotFit(str(e), e.minimum_bytes, e.minimum_fraction)
-        return PromptRuns([r.metrics for r in results])
+        return PromptRuns([r.metrics for r in results], time.perf_counter() - t0)
 
 
 def as_source(model, tokenizer, prompts, max_new_tokens: int, trace: RoutingTrace | None) -> "LiveSource | TraceSource":
