@@ -63,6 +63,13 @@ class PlanLike(Protocol):
 _AUTO_PLANNER: list[Callable[..., PlanLike]] = []
 
 
+def auto_planner() -> Callable[..., PlanLike]:
+    """The planner ``strategy="auto"`` runs (``sl.plan`` once :mod:`specter_lab.planner` is imported)."""
+    if not _AUTO_PLANNER:
+        raise RuntimeError("strategy='auto' needs a planner: import specter_lab.planner first.")
+    return _AUTO_PLANNER[0]
+
+
 def register_auto_planner(fn: Callable[..., PlanLike]) -> None:
     """Make ``fn(model, tokenizer, hardware, expert_budget, cost_shape=, progress=, draft=, k=)`` the planner
     that ``strategy="auto"`` runs."""
@@ -253,10 +260,8 @@ class Engine:
         if isinstance(expert_budget, str):
             parse_budget(expert_budget)  # a malformed size, not "too small for every candidate"
         if strategy == "auto":
-            if not _AUTO_PLANNER:
-                raise RuntimeError("strategy='auto' needs a planner: import specter_lab.planner first.")
             # The caller's draft / k pin the speculative candidates instead of being overridden afterwards.
-            strategy = _AUTO_PLANNER[0](model, tokenizer, hardware, 0.5 if expert_budget is None else expert_budget,
+            strategy = auto_planner()(model, tokenizer, hardware, 0.5 if expert_budget is None else expert_budget,
                                         cost_shape=cost_shape, progress=False, draft=draft, k=k)
         self.plan = strategy
         chosen = strategy.engine_kwargs()
