@@ -21,7 +21,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
-from .engine import Engine
+from .engine import Engine, auto_planner
 from .errors import BudgetTooSmall
 from .replay import replay, skeleton
 from .routing_trace import RoutingTrace
@@ -139,15 +139,27 @@ class TraceSource:
         return [s.prompt.tolist() for s in self.trace.sequences]
 
     def engine(self, cell: Cell) -> "Engine | DoesNotFit":
-        return try_engine(skeleton(self.trace.config), self.tokenizer, cell.strategy, **cell.kwargs)
+        strategy, kw = self._resolved(cell)
+        return try_engine(skeleton(self.trace.config), self.tokenizer, strategy, **kw)
 
     def run(self, cell: Cell) -> "PromptRuns | DoesNotFit":
         t0 = time.perf_counter()
         try:
-            results = replay(self.trace, cell.strategy, tokenizer=self.tokenizer, **cell.kwargs)
+            strategy, kw = self._resolved(cell)
+            results = replay(self.trace, strategy, tokenizer=self.tokenizer, **kw)
         except BudgetTooSmall as e:
             return DoesNotFit(str(e), e.minimum_bytes, e.minimum_fraction)
         return PromptRuns([r.metrics for r in results], time.perf_counter() - t0)
+
+    def _resolved(self, cell: Cell) -> tuple[Any, dict[str, Any]]:
+        """``auto`` plans on this trace (a live plan would run the model, which a trace source does not have)."""
+        kw = cell.kwargs
+        if cell.strategy != "auto":
+            return cell.strategy, kw
+        plan = auto_planner()(None, self.tokenizer, kw.get("hardware"), kw.get("expert_budget", 0.5),
+                              cost_shape=kw.get("cost_shape"), progress=False, draft=kw.get("draft"), k=kw.get("k"),
+                              trace=self.trace)
+        return plan, {k: v for k, v in kw.items() if k not in ("draft", "k")}
 
 
 def as_source(model, tokenizer, prompts, max_new_tokens: int, trace: RoutingTrace | None) -> "LiveSource | TraceSource":
