@@ -64,6 +64,12 @@ def computes_on_host(st: Strategy) -> bool:
     return st.miss != "copy" or st.static or bool(st.cpu_share)
 
 
+def uses_gate_predictions(st: Strategy) -> bool:
+    """Gate lookahead: prefetches with the next layer's router applied to this layer's state (recorded by
+    ``sl.record``; an imported trace has none)."""
+    return st.prefetch == "gate"
+
+
 def looks_at_the_target(st: Strategy) -> bool:
     """The oracle: an off-clock forward of the target per window (a real forward on a measured clock)."""
     return st.prefetch == "oracle"

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
+from .assembly import uses_gate_predictions
 from .drafts import DraftSpec, as_draft_spec
 from .engine import register_auto_planner
 from .model import inspect_model
@@ -93,7 +94,7 @@ def default_candidates(num_experts: int, draft=None, k: "int | str | None" = Non
 def _replayable(cand, trace: RoutingTrace) -> bool:
     """Can ``trace`` replay this candidate? (Its own quantized draft, K up to its chains; speculation needs chains.)"""
     _, strategy, opts = cand
-    if get_strategy(strategy).prefetch == "gate":
+    if uses_gate_predictions(get_strategy(strategy)):
         return "imported" not in trace.meta  # an imported trace holds no gate-lookahead predictions
     if not get_strategy(strategy).speculative:
         return True

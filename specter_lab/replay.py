@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
+from .assembly import uses_gate_predictions
 from .decode import Decoder
 from .engine import Engine, GenerationResult
 from .offload.schedule import ForwardInfo, counts_of, rank_prediction
@@ -243,7 +244,7 @@ def _check_replayable(eng: Engine, trace: RoutingTrace) -> None:
         raise TraceError(f"trace has {trace.num_layers} MoE layers, its config's model {eng.info.num_layers}: "
                          "the config is of another model.")
     trace.validate([l.num_experts for l in eng.info.layers])
-    if st.prefetch == "gate" and "imported" in trace.meta:
+    if uses_gate_predictions(st) and "imported" in trace.meta:
         raise ValueError(f"strategy={st.name!r} prefetches with the next layer's router, whose predictions an "
                          "imported trace does not hold: replay another strategy, or record the model with "
                          "sl.record (it keeps them).")
