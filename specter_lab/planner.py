@@ -29,7 +29,7 @@ from .prompts import calibration_prompts
 from .quant import QuantSpec
 from .replay import skeleton
 from .routing_trace import RoutingTrace
-from .runs import Cell, DoesNotFit, PromptRuns, as_source, run_cells
+from .runs import SKIPPED, Cell, PromptRuns, as_source, run_cells
 from .strategies import BASELINES, get_strategy
 
 __all__ = ["Plan", "plan", "default_candidates", "regime_map"]
@@ -145,7 +145,7 @@ def plan(model, tokenizer, hardware="rtx4090-pcie4", expert_budget=0.5, prompts:
              for _, strategy, opts in candidates]
     results = run_cells(source, cells, executor, progress, "plan")
     for (label, strategy, opts), runs in zip(candidates, results):
-        if isinstance(runs, DoesNotFit):  # e.g. the budget cannot hold this draft: not a candidate here
+        if isinstance(runs, SKIPPED):  # e.g. the budget cannot hold this draft: not a candidate here
             rows.append({"candidate": label, "feasible": False, "why": runs.label})
             continue
         rows.append(_row(label, strategy, opts, runs))
@@ -220,7 +220,7 @@ def regime_map(model, tokenizer, prompts, budgets=(0.25, 0.35, 0.5, 0.75, 1.0),
 
 
 def _mean_tpot(runs) -> float:
-    return np.nan if isinstance(runs, DoesNotFit) else runs.mean("tpot_ms")
+    return np.nan if isinstance(runs, SKIPPED) else runs.mean("tpot_ms")
 
 
 register_auto_planner(plan)
