@@ -13,14 +13,19 @@ ipywidgets.
 
 from . import planner  # registers sl.plan as the planner behind strategy="auto"
 from .bench import compare, summarize
+from .bound import BoundResult, bound
 from .drafts import DRAFT_VARIANTS, DraftSpec
 from .engine import Engine, GenerationResult
+from .estimate import Estimate, estimate
 from .errors import BudgetTooSmall, CopyFault, NotExact
 from .fidelity import fidelity
+from .import_routing import import_routing
+from .locality import less_local, lru_hit_curve
 from .model import inspect_model, load_model, tiny_random_model
 from .offload.calibrate import calibrate
 from .offload.hostcal import calibrate_host
-from .offload.profiles import PROFILES, HardwareProfile
+from .offload.precision import FORMATS, WeightPrecision
+from .offload.profiles import HOSTS, PROFILES, HardwareProfile, HostCPU
 from .offload.shapes import COST_SHAPES, CostShape
 from .planner import Plan, plan, regime_map
 from .prompts import heldout_prompts
@@ -36,7 +41,9 @@ __all__ = [
     "Engine", "GenerationResult", "load_model", "inspect_model", "tiny_random_model", "HardwareProfile", "PROFILES",
     "COST_SHAPES", "CostShape", "calibrate", "calibrate_host", "QuantSpec", "DraftSpec", "DRAFT_VARIANTS", "STRATEGIES", "Strategy",
     "compare", "summarize", "fidelity", "plan", "Plan", "regime_map", "heldout_prompts", "BudgetTooSmall",
-    "CopyFault", "NotExact", "viz", "record", "replay", "RoutingTrace", "load_trace", "TraceError",
+    "CopyFault", "NotExact", "viz", "record", "replay", "RoutingTrace", "load_trace", "TraceError", "bound",
+    "BoundResult", "estimate", "Estimate", "HOSTS", "HostCPU", "FORMATS", "WeightPrecision",
+    "import_routing", "lru_hit_curve", "less_local",
 ]
 
 

@@ -22,21 +22,25 @@ from .fidelity import fidelity
 from .offload.clock import make_clock
 from .offload.shapes import get_cost_shape
 from .prompts import heldout_prompts
+from .consumer import consumer_anchors
 from .published import published
 from .quant import QuantSpec
+from .bound import trace_bound, x_of_bound
+from .errors import BudgetTooSmall
+from .record import record
 from .routing_trace import RoutingTrace
-from .runs import Cell, DoesNotFit, as_source, run_cells, run_prompts, try_engine
+from .runs import SKIPPED, Cell, DoesNotFit, as_source, run_cells, run_prompts, try_engine
 from .strategies import BASELINES, STRATEGIES, get_strategy
 from .units import parse_budget
 
 __all__ = ["compare", "fidelity", "summarize", "heldout_prompts", "ablations", "k_sweep", "cpu_overhead",
-           "BASELINES", "COMPARE_COLUMNS", "ABLATIONS", "published"]
+           "BASELINES", "COMPARE_COLUMNS", "ABLATIONS", "published", "consumer_anchors"]
 
 COMPARE_COLUMNS = ["strategy", "hardware", "prompt", "expert_budget", "tpot_ms", "acceptance_rate", "recall",
                    "precision", "hit_rate", "h2d_bytes_per_token", "stall_ms_per_token", "mean_accepted",
                    "slots_per_layer", "draft_bytes", "device_bytes", "budget_bytes", "new_tokens", "clock",
                    "projected", "cost_shape", "execution", "projection", "host_experts_per_token", "plan", "fits",
-                   "routing"]
+                   "routing", "bound_tpot_ms", "x_of_bound", "wall_s"]
 
 
 def _as_list(x) -> list:
@@ -79,21 +83,45 @@ def compare(model, tokenizer, strategies: Sequence[str] | None = None, prompts: 
     if all(isinstance(e, DoesNotFit) for e in engines.values()):
         raise ValueError(f"expert_budget={expert_budget!r} is too small for every strategy asked for: "
                          f"{next(iter(engines.values())).reason}")
-    todo = [key for key, e in engines.items() if not isinstance(e, DoesNotFit)]
+    todo = [key for key, e in engines.items() if not isinstance(e, SKIPPED)]
     runs = dict(zip(todo, run_cells(source, [cells[key] for key in todo], executor, progress, "compare")))
+    bounds = _bounds(source, hws, budgets, cost_shape)
     rows = []
     for (s, h, b), engine in engines.items():
-        if isinstance(engine, DoesNotFit):
+        if isinstance(engine, SKIPPED):
             rows.append({"strategy": s, "hardware": h, "expert_budget": b, "tpot_ms": float("nan"),
                          "fits": engine.label, "routing": source.label})
             continue
         for i, m in enumerate(runs[(s, h, b)].metrics):
+            bound_ms = bounds[(h, b)][i] if (h, b) in bounds else float("nan")
             rows.append({**{c: m.get(c) for c in COMPARE_COLUMNS if c in m},
+                         "bound_tpot_ms": bound_ms, "x_of_bound": x_of_bound(bound_ms, m.get("tpot_ms")),
                          "strategy": s, "hardware": h, "prompt": i, "expert_budget": b,
                          "execution": "measured" if engine.clocks.measured else engine.profile.execution,
-                         "projection": engine.cost.projection_label, "fits": "yes", "routing": source.label})
+                         "projection": engine.cost.projection_label, "fits": "yes", "routing": source.label,
+                         "wall_s": runs[(s, h, b)].seconds / len(runs[(s, h, b)].metrics)})
     df = pd.DataFrame(rows)
     return df[[c for c in COMPARE_COLUMNS if c in df.columns]]
+
+
+def _bounds(source, hws, budgets, cost_shape) -> dict:
+    """The autoregressive bound (:mod:`specter_lab.bound`) of every prompt at each simulated profile × budget, from
+    the trace, or from the prompts' greedy routing recorded here (no chains: one generation per prompt)."""
+    trace = getattr(source, "trace", None)
+    if trace is None:
+        trace = record(source.model, source.tokenizer, source.prompts, max_new_tokens=source.max_new_tokens,
+                       k_max=0, progress=False)
+    out = {}
+    for h in hws:
+        for b in budgets:
+            if h == "cuda":
+                continue  # a measured run has no priced bound
+            try:
+                out[(h, b)] = [r.tpot_ms for r in trace_bound(trace, "lru", expert_budget=b, hardware=h,
+                                                              cost_shape=cost_shape)]
+            except BudgetTooSmall:
+                continue
+    return out
 
 
 def summarize(df: pd.DataFrame, target: str = "specter", baselines: Iterable[str] = BASELINES) -> pd.DataFrame:

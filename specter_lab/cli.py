@@ -1,4 +1,4 @@
-"""Command line: ``specter-lab run | bench | calibrate``. Same names as the Python API."""
+"""Command line: ``specter-lab run | bench | calibrate | estimate``. Same names as the Python API."""
 
 from __future__ import annotations
 
@@ -53,6 +53,9 @@ def cmd_run(a) -> int:
         print(json.dumps({"text": r.text, "token_ids": r.token_ids, "metrics": _jsonable(r.metrics)}, indent=2))
         return 0
     _print_run(a, r)
+    if a.perfetto:
+        r.to_perfetto(a.perfetto)
+        print(f"timeline written to {a.perfetto} (open it in ui.perfetto.dev)")
     if a.html:
         r.to_html(a.html)
         print(f"report written to {a.html}")
@@ -109,6 +112,8 @@ def cmd_bench(a) -> int:
 
     if a.published:
         return _bench_published(a)
+    if a.consumer:
+        return _bench_consumer(a)
     from .model import load_model
     from .prompts import heldout_prompts
     from .quant import QuantSpec
@@ -201,6 +206,27 @@ def _bench_published(a) -> int:
     return 0
 
 
+def _bench_consumer(a) -> int:
+    """``bench --consumer``: published offloaded decode on consumer machines against the estimator."""
+    from .bench import consumer_anchors
+    from .estimate import HOST_DECODE_EFFICIENCY
+
+    df = consumer_anchors()
+    if a.json:
+        print(json.dumps({"consumer": df.to_dict(orient="records")}, indent=1, default=str))
+        return 0
+    print("Published offloaded decode on consumer machines (llama.cpp, ktransformers) vs the estimator (modelled: "
+          "sl.estimate's pricing of the row's placement from the model's config, weights format, GPU profile and "
+          f"host CPU; host efficiency {HOST_DECODE_EFFICIENCY} fitted to the 'host fit' rows).")
+    cols = ["model", "machine", "engine", "strategy", "placement", "published_tok_s", "simulated_tok_s", "ratio",
+            "loo_ratio", "row_host_efficiency", "role"]
+    print(_fmt(df[cols]))
+    print("\nNotes:")
+    for _, r in df.iterrows():
+        print(f" * {r.model}, {r.engine}: {r.note} [{r.source}]")
+    return 0
+
+
 def _bench_extras(a, model, tok, prompts, hardware, budgets, cost_shape, spec) -> dict[str, Any]:
     """The optional tables: ablations + K sweep, CPU overhead, the regime map."""
     from . import bench
@@ -238,10 +264,17 @@ def _print_bench(out, df, summ, a, n_prompts, new_tokens) -> None:
     print(f"specter-lab bench · {what} · {out['note']} · draft {out['draft']} · "
           f"{n_prompts} {'recorded' if a.trace else 'held-out'} prompts × {new_tokens}")
     mean = df.groupby(["hardware", "expert_budget", "strategy"], sort=False)[
-        ["tpot_ms", "hit_rate", "acceptance_rate", "recall", "stall_ms_per_token", "h2d_bytes_per_token",
-         "slots_per_layer"]].mean().reset_index()
-    print("\nMean over prompts (TPOT in ms, simulated):")
+        ["tpot_ms", "x_of_bound", "hit_rate", "acceptance_rate", "recall", "stall_ms_per_token",
+         "h2d_bytes_per_token", "slots_per_layer"]].mean().reset_index()
+    print("\nMean over prompts (TPOT in ms, simulated; x_of_bound = the autoregressive bound's TPOT / this TPOT: "
+          "1.0 is the best any non-speculative schedule can do at this memory, speculation may exceed it):")
     print(_fmt(mean))
+    if "wall_s" in df:
+        speed = df.groupby("strategy", sort=False).apply(lambda g: g.new_tokens.sum() / g.wall_s.sum(),
+                                                          include_groups=False)
+        how = "replayed" if a.trace else "generated (live, simulated clock)"
+        print(f"\nTokens {how} per second of this machine's wall time, per strategy (all cells):")
+        print("  " + ", ".join(f"{s} {v:,.0f}" for s, v in speed.items()))
     print("\nSpeedup of specter over the strongest baseline, and specter / oracle:")
     print(_fmt(summ[[c for c in summ.columns if not c.startswith("tpot_")]]))
     for key, title in (("ablations", "Ablations (specter, lowest budget, first profile)"),
@@ -300,6 +333,22 @@ def cmd_calibrate(a) -> int:
     return 0
 
 
+# ----------------------------------------------------------------------------------------- estimate
+def cmd_estimate(a) -> int:
+    from .estimate import estimate
+
+    e = estimate(a.config, gpu=a.gpu, vram=a.vram, host=a.host, weights=a.weights, context=a.context)
+    if a.json:
+        out = {"model": e.model.name, "machine": e.machine.label, "weights": e.precision.label, "context": e.context,
+               "budget": e.budget.describe(), "best": e.best, "table": e.table.to_dict(orient="records"),
+               "llama_cpp": e.llama_cpp(a.gguf), "engine_call": e.engine_call(), "routing": e.routing_label,
+               "assumptions": e.assumptions}
+        print(json.dumps(out, indent=1, default=lambda v: v.item() if hasattr(v, "item") else str(v)))
+        return 0
+    print(str(e).replace("model.gguf", a.gguf))
+    return 0
+
+
 # ----------------------------------------------------------------------------------------- parser
 def _parser() -> argparse.ArgumentParser:
     from .offload.profiles import PROFILES
@@ -320,6 +369,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--json", action="store_true")
     r.add_argument("--html", default=None, help="also write a standalone report of the run")
+    r.add_argument("--perfetto", default=None, metavar="FILE",
+                   help="also write the run's timeline as Chrome trace-event JSON (ui.perfetto.dev opens it)")
     r.set_defaults(fn=cmd_run)
     b = sub.add_parser("bench", help="every strategy, equal memory, named hardware: the comparison table")
     _add_common(b)
@@ -330,6 +381,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="comma-separated execution modes (eager,compiled): every profile in each")
     b.add_argument("--published", action="store_true",
                    help="only the published batch-1 table vs the simulator (sl.bench.published())")
+    b.add_argument("--consumer", action="store_true",
+                   help="only the published consumer-machine offloaded rows vs the estimator "
+                        "(sl.bench.consumer_anchors())")
     b.add_argument("--budgets", default=None,
                    help="comma-separated budgets, each a fraction, bytes or '2GiB' (default 0.5,0.35)")
     b.add_argument("--prompts", type=int, default=4, help="how many held-out prompts")
@@ -366,6 +420,22 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--hidden", type=int, default=2048, help="--host: expert hidden size (DeepSeek-V2-Lite's)")
     c.add_argument("--intermediate", type=int, default=1408, help="--host: expert intermediate size")
     c.set_defaults(fn=cmd_calibrate)
+    e = sub.add_parser("estimate", help="decode speed per strategy on a machine you describe, from a config.json "
+                       "alone (before any download), with the llama.cpp command")
+    e.add_argument("--config", required=True,
+                   help="a Hugging Face config.json (or its folder), or a bundled name (qwen3-30b-a3b, gpt-oss-20b, "
+                        "deepseek-v2-lite)")
+    e.add_argument("--gpu", default="rtx4090",
+                   help="gtx1060, rtx2080, rtx3090, rtx4090, rtx5090, ... or a profile name")
+    e.add_argument("--vram", default=None, help="usable VRAM, e.g. 24GB or 8GiB (default: the card's)")
+    e.add_argument("--host", default=None, help="host CPU: i5-7600k, i9-10900x, epyc-9355 (default: the GPU profile's)")
+    e.add_argument("--weights", default=None,
+                   help="bf16, int8, q8_0, q6_k, q5_k_m, q4_k_m, q4_0, q3_k_m, q2_k, mxfp4, or '<experts>+<dense>' "
+                        "(default: the checkpoint's format)")
+    e.add_argument("--context", type=int, default=4096, help="tokens the KV cache holds (default 4096)")
+    e.add_argument("--gguf", default="model.gguf", help="the GGUF path to put in the emitted llama.cpp command")
+    e.add_argument("--json", action="store_true")
+    e.set_defaults(fn=cmd_estimate)
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (default 1: the bundled model's ops are too small to share)")
     return parser

@@ -21,7 +21,7 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-from .assembly import RunParts, assemble
+from .assembly import RunParts, assemble, computes_on_host, looks_at_the_target, places_whole_layers
 from .budget import BudgetSplit, split_budget, split_slots, split_static
 from .decode import Decoder, Sampling, Speculation, StepInfo, StopGeneration, reference_greedy
 from .decode.exactness import family_speculation_check
@@ -63,6 +63,13 @@ class PlanLike(Protocol):
 _AUTO_PLANNER: list[Callable[..., PlanLike]] = []
 
 
+def auto_planner() -> Callable[..., PlanLike]:
+    """The planner ``strategy="auto"`` runs (``sl.plan`` once :mod:`specter_lab.planner` is imported)."""
+    if not _AUTO_PLANNER:
+        raise RuntimeError("strategy='auto' needs a planner: import specter_lab.planner first.")
+    return _AUTO_PLANNER[0]
+
+
 def register_auto_planner(fn: Callable[..., PlanLike]) -> None:
     """Make ``fn(model, tokenizer, hardware, expert_budget, cost_shape=, progress=, draft=, k=)`` the planner
     that ``strategy="auto"`` runs."""
@@ -92,6 +99,12 @@ class GenerationResult:
         with open(path, "w", encoding="utf-8") as f:
             f.write(report_html(self, self.tokenizer))
         return path
+
+    def to_perfetto(self, path: str) -> str:
+        """Write this run's timeline as Chrome trace-event JSON (open it in ui.perfetto.dev). Returns the path."""
+        from .perfetto import write_perfetto
+
+        return write_perfetto(self, path)
 
     def __repr__(self) -> str:
         m = self.metrics
@@ -199,7 +212,7 @@ class Engine:
                              "measures this one: drop cost_shape=, or use a simulated profile to project.")
         if self.clocks.measured:  # dense weights on the GPU, experts in pinned host memory (done here if not yet)
             ensure_offload_layout(model, self.info)
-            if self.strategy.prefetch == "oracle":
+            if looks_at_the_target(self.strategy):
                 warnings.warn(f"strategy={self.strategy.name!r} on hardware='cuda': its look at the target's true "
                               "routing is a real forward on the GPU; it is cut out of the timeline, but its "
                               "prefetches cannot be issued back in time as on the simulated clock, and copies "
@@ -247,10 +260,8 @@ class Engine:
         if isinstance(expert_budget, str):
             parse_budget(expert_budget)  # a malformed size, not "too small for every candidate"
         if strategy == "auto":
-            if not _AUTO_PLANNER:
-                raise RuntimeError("strategy='auto' needs a planner: import specter_lab.planner first.")
             # The caller's draft / k pin the speculative candidates instead of being overridden afterwards.
-            strategy = _AUTO_PLANNER[0](model, tokenizer, hardware, 0.5 if expert_budget is None else expert_budget,
+            strategy = auto_planner()(model, tokenizer, hardware, 0.5 if expert_budget is None else expert_budget,
                                         cost_shape=cost_shape, progress=False, draft=draft, k=k)
         self.plan = strategy
         chosen = strategy.engine_kwargs()
@@ -276,7 +287,7 @@ class Engine:
 
     def _resolve_budget(self, expert_budget, cache_slots) -> BudgetSplit:
         eb, draft, name = self.cost.expert_bytes, self.draft_bytes, self.strategy.name
-        if self.strategy.static:
+        if places_whole_layers(self.strategy):
             if cache_slots is not None:
                 raise ValueError(f"strategy={name!r} places whole layers, not slots: give expert_budget=, "
                                  "not cache_slots=.")
@@ -430,7 +441,7 @@ class Engine:
         """The host lane's weights when they differ from the store's host copies: copies in ``host_dtype``
         (extra host memory: ``metrics['host_copy_bytes']``), made once per engine from the model's experts."""
         st = self.strategy
-        if self.host_dtype is None or (st.miss == "copy" and not st.static and not st.cpu_share):
+        if self.host_dtype is None or not computes_on_host(st):
             return None  # no host execution: no copy
         if self._host_exec is None:
             self._host_exec = [{n: getattr(l.experts, n).detach().to("cpu", self.host_dtype) for n in l.param_names}
