@@ -31,8 +31,8 @@ __all__ = ["compare", "fidelity", "summarize", "heldout_prompts", "ablations", "
            "BASELINES", "COMPARE_COLUMNS", "ABLATIONS", "published"]
 
 COMPARE_COLUMNS = ["strategy", "hardware", "prompt", "expert_budget", "tpot_ms", "tpot_ms_artifact",
-                   "acceptance_rate", "recall", "precision", "hit_rate", "h2d_bytes_per_token", "stall_ms_per_token", "mean_accepted",
-                   "slots_per_layer", "draft_bytes", "device_bytes", "budget_bytes", "new_tokens", "clock",
+                   "acceptance_rate", "recall", "precision", "hit_rate", "h2d_bytes_per_token", "stall_ms_per_token",
+                   "mean_accepted", "slots_per_layer", "draft_bytes", "device_bytes", "budget_bytes", "new_tokens", "clock",
                    "projected", "cost_shape", "execution", "projection", "host_experts_per_token", "plan", "fits"]
 
 
