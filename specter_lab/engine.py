@@ -212,7 +212,8 @@ class Engine:
         # On the CUDA clock bytes are the real ones (the model's dtype); simulated runs price the deployment dtype.
         first = self.info.layers[0]
         wbytes = getattr(first.experts, first.param_names[0]).element_size() if self.use_cuda_clock else 2.0
-        self.cost: CostModel = build_cost_model(self.info, self.profile, self.cost_shape, weight_bytes=wbytes)
+        self.cost: CostModel = build_cost_model(self.info, self.profile, self.cost_shape, weight_bytes=wbytes,
+                                                implementation=self.strategy.dispatch)
         self.model = model
         self.tokenizer = tokenizer
         self._budget_given = cache_slots is None
@@ -388,7 +389,7 @@ class Engine:
         clock = self._clock()
         trace = Trace(meta=self._meta(clock), record_routing=self.record_routing, level=self.trace_level)
         store = ExpertStore(self.info, self.split.slots_per_layer, clock, self.cost, make_policy(st.eviction), trace,
-                            self.device, host=self._host)
+                            self.device, host=self._host, writeback=st.writeback)
         self._host = store.host
         if st.static:  # load time, before the prompt: the device layers get every expert once
             for layer, size in enumerate(self.split.slots_per_layer):
@@ -429,9 +430,10 @@ class Engine:
         return self._host_exec
 
     def _clock(self):
+        single = self.strategy.single_stream
         if self.use_cuda_clock:
-            return CudaClock(self.device, timing=self.trace_level == "full")
-        return SimClock(self.profile)
+            return CudaClock(self.device, timing=self.trace_level == "full", single_stream=single)
+        return SimClock(self.profile, single_stream=single)
 
     def _meta(self, clock) -> dict[str, Any]:
         st = self.strategy

@@ -78,7 +78,9 @@ def _cache(ce: pd.DataFrame, expert_bytes: int) -> dict[str, Any]:
 
 def _link(tr: pd.DataFrame, decode_tokens: int) -> dict[str, float]:
     trd = tr[tr.step >= 1]
-    return {"h2d_bytes_per_token": float(trd.bytes.sum()) / decode_tokens,
+    wb = trd.reason == "writeback"  # device→host (Mixtral-Offloading's swap), the rest host→device
+    return {"h2d_bytes_per_token": float(trd[~wb].bytes.sum()) / decode_tokens,
+            "d2h_bytes_per_token": float(trd[wb].bytes.sum()) / decode_tokens,
             "demand_bytes_per_token": float(trd[trd.reason == "demand"].bytes.sum()) / decode_tokens,
             "prefetch_bytes_per_token": float(trd[trd.reason == "prefetch"].bytes.sum()) / decode_tokens}
 

@@ -48,8 +48,11 @@ class SimClock:
 
     kind = "simulated"
 
-    def __init__(self, profile) -> None:
+    def __init__(self, profile, single_stream: bool = False) -> None:
         self.profile = profile
+        # single_stream: copies go on the compute stream (Mixtral-Offloading): a copy waits for the compute
+        # issued before it, and compute issued after it waits for the copy (no overlap at all)
+        self.single_stream = single_stream
         self.compute_t = 0.0
         self.copy_t = 0.0
         self.host_t = 0.0  # the host CPU's own timeline: experts computed there (host execution)
@@ -65,7 +68,11 @@ class SimClock:
              issue_at: Handle | None = None) -> Span:
         fn()
         start = max([self.copy_t, self.compute_t if issue_at is None else issue_at, *[a for a in after if a is not None]])
+        if self.single_stream:
+            start = max(start, self.compute_t)
         self.copy_t = start + duration
+        if self.single_stream:
+            self.compute_t = self.copy_t
         return Span(start, self.copy_t)
 
     def compute(self, duration: float, fn: Callable[[], Any] | None = None, after: Iterable[Handle] = ()) -> tuple[Span, Any]:
@@ -109,12 +116,14 @@ class CudaClock:
 
     kind = "cuda"
 
-    def __init__(self, device: torch.device | None = None, timing: bool = True) -> None:
+    def __init__(self, device: torch.device | None = None, timing: bool = True, single_stream: bool = False) -> None:
         if not torch.cuda.is_available():
             raise RuntimeError("CudaClock needs CUDA; use a simulated hardware profile on this machine.")
         self.device = device or torch.device("cuda")
         self.timing = timing
-        self.copy_stream = torch.cuda.Stream(device=self.device)
+        # single_stream: copies on the compute stream itself (Mixtral-Offloading), so nothing overlaps
+        self.copy_stream = (torch.cuda.current_stream(self.device) if single_stream
+                            else torch.cuda.Stream(device=self.device))
         self._pool = None  # one host worker thread, started on first host job (matmuls release the GIL)
         self.base = self._event()
         self.label = f"cuda:{torch.cuda.get_device_name(self.device)}"
