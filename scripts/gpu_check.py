@@ -227,7 +227,7 @@ def model_part(name, model, tok, ids, a, device, profile) -> dict[str, Any]:
 def copies(clock, mode: str):
     """``delayed``: every copy waits ~1 ms on the copy stream first (widens any race window); ``ordered``: copies
     run on the compute stream (nothing overlaps). A no-op on the simulated clock."""
-    if clock.kind != "cuda":
+    if not clock.measured:
         yield
         return
     if mode == "ordered":
@@ -246,21 +246,26 @@ def copies(clock, mode: str):
         clock.copy = orig
 
 
+class _CopiesIn:
+    """The engine's clock factory, with every clock it makes running its copies in ``mode`` (see :func:`copies`)."""
+
+    def __init__(self, factory, mode: str) -> None:
+        self.factory, self.mode = factory, mode
+        self.profile, self.measured = factory.profile, factory.measured
+
+    def make(self, *args, **kwargs):
+        clock = self.factory.make(*args, **kwargs)
+        copies(clock, self.mode).__enter__()  # lives for the run: the clock is used only by it
+        return clock
+
+
 def race_part(model, tok, ids, a, hardware) -> dict[str, Any]:
     import specter_lab as sl
 
     tokens = {}
     for mode in ("ordered", "delayed"):
         eng = sl.Engine(model, tok, "specter_plus", expert_budget=a.budget, hardware=hardware, shared_slots=True)
-        make = eng._clock
-
-        def clock_in_mode(make=make, mode=mode):
-            clock = make()
-            ctx = copies(clock, mode)
-            ctx.__enter__()  # lives for the run: the clock is used only by it
-            return clock
-
-        eng._clock = clock_in_mode
+        eng.clocks = _CopiesIn(eng.clocks, mode)
         tokens[mode] = eng.generate(ids, max_new_tokens=a.tokens).token_ids
     same = tokens["ordered"] == tokens["delayed"]
     if not same:

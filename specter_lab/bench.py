@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 
 from .engine import Engine
 from .fidelity import fidelity
-from .offload.profiles import get_profile
+from .offload.clock import make_clock
 from .offload.shapes import get_cost_shape
 from .prompts import heldout_prompts
 from .published import published
@@ -32,8 +32,8 @@ __all__ = ["compare", "fidelity", "summarize", "heldout_prompts", "ablations", "
 
 COMPARE_COLUMNS = ["strategy", "hardware", "prompt", "expert_budget", "tpot_ms", "tpot_ms_artifact",
                    "acceptance_rate", "recall", "precision", "hit_rate", "h2d_bytes_per_token", "stall_ms_per_token",
-                   "mean_accepted", "slots_per_layer", "draft_bytes", "device_bytes", "budget_bytes", "new_tokens", "clock",
-                   "projected", "cost_shape", "execution", "projection", "host_experts_per_token", "plan", "fits"]
+                   "mean_accepted", "slots_per_layer", "draft_bytes", "device_bytes", "budget_bytes", "new_tokens",
+                   "clock", "projected", "cost_shape", "execution", "projection", "host_experts_per_token", "plan", "fits"]
 
 
 def _as_list(x) -> list:
@@ -53,7 +53,7 @@ def compare(model, tokenizer, strategies: Sequence[str] | None = None, prompts: 
         get_strategy(s)
     hws = _as_list(hardware)
     for h in hws:
-        get_profile(h)
+        make_clock(h)
     get_cost_shape(cost_shape)
     budgets = _as_list(expert_budget)
     for b in budgets:
@@ -82,7 +82,7 @@ def compare(model, tokenizer, strategies: Sequence[str] | None = None, prompts: 
             for i, m in enumerate(run_prompts(engine, prompts, max_new_tokens, bar).metrics):
                 rows.append({**{c: m.get(c) for c in COMPARE_COLUMNS if c in m},
                              "strategy": s, "hardware": h, "prompt": i, "expert_budget": b,
-                             "execution": "measured" if engine.use_cuda_clock else engine.profile.execution,
+                             "execution": "measured" if engine.clocks.measured else engine.profile.execution,
                              "projection": engine.cost.projection_label, "fits": "yes"})
     df = pd.DataFrame(rows)
     return df[[c for c in COMPARE_COLUMNS if c in df.columns]]

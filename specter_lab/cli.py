@@ -33,13 +33,13 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 # ----------------------------------------------------------------------------------------- run
 def cmd_run(a) -> int:
     import specter_lab as sl
-    from .offload.profiles import get_profile
+    from .offload.clock import make_clock
     from .offload.shapes import get_cost_shape
     from .strategies import get_strategy
 
     spec = sl.QuantSpec(a.bits, a.group_size, a.method)
     # Check names and counts before loading the model (the slow part); the Engine checks the rest.
-    get_strategy(a.strategy), get_profile(a.hardware), get_cost_shape(a.cost_shape)
+    get_strategy(a.strategy), make_clock(a.hardware), get_cost_shape(a.cost_shape)
     for flag, v in (("--max-new-tokens", a.max_new_tokens), ("--cache-slots", a.cache_slots), ("--k", a.k)):
         if isinstance(v, int) and v < 1:
             raise ValueError(f"{flag} {v}: use an integer >= 1.")
@@ -151,11 +151,11 @@ def cmd_bench(a) -> int:
 
 def _bench_note(hardware, cost_shape) -> str:
     """What every simulated figure of a bench assumes: profiles with their execution modes, the projection."""
-    from .offload.profiles import get_profile
+    from .offload.clock import make_clock
     from .offload.shapes import get_cost_shape
 
-    profiles = [get_profile(h) for h in hardware]
-    modes = ", ".join(p.clock_label if p is not None else "cuda (measured)" for p in profiles)
+    clocks = [make_clock(h) for h in hardware]
+    modes = ", ".join("cuda (measured)" if c.measured else c.profile.clock_label for c in clocks)
     shape = get_cost_shape(cost_shape)
     return f"simulated clock [{modes}] · " + (f"projected as {shape.label}" if shape else "not projected (the model as it is)")
 

@@ -5,9 +5,10 @@ Every argument is checked before any work is done, and an error names the argume
 accepted. Nothing is left half-applied: the model is attached to the runtime only inside a run and is a plain HF
 model again afterwards, whatever happened inside (errors, KeyboardInterrupt).
 
-A run has parts (store, runtime, decoder, trace); :meth:`Engine.prepare` builds them and returns a :class:`Run`,
-so tests and tools can observe a run through its parts (e.g. the runtime's named hook points) before
-:meth:`Run.execute`. :meth:`Engine.generate` is prepare + execute.
+A run has parts (store, schedule, runtime, decoder, trace); :meth:`Engine.prepare` builds them with
+:func:`specter_lab.assembly.assemble` and returns a :class:`Run`, so tests and tools can observe a run through its
+parts (e.g. the schedule's named hook points) before :meth:`Run.execute`. :meth:`Engine.generate` is prepare +
+execute.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from typing import Any, Callable, Protocol
 
 import torch
 
+from .assembly import RunParts, assemble, dispatch_implementation, run_clock
 from .budget import BudgetSplit, split_budget, split_slots, split_static
-from .decode import (Decoder, Sampling, Speculation, StepInfo, StopGeneration, autoregressive, reference_greedy,
-                     speculative)
+from .decode import Decoder, Sampling, Speculation, StepInfo, StopGeneration, reference_greedy
 from .decode.exactness import family_speculation_check
 from .decode.kv import rollback_blockers
 from .drafts import DraftSpec, as_draft_spec, draft_device_experts, draft_expert_bytes
@@ -29,14 +30,14 @@ from .errors import Diverged, NotExact
 from .metrics import compute_metrics
 from .model import MoEModelInfo, attached, inspect_model
 from .model.placement import ensure_offload_layout
-from .offload.cache import make_policy
-from .offload.clock import CudaClock, SimClock
+from .offload.clock import Clock, make_clock
 from .offload.cost import CostModel, build_cost_model
-from .offload.profiles import PROFILES, HardwareProfile, get_profile
-from .offload.runtime import DraftSource, OffloadRuntime
+from .offload.profiles import HardwareProfile
+from .offload.runtime import OffloadRuntime
+from .offload.schedule import DraftSource
 from .offload.shapes import get_cost_shape
 from .offload.store import ExpertStore
-from .predict import KGovernor, LookaheadPrefetcher
+from .predict import KGovernor
 from .quant import DraftExperts, QuantSpec
 from .strategies import Strategy, get_strategy
 from .trace import TRACE_LEVELS, Trace
@@ -98,17 +99,12 @@ class GenerationResult:
                 f"clock={m.get('clock')!r})")
 
 
-def _check_options(k, eviction, prefetch, chunking) -> None:
-    if k is not None and k != "auto" and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
-        raise ValueError(f"k={k!r}: use an integer draft length >= 1 or 'auto'.")
-    if eviction is not None:
-        make_policy(eviction)
-    if prefetch is not None and prefetch not in ("none", "gate", "draft", "oracle"):
-        raise ValueError(f"prefetch={prefetch!r}: use 'none', 'gate', 'draft' or 'oracle'.")
-    if chunking is not None and chunking not in ("adaptive", "budgeted") and not (
-            isinstance(chunking, tuple) and chunking
-            and all(isinstance(f, (int, float)) and not isinstance(f, bool) and 0 <= f <= 1 for f in chunking)):
-        raise ValueError(f"chunking={chunking!r}: use 'adaptive', 'budgeted' or a tuple of draft fractions in [0, 1].")
+def _check_options(**options) -> None:
+    """The caller's strategy overrides, validated as a strategy would validate them (before any planning)."""
+    try:
+        Strategy("options").with_options(**options)
+    except (ValueError, TypeError) as exc:  # name the argument as the caller spelled it
+        raise type(exc)(str(exc).replace("Strategy 'options': ", "")) from None
 
 
 def _as_host_dtype(host_dtype) -> "torch.dtype | None":
@@ -153,7 +149,8 @@ class Engine:
             pin the planner's speculative candidates: it decides whether to speculate, with your draft and K.
         hardware: a profile name in ``sl.PROFILES``, a :class:`HardwareProfile`, or ``"cuda"`` (real clock).
         cost_shape: price experts as a named real model (``sl.COST_SHAPES``); results are labelled projected.
-        eviction, prefetch, chunking, shared_slots: override the strategy's (for ablations).
+        eviction, prefetch, chunking, shared_slots, cpu_share: override the strategy's (for ablations;
+            ``cpu_share`` is ``global_lru``'s share of misses computed on the host).
         host_dtype: the precision host execution computes in (``"float32"``, ``"bfloat16"``; None: the experts'
             own). A different one keeps a host copy of the experts in it (``metrics['host_copy_bytes']``); only
             on a GPU, where host and device results differ by rounding anyway.
@@ -174,7 +171,7 @@ class Engine:
                  hardware: "str | HardwareProfile | None" = None, cost_shape: str | None = None,
                  eviction: str | None = None, prefetch: str | None = None,
                  chunking: "str | tuple[float, ...] | None" = None, shared_slots: bool | None = None,
-                 record_routing: bool = True, verify_lossless: bool = False, trace: str = "full",
+                 cpu_share: float | None = None, record_routing: bool = True, verify_lossless: bool = False, trace: str = "full",
                  host_dtype: "str | torch.dtype | None" = None) -> None:
         self.info = inspect_model(model)  # raises on a dense model
         _as_host_dtype(host_dtype)  # a bad value fails before anything is planned or placed
@@ -182,7 +179,7 @@ class Engine:
             raise ValueError(f"trace={trace!r}: use 'full' (every copy, span and routing: the views need it) or "
                              "'steps' (steps and tokens only: a speed run on CUDA pays for no per-op events).")
         # The caller's own arguments first, before any planning/calibration work (strategy='auto').
-        _check_options(k, eviction, prefetch, chunking)
+        _check_options(k=k, eviction=eviction, prefetch=prefetch, chunking=chunking, cpu_share=cpu_share)
         if cache_slots is not None and expert_budget is not None:
             raise ValueError("give either expert_budget= or cache_slots=, not both.")
         self.plan = None
@@ -190,16 +187,16 @@ class Engine:
             strategy, draft, k = self._resolve_plan(model, tokenizer, strategy, expert_budget, cache_slots, draft, k,
                                                     hardware, cost_shape)
         self.strategy = get_strategy(strategy).with_options(k=k, eviction=eviction, prefetch=prefetch,
-                                                             chunking=chunking, shared_slots=shared_slots)
+                                                             chunking=chunking, shared_slots=shared_slots,
+                                                             cpu_share=cpu_share)
         if self.strategy.speculative:
             _check_rewindable(model, self.info, self.strategy.name)
         self.draft_cfg = as_draft_spec(draft)
-        profile = get_profile(hardware)  # raises on an unknown profile, or 'cuda' without CUDA
-        self.use_cuda_clock = profile is None
-        if self.use_cuda_clock and cost_shape is not None:
+        self.clocks = make_clock(hardware)  # raises on an unknown profile, or 'cuda' without CUDA
+        if self.clocks.measured and cost_shape is not None:
             raise ValueError(f"cost_shape={cost_shape!r} prices experts as another model, but hardware='cuda' "
                              "measures this one: drop cost_shape=, or use a simulated profile to project.")
-        if self.use_cuda_clock:  # dense weights on the GPU, experts in pinned host memory (done here if not yet)
+        if self.clocks.measured:  # dense weights on the GPU, experts in pinned host memory (done here if not yet)
             ensure_offload_layout(model, self.info)
             if self.strategy.prefetch == "oracle":
                 warnings.warn(f"strategy={self.strategy.name!r} on hardware='cuda': its look at the target's true "
@@ -207,13 +204,13 @@ class Engine:
                               "prefetches cannot be issued back in time as on the simulated clock, and copies "
                               "in flight during it are not charged: read it as an estimate, not a strict bound.",
                               stacklevel=2)
-        self.profile = profile or PROFILES["rtx4090-pcie4"]  # CUDA clock: profile only feeds planner estimates
+        self.profile = self.clocks.profile  # on a measured clock it only feeds planner estimates
         self.cost_shape = get_cost_shape(cost_shape)
         # On the CUDA clock bytes are the real ones (the model's dtype); simulated runs price the deployment dtype.
         first = self.info.layers[0]
-        wbytes = getattr(first.experts, first.param_names[0]).element_size() if self.use_cuda_clock else 2.0
+        wbytes = getattr(first.experts, first.param_names[0]).element_size() if self.clocks.measured else 2.0
         self.cost: CostModel = build_cost_model(self.info, self.profile, self.cost_shape, weight_bytes=wbytes,
-                                                implementation=self.strategy.dispatch)
+                                                implementation=dispatch_implementation(self.strategy))
         self.model = model
         self.tokenizer = tokenizer
         self._budget_given = cache_slots is None
@@ -245,7 +242,7 @@ class Engine:
         """strategy='auto' (plan now) or a plan made earlier: (strategy name, draft, k) it chose."""
         if cache_slots is not None:
             raise ValueError("strategy='auto' plans the slot split itself: give expert_budget=, not cache_slots=.")
-        get_profile(hardware), get_cost_shape(cost_shape)  # fail before the calibration runs
+        make_clock(hardware), get_cost_shape(cost_shape)  # fail before the calibration runs
         as_draft_spec(draft)
         if isinstance(expert_budget, str):
             parse_budget(expert_budget)  # a malformed size, not "too small for every candidate"
@@ -385,26 +382,30 @@ class Engine:
             raise ValueError("verify_lossless=True checks greedy decoding; sampled runs match the target's "
                              "distribution, not its tokens (use do_sample=False, or verify_lossless=False).")
         ids = self.encode(prompt)
-        st, cfg = self.strategy, self.draft_cfg
-        clock = self._clock()
+        st = self.strategy
+        clock = run_clock(st, self.clocks, self.device, self.trace_level)
         trace = Trace(meta=self._meta(clock), record_routing=self.record_routing, level=self.trace_level)
-        store = ExpertStore(self.info, self.split.slots_per_layer, clock, self.cost, make_policy(st.eviction), trace,
-                            self.device, host=self._host, writeback=st.writeback)
-        self._host = store.host
-        if st.static:  # load time, before the prompt: the device layers get every expert once
-            for layer, size in enumerate(self.split.slots_per_layer):
-                for e in range(size):
-                    store.load(layer, e, "preload")
-        store.fault_hook = self.fault_hook
-        hybrid = st.speculative and cfg.variant == "hybrid"
-        draft = DraftSource(cfg.variant, self.draft if st.speculative and cfg.variant == "quantized" else None,
-                            self.draft_expert_bytes, cfg.hybrid_experts if hybrid else 0,
-                            build=self._hybrid_builder() if hybrid else None)
-        rt = OffloadRuntime(self.info, store, clock, self.cost, trace, draft=draft, gate_lookahead=st.prefetch == "gate",
-                            miss=st.miss, host_weights=self._host_weights(store))
-        dec = Decoder(self.model, rt, Sampling(do_sample, float(temperature), float(top_p), seed),
-                      self.info.eos_token_ids, max_new_tokens, callback, keep_cache=st.keep, rewindable=st.speculative)
-        return Run(self, ids, trace, clock, store, rt, dec, self._speculation(store) if st.speculative else None)
+        if st.k == "auto" and self.governor is None:
+            # One governor per engine: what it learns about acceptance by depth and copy exposure carries over
+            # from one generate() to the next (a 48-token run is mostly learning otherwise).
+            self.governor = KGovernor()
+        if st.k == "auto":
+            self.governor.new_sequence()
+        parts = assemble(st, model=self.model, info=self.info, slots_per_layer=self.split.slots_per_layer,
+                         clock=clock, cost=self.cost, trace=trace,
+                         sampling=Sampling(do_sample, float(temperature), float(top_p), seed),
+                         eos=self.info.eos_token_ids, max_new_tokens=max_new_tokens, device=self.device,
+                         host=self._host, draft=self._draft_source() if st.speculative else None,
+                         host_weights=self._host_weights, governor=self.governor, callback=callback,
+                         fault_hook=self.fault_hook)
+        self._host = parts.store.host
+        return Run(self, ids, trace, clock, parts)
+
+    def _draft_source(self) -> DraftSource:
+        cfg = self.draft_cfg
+        hybrid = cfg.variant == "hybrid"
+        return DraftSource(cfg.variant, self.draft if cfg.variant == "quantized" else None, self.draft_expert_bytes,
+                           cfg.hybrid_experts if hybrid else 0, build=self._hybrid_builder() if hybrid else None)
 
     def _check_host_dtype(self, host_dtype) -> "torch.dtype | None":
         """``host_dtype``: the precision host execution computes in (None: the experts' own dtype)."""
@@ -420,43 +421,24 @@ class Engine:
                            "anyway; scripts/gpu_check.py measures the agreement).")
         return None if dt == native else dt
 
-    def _host_weights(self, store: ExpertStore):
-        """The host lane's weights: the store's host copies, or copies in ``host_dtype`` (extra host memory:
-        ``metrics['host_copy_bytes']``), made once per engine."""
-        if self.host_dtype is None or (self.strategy.miss == "copy" and not self.strategy.static):
-            return None
+    @property
+    def _host_weights(self) -> "list[dict[str, torch.Tensor]] | None":
+        """The host lane's weights when they differ from the store's host copies: copies in ``host_dtype``
+        (extra host memory: ``metrics['host_copy_bytes']``), made once per engine from the model's experts."""
+        st = self.strategy
+        if self.host_dtype is None or (st.miss == "copy" and not st.static and not st.cpu_share):
+            return None  # no host execution: no copy
         if self._host_exec is None:
-            self._host_exec = [{n: h.to(self.host_dtype) for n, h in layer.items()} for layer in store.host]
+            self._host_exec = [{n: getattr(l.experts, n).detach().to("cpu", self.host_dtype) for n in l.param_names}
+                               for l in self.info.layers]
         return self._host_exec
 
-    def _clock(self):
-        single = self.strategy.single_stream
-        if self.use_cuda_clock:
-            return CudaClock(self.device, timing=self.trace_level == "full", single_stream=single)
-        return SimClock(self.profile, single_stream=single)
-
-    def _meta(self, clock) -> dict[str, Any]:
+    def _meta(self, clock: Clock) -> dict[str, Any]:
         st = self.strategy
-        return {"clock": clock.label, "simulated": clock.kind == "simulated", "profile": self.profile.name,
+        return {"clock": clock.label, "simulated": not clock.measured, "profile": self.profile.name,
                 "projected": self.cost.projected, "cost_shape": self.cost.shape_name, "strategy": st.name,
                 "expert_bytes": self.cost.expert_bytes, "num_layers": self.info.num_layers,
                 "num_experts": self.info.num_experts, "top_k": self.info.top_k, "k": st.k}
-
-    def _speculation(self, store: ExpertStore) -> Speculation:
-        st = self.strategy
-        prefetcher = None
-        if st.prefetch in ("draft", "oracle"):
-            prefetcher = LookaheadPrefetcher(store, self.cost, chunking=st.chunking, protect=st.protect,
-                                             shared_slots=st.shared_slots and store.can_share(), min_count=st.reuse)
-        governor = None
-        if st.k == "auto":
-            # One governor per engine: what it learns about acceptance by depth and copy exposure carries
-            # over from one generate() to the next (a 48-token run is mostly learning otherwise).
-            if self.governor is None:
-                self.governor = KGovernor()
-            governor = self.governor
-            governor.new_sequence()
-        return Speculation(st.k, st.prefetch, prefetcher, governor)
 
     def _metrics(self, run: "Run", stopped: bool) -> dict[str, Any]:
         st, cfg = self.strategy, self.draft_cfg
@@ -477,7 +459,7 @@ class Engine:
         s = self.split
         return (f"Engine(strategy={self.strategy.name!r}, slots/layer={min(s.slots_per_layer)}, "
                 f"draft={self.draft_cfg.label if self.strategy.speculative else None}, "
-                f"budget={s.budget_bytes:,} B, clock={'cuda' if self.use_cuda_clock else self.profile.name})")
+                f"budget={s.budget_bytes:,} B, clock={'cuda' if self.clocks.measured else self.profile.name})")
 
 
 @dataclass
@@ -488,11 +470,24 @@ class Run:
     engine: Engine
     prompt_ids: list[int]
     trace: Trace
-    clock: Any
-    store: ExpertStore
-    runtime: OffloadRuntime
-    decoder: Decoder
-    speculation: Speculation | None = None
+    clock: Clock
+    parts: RunParts
+
+    @property
+    def store(self) -> ExpertStore:
+        return self.parts.store
+
+    @property
+    def runtime(self) -> OffloadRuntime:
+        return self.parts.runtime
+
+    @property
+    def decoder(self) -> Decoder:
+        return self.parts.decoder
+
+    @property
+    def speculation(self) -> Speculation | None:
+        return self.parts.speculation
 
     def execute(self) -> GenerationResult:
         """Generate (the model is attached for exactly this call), then finalize the trace and the metrics."""
@@ -501,10 +496,7 @@ class Run:
         stopped = False
         with attached(eng.model, eng.info, self.runtime), torch.no_grad():
             try:
-                if self.speculation is not None:
-                    speculative(dec, prompt_t, self.speculation)
-                else:
-                    autoregressive(dec, prompt_t)
+                self.parts.loop(dec, prompt_t)
                 if eng.verify_lossless and self.speculation is not None:
                     self._check_lossless(prompt_t)
             except StopGeneration:

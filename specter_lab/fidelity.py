@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 
 from .engine import Engine
 from .model import attached, inspect_model
-from .offload.experts import combine, expert_apply, route_groups
+from .offload.experts import exact_forward
 from .prompts import heldout_prompts
 from .quant import DraftExperts, QuantSpec
 from .runs import run_prompts
@@ -31,15 +31,11 @@ class _Probe:
 
     def experts_forward(self, layer, mod, x, idx, w):
         self.routing[layer] = idx.detach().cpu().numpy()
-        groups = route_groups(idx, self.routing[layer])
-        outs = {}
-        for e, g in groups.items():
-            if self.draft is None:
-                weights = {n: getattr(mod, n)[e].to(x.device) for n in self.info.layers[layer].param_names}
-            else:
-                weights = self.draft.weights(layer, e)
-            outs[e] = expert_apply(mod, g.take(x), weights)
-        return combine(x, outs, groups, w)
+        names = self.info.layers[layer].param_names
+        if self.draft is None:
+            return exact_forward(mod, x, idx, w, lambda e: {n: getattr(mod, n)[e].to(x.device) for n in names},
+                                 self.routing[layer])
+        return exact_forward(mod, x, idx, w, lambda e: self.draft.weights(layer, e), self.routing[layer])
 
 
 def teacher_forced(model, info, ids: list[int], draft: DraftExperts | None):

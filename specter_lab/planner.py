@@ -60,6 +60,7 @@ def default_candidates(num_experts: int, draft=None, k: "int | str | None" = Non
     only decides *whether* to speculate, and with what split)."""
     cands: list[tuple[str, str, dict[str, Any]]] = [
         ("lru", "lru", {}),
+        ("global_lru", "global_lru", {}),  # one pool for every layer: a layer that routes widely borrows slots
         ("gate_lookahead", "gate_lookahead", {}),
         # host execution: misses computed on the host CPU (every miss, or where a copy does not pay)
         ("fiddler", "fiddler", {}),

@@ -22,7 +22,7 @@ from functools import lru_cache
 import pandas as pd
 
 from .offload.cost import piece_time
-from .offload.hostops import RegionCount, count_model, tiny_family_model
+from .offload.hostops import RegionCount, count_model, counting_model
 from .offload.profiles import PROFILES, HardwareProfile
 from .offload.shapes import COST_SHAPES, CostShape
 
@@ -88,7 +88,7 @@ PUBLISHED_ROWS: tuple[PublishedRow, ...] = (
 def _row_counts(shape_name: str, counted: str) -> dict[str, RegionCount]:
     """aten ops per decode token of a tiny model of the shape's family at its real depth and routing arity."""
     s = COST_SHAPES[shape_name]
-    model = tiny_family_model(s.family, s.top_k, s.num_experts, layers=s.num_layers, dense_first=s.dense_layers)
+    model = counting_model(s.family, s.top_k, s.num_experts, layers=s.num_layers, dense_first=s.dense_layers)
     return count_model(model, counted)
 
 

@@ -1,31 +1,66 @@
-"""The offloading strategies, as data: each name is a combination of decoding, prediction, prefetch and eviction.
+"""The offloading strategies, as data: each name is a combination of typed mechanism choices (decoding,
+prefetch source, chunking, eviction, slot pool, miss rule).
 
-Every strategy runs in the same runtime (same model, same store, same clock), so comparisons are one run at
-equal device memory.
+A :class:`Strategy` is validated when it is built, so a misspelt mechanism fails here, not inside a run. One
+function, :func:`specter_lab.assembly.assemble`, turns a strategy into a run's parts; nothing else reads its
+fields. Every strategy runs in the same runtime (same model, same store, same clock), so comparisons are one run
+at equal device memory.
+
+Adding a mechanism: a class where the mechanism lives (e.g. a miss rule in ``offload/mechanisms.py``), its name
+in the ``Literal`` alias below, and one line in the assembly that builds it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import math
+from dataclasses import dataclass, fields, replace
+from typing import Literal, get_args
 
-__all__ = ["Strategy", "STRATEGIES", "BASELINES", "get_strategy"]
+__all__ = ["Strategy", "STRATEGIES", "BASELINES", "get_strategy", "Prefetch", "Eviction", "Miss", "Pool",
+           "Chunking", "Dispatch", "PREFETCH", "EVICTION", "MISS", "POOL", "DISPATCH"]
+
+Prefetch = Literal["none", "gate", "draft", "oracle"]
+Eviction = Literal["lru", "lfu", "forecast"]
+Miss = Literal["copy", "host", "auto"]
+Pool = Literal["layer", "global"]
+Dispatch = Literal["specter", "mixtral_offloading"]
+Chunking = "Literal['adaptive', 'budgeted'] | tuple[float, ...]"
+
+PREFETCH: tuple[str, ...] = get_args(Prefetch)
+EVICTION: tuple[str, ...] = get_args(Eviction)
+MISS: tuple[str, ...] = get_args(Miss)
+POOL: tuple[str, ...] = get_args(Pool)
+DISPATCH: tuple[str, ...] = get_args(Dispatch)
+CHUNKING_NAMES = ("adaptive", "budgeted")
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 @dataclass(frozen=True)
 class Strategy:
-    """How one strategy decodes and moves experts.
+    """How one strategy decodes and moves experts (validated when built: a bad value names its field).
 
-    * ``speculative`` – draft K tokens with the quantized draft, verify with the target.
+    * ``speculative`` – draft K tokens with the draft, verify with the target.
     * ``prefetch``    – ``none`` | ``gate`` (next layer's router on this layer's state) | ``draft`` (the draft's
       routing counts over the window) | ``oracle`` (the target's true routing of the window).
     * ``chunking``    – ``adaptive`` (the paper: first boundary at ⌊0.2·K⌋ steps, then just enough steps to hide
-      the bytes just issued) or a tuple of draft fractions (``specmoeoff``: 0.2 and 0.6).
+      the bytes just issued), ``budgeted`` (beyond the paper) or a tuple of draft fractions (``specmoeoff``).
     * ``eviction``    – ``lru`` | ``lfu`` | ``forecast`` (furthest forecast next use, then recency).
+    * ``pool``        – ``layer``: a fixed number of slots per layer; ``global``: one pool for all layers, the
+      victim chosen over every layer's slots (llama.cpp's ``--moe-cache-mib``).
     * ``k``           – draft length, or ``"auto"`` for the per-window governor.
     * ``shared_slots`` – one slot pool for all layers, re-divided each window by the forecast's demand.
     * ``miss``        – what a miss after the prefill does: ``copy`` it (and keep it), compute it on the ``host``
       CPU from its host copy (nothing copied on demand), or decide per miss (``auto``): see
       :mod:`specter_lab.offload.hostexec`.
+    * ``cpu_share``   – with ``miss="copy"``: this share of the misses is computed on the host instead
+      (llama.cpp's ``--moe-cache-cpu-share``).
     * ``reuse``       – draft prefetch copies only experts the forecast routes at least ``reuse`` times in the
       window; with host execution the one-offs are computed on the host during verification instead.
     * ``static``      – no cache: the last layers that fit keep all their experts on the device (loaded before
@@ -35,41 +70,78 @@ class Strategy:
     * ``single_stream`` – copies run on the compute stream: no copy overlaps any compute.
     * ``dispatch``    – whose expert dispatch the cost model prices (its aten ops and host syncs are counted,
       :mod:`specter_lab.offload.hostops`): ``specter`` (this runtime: one routing read-back per layer) or
-      ``mixtral_offloading`` (the artifact's: ~3 syncs per expert, unfused MLPs).
+      ``mixtral_offloading`` (the artifact's: 3 syncs per expert, unfused MLPs).
     """
 
     name: str
     speculative: bool = False
-    prefetch: str = "none"
-    chunking: str | tuple[float, ...] = "adaptive"
-    eviction: str = "lru"
+    prefetch: Prefetch = "none"
+    chunking: "str | tuple[float, ...]" = "adaptive"
+    eviction: Eviction = "lru"
     k: int | str = 8
     protect: bool = True
     keep: bool = True  # False: drop every expert after use (no cache at all)
     shared_slots: bool = False  # slots shared across layers by forecast demand instead of a fixed M per layer
-    miss: str = "copy"  # copy | host | auto (host execution of missed experts)
+    pool: Pool = "layer"  # global: one LRU over every layer's slots (llama.cpp's expert cache)
+    miss: Miss = "copy"  # copy | host | auto (host execution of missed experts)
+    cpu_share: float = 0.0  # share of misses computed on the host instead of copied (miss="copy" only)
     static: bool = False  # whole layers on the device or on the host, decided once (llama.cpp --n-cpu-moe)
     reuse: int = 1  # prefetch an expert only if the window's forecast routes it at least this many times
     writeback: bool = False  # copy each evicted expert back to the host (Mixtral-Offloading's swap)
     single_stream: bool = False  # copies on the compute stream (no overlap)
-    dispatch: str = "specter"  # specter | mixtral_offloading: whose counted expert dispatch prices the run
+    dispatch: Dispatch = "specter"  # whose counted expert dispatch (aten ops, host syncs) prices the run
     description: str = ""
 
+    def __post_init__(self) -> None:
+        for name in ("speculative", "protect", "keep", "shared_slots", "static", "writeback", "single_stream"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"Strategy {self.name!r}: {name}={getattr(self, name)!r} must be True or False.")
+        for name, allowed in (("prefetch", PREFETCH), ("eviction", EVICTION), ("miss", MISS), ("pool", POOL),
+                              ("dispatch", DISPATCH)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"Strategy {self.name!r}: {name}={getattr(self, name)!r} is unknown; use one of "
+                                 f"{list(allowed)}.")
+        c = self.chunking
+        if c not in CHUNKING_NAMES and not (isinstance(c, tuple) and c and all(_is_number(f) and 0 <= f <= 1
+                                                                                for f in c)):
+            raise ValueError(f"Strategy {self.name!r}: chunking={c!r}: use 'adaptive', 'budgeted' or a tuple of "
+                             "draft fractions in [0, 1].")
+        if self.k != "auto" and not (_is_int(self.k) and self.k >= 1):
+            raise ValueError(f"Strategy {self.name!r}: k={self.k!r}: use an integer draft length >= 1 or 'auto'.")
+        if not (_is_int(self.reuse) and self.reuse >= 1):
+            raise ValueError(f"Strategy {self.name!r}: reuse={self.reuse!r}: use an integer >= 1.")
+        if not (_is_number(self.cpu_share) and 0 <= self.cpu_share < 1):
+            raise ValueError(f"Strategy {self.name!r}: cpu_share={self.cpu_share!r}: use a number in [0, 1).")
+        if self.cpu_share and self.miss != "copy":
+            raise ValueError(f"Strategy {self.name!r}: cpu_share={self.cpu_share} splits copied misses; with "
+                             f"miss={self.miss!r} the host already decides: leave cpu_share=0.")
+        if self.pool == "global" and (self.shared_slots or self.static):
+            raise ValueError(f"Strategy {self.name!r}: pool='global' already shares one pool across layers: "
+                             "leave shared_slots=False and static=False.")
+
     def with_options(self, **kw) -> "Strategy":
+        """A copy with the given fields changed (None leaves a field as it is); validated like any strategy."""
+        known = {f.name for f in fields(self)}
+        unknown = sorted(set(kw) - known)
+        if unknown:
+            raise TypeError(f"Strategy options {unknown} are unknown; use any of {sorted(known - {'name'})}.")
         return replace(self, **{k: v for k, v in kw.items() if v is not None})
 
 
 STRATEGIES: dict[str, Strategy] = {
     s.name: s
     for s in [
-        Strategy("on_demand", eviction="lru", keep=False, description="plain offloading: load each routed expert when asked, "
-                 "keep nothing (accelerate-style)"),
+        Strategy("on_demand", eviction="lru", keep=False, description="plain offloading: load each routed expert "
+                 "when asked, keep nothing (accelerate-style)"),
         Strategy("lru", eviction="lru", description="per-layer LRU expert cache, no prediction (mixtral-offloading's "
                  "policy, run lean: immutable host copies, a copy stream, one sync per layer)"),
         Strategy("mixtral_offloading", eviction="lru", writeback=True, single_stream=True,
                  dispatch="mixtral_offloading", description="Mixtral-Offloading as Specter's artifact runs it: per-"
                  "layer LRU, every miss also writes the evicted expert back to the host, copies and experts on one "
                  "stream, its DeepSeek dispatch (~19 host syncs per layer at top-6, unfused expert MLPs)"),
+        Strategy("global_lru", eviction="lru", pool="global", description="one LRU over a slot pool shared by "
+                 "every layer, misses copied (llama.cpp --moe-cache-mib; cpu_share= computes a share of misses on "
+                 "the host, --moe-cache-cpu-share)"),
         Strategy("gate_lookahead", prefetch="gate", eviction="lru",
                  description="prefetch one layer ahead with the next layer's router (pre-gated MoE style)"),
         Strategy("spec_lru", speculative=True, prefetch="none", eviction="lru",
@@ -104,7 +176,8 @@ STRATEGIES: dict[str, Strategy] = {
 
 # What the paper's method is compared with at equal memory: every strategy that is not Specter, its extension or
 # a bound, nor a replica of an artifact's implementation costs (mixtral_offloading: see specter_lab.paper).
-BASELINES = ("on_demand", "lru", "gate_lookahead", "spec_lru", "specmoeoff", "fiddler", "host_lru", "static_split")
+BASELINES = ("on_demand", "lru", "global_lru", "gate_lookahead", "spec_lru", "specmoeoff", "fiddler", "host_lru",
+             "static_split")
 
 
 def get_strategy(name: "str | Strategy") -> Strategy:

@@ -111,7 +111,7 @@ def _cuda_engine(model, strategy, trace="full", **kw):
 def test_cuda_path_is_lossless_and_placed(model, ref, fake_cuda, strategy):
     eng = _cuda_engine(model, strategy)
     assert fake_cuda.placed == ["place"], "a CPU-loaded model must be placed for offloading, not run as is"
-    assert eng.use_cuda_clock
+    assert eng.clocks.measured
     r = eng.generate(IDS, max_new_tokens=N)
     assert r.token_ids == ref
     assert r.trace.meta["clock"] == "cuda:FakeGPU" and not r.trace.meta["simulated"]

@@ -15,7 +15,7 @@ LAYERS = [
     ["errors", "units", "strategies", "quant", "drafts", "prompts"],  # data and specs: no package imports
     ["trace", "budget", "model"],  # records; the budget split; the model adapter
     ["metrics", "offload", "predict"],  # derived metrics; store, runtime, clocks, costs; forecasts, prefetch, K
-    ["decode"],  # the decode loops
+    ["decode", "assembly"],  # the decode loops; strategy → a run's parts (the only reader of its mechanisms)
     ["engine"],  # one model + strategy + budget + clock
     ["runs", "fidelity", "analysis", "published"],  # things that run engines or read their traces; published rows
     ["bench", "planner"],  # comparisons and the planner

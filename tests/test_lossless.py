@@ -158,4 +158,4 @@ def test_every_draft_variant_matches_hf_greedy(family_models, family):
             # the low-bit copies are built for the chosen sets only: what the budget charges, not every expert
             assert d.experts is not None
             assert all(sorted(d.experts.experts(l)) == sorted(s) and len(s) == 2
-                       for l, s in enumerate(run.runtime.hybrid_sets))
+                       for l, s in enumerate(run.runtime.schedule.hybrid_sets))

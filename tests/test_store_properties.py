@@ -31,7 +31,9 @@ from specter_lab.offload.cache import POLICIES, ForecastEviction, make_policy
 from specter_lab.offload.clock import SimClock
 from specter_lab.offload.cost import build_cost_model
 from specter_lab.offload.profiles import PROFILES
+from specter_lab.offload.hostexec import CopyMisses
 from specter_lab.offload.runtime import ForwardInfo, OffloadRuntime
+from specter_lab.offload.schedule import LayerSchedule
 from specter_lab.offload.store import ExpertStore
 from specter_lab.predict import LookaheadPrefetcher, WindowForecast
 from specter_lab.trace import Trace
@@ -147,7 +149,7 @@ def test_store_invariants_under_random_routing_and_prefetch(slots, policy, next_
     if isinstance(pol, ForecastEviction):
         pol.follow(_Forecast(next_use))
     store = ExpertStore(info, slots, clock, cost, pol, trace)
-    rt = OffloadRuntime(info, store, clock, cost, trace)
+    rt = OffloadRuntime(info, LayerSchedule(info, store, clock, cost, trace, CopyMisses()))
     planner = LookaheadPrefetcher(store, cost)
     requests = 0
     step = 0

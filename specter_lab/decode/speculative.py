@@ -19,17 +19,40 @@ from .decoder import Decoder
 from .kv import Checkpoint
 from .sampling import verify_greedy, verify_sampling
 
-__all__ = ["Speculation", "DraftWindow", "Verdict", "speculative"]
+__all__ = ["Speculation", "DraftWindow", "Verdict", "speculative", "ForecastSource", "DraftForecast",
+           "OracleForecast"]
+
+
+class DraftForecast:
+    """The window's forecast is the draft's own routing; the prefetcher's boundaries run during drafting
+    (``prefetch="draft"``; with no prefetcher, ``"none"``: the forecast only feeds eviction and the views)."""
+
+    during_draft = True
+
+    def forecast(self, dec: "Decoder", spec: "Speculation", w: "DraftWindow") -> WindowForecast:
+        return w.forecast
+
+
+class OracleForecast:
+    """The bound (``prefetch="oracle"``): the target's true routing of the window, looked at off the clock,
+    then the same boundary schedule issued at the times the boundaries happened."""
+
+    during_draft = False
+
+    def forecast(self, dec: "Decoder", spec: "Speculation", w: "DraftWindow") -> WindowForecast:
+        return oracle_forecast(dec, spec, w)
+
+
+ForecastSource = DraftForecast | OracleForecast
 
 
 @dataclass
 class Speculation:
-    """How one strategy speculates: draft length (or ``"auto"``: the governor decides), where prefetches come
-    from (``none`` | ``draft``: boundaries during drafting | ``oracle``: the target's own routing), and the parts
-    that carry state across windows."""
+    """How one strategy speculates: draft length (or ``"auto"``: the governor decides), where the window's
+    forecast comes from, and the parts that carry state across windows."""
 
     k: int | str
-    prefetch: str = "none"
+    source: ForecastSource = field(default_factory=DraftForecast)
     prefetcher: LookaheadPrefetcher | None = None
     governor: KGovernor | None = None
 
@@ -72,7 +95,7 @@ def speculative(dec: Decoder, prompt: torch.Tensor, spec: Speculation) -> list[i
         marks = (len(dec.trace.transfers), len(dec.trace.compute))
         window = draft_window(dec, spec)
         rewind(dec, window, window.n)
-        forecast = oracle_forecast(dec, spec, window) if spec.prefetch == "oracle" else window.forecast
+        forecast = spec.source.forecast(dec, spec, window)
         for layer, counts in enumerate(forecast.counts):
             for e, c in counts.items():
                 dec.trace.forecast_count(layer, e, c)
@@ -114,12 +137,10 @@ def draft_window(dec: Decoder, spec: Speculation) -> DraftWindow:
             w.qs.append(q)
         te = clock.now()
         w.step_ends.append(te)
-        # One draft step's time: the clock's on the simulated one; on CUDA the host's wall time (reading the
-        # events would need a sync; eager decoding is host-bound, so the host's time is the step's)
-        step_s = clock.elapsed(ts, te) if clock.kind == "simulated" else time.perf_counter() - wall
+        step_s = clock.step_seconds(ts, te, time.perf_counter() - wall)  # readable mid-run, whatever the clock
         if prefetcher is not None:
             prefetcher.observe_step(step_s)
-            if spec.prefetch == "draft" and prefetcher.due(j + 1):
+            if spec.source.during_draft and prefetcher.due(j + 1):
                 prefetcher.boundary(j + 1, w.forecast)
         if x in dec.eos or (k_fixed is None and not _keep_drafting(dec, spec, w, j + 1, step_s)):
             break
@@ -141,12 +162,9 @@ def _keep_drafting(dec: Decoder, spec: Speculation, w: DraftWindow, j: int, step
 def oracle_forecast(dec: Decoder, spec: Speculation, w: DraftWindow) -> WindowForecast:
     """The bound: look at the target's true routing of this window (off the clock), then issue the same boundary
     schedule with that knowledge, at the times the boundaries happened."""
-    cuda = dec.clock.kind == "cuda"
-    t0 = dec.clock.now() if cuda else None
-    _, info = dec.forward([w.last] + w.drafts, "shadow", "verify")
-    rewind(dec, w, w.n)
-    if cuda:  # a real forward on the GPU, free on the simulated clock: cut it out of the measured timeline
-        dec.trace.exclude(t0, dec.clock.now())
+    with dec.clock.excluded(dec.trace):  # a real forward on a measured clock: cut out of its timeline
+        _, info = dec.forward([w.last] + w.drafts, "shadow", "verify")
+        rewind(dec, w, w.n)
     forecast = WindowForecast(dec.rt.info.num_layers)
     forecast.add(info.routing, 0)
     dec.rt.store.policy.follow(forecast)
@@ -212,7 +230,7 @@ def rewind(dec: Decoder, w: DraftWindow, length: int) -> int:
 def _outcome(dec: Decoder, w: DraftWindow, v: Verdict, marks: tuple[int, int]) -> WindowOutcome:
     cost, trace = dec.rt.cost, dec.trace
     stall = None
-    if dec.clock.kind == "simulated":  # CUDA event times are not readable mid-run without a sync
+    if dec.clock.readable_midrun:  # CUDA event times are not readable mid-run without a sync
         stall = sum(c.start - c.stall for c in trace.compute[marks[1]:] if c.stall is not None)
     return WindowOutcome(v.accepted, len(w.drafts), v.routing, len(trace.transfers) - marks[0], stall,
                          cost.copy_time(cost.expert_bytes))

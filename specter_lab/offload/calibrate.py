@@ -19,13 +19,13 @@ def measure_host_op_cost(device: str = "cuda", family: str = "qwen2_moe", new_to
 
     import torch
 
-    from .hostops import count_model, tiny_family_model
+    from .hostops import count_model, counting_model
 
     if not str(device).startswith("cuda") or not torch.cuda.is_available():
         raise RuntimeError("measure_host_op_cost() measures host dispatch in front of a GPU and needs CUDA "
                            f"(device={device!r}, torch.cuda.is_available()={torch.cuda.is_available()}). "
                            "Simulated profiles use the default derived from the published table instead.")
-    model = tiny_family_model(family, top_k=4, n_experts=60, layers=24).to(device)
+    model = counting_model(family, top_k=4, n_experts=60, layers=24).to(device)
     per_token_ops = sum(r.ops for r in count_model(model, "eager").values())
     ids = torch.tensor([[5, 6, 7, 8]], device=device)
 

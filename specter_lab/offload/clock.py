@@ -1,7 +1,10 @@
-"""Two streams, compute and copy, and the time they keep.
+"""Two streams, compute and copy, and the time they keep: the :class:`Clock` protocol and its two clocks.
 
 The runtime never asks which clock it has. It asks a clock to run a copy or a compute op *after* some earlier
-ops (their handles) and gets handles back; the trace turns handles into milliseconds at the end.
+ops (their handles) and gets handles back; the trace turns handles into milliseconds at the end. Everything the
+runtime, the store, the prefetcher and the decode loops ask of time is a method of :class:`Clock`; where the
+clocks differ (can a time be read mid-run? is a copy done?) the clock answers, nobody branches on its kind.
+:func:`make_clock` builds one from the ``hardware=`` argument.
 
 * :class:`SimClock` – handles are virtual seconds (floats) advanced by the :class:`CostModel`; the work itself
   (real tensor copies and matmuls on the CPU) still runs, so a cache bug changes the output.
@@ -11,12 +14,17 @@ ops (their handles) and gets handles back; the trace turns handles into millisec
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator, Protocol, runtime_checkable
 
 import torch
 
-Handle = Any  # float seconds (SimClock) or torch.cuda.Event (CudaClock)
+from .profiles import DEFAULT_PROFILE, PROFILES, HardwareProfile, get_profile
+
+__all__ = ["Clock", "Handle", "Span", "Done", "SimClock", "CudaClock", "ClockFactory", "make_clock", "stamper"]
+
+Handle = Any  # float seconds (SimClock) or torch.cuda.Event (CudaClock); the one alias (trace.py imports it)
 
 
 @dataclass
@@ -36,10 +44,64 @@ class Done:
         return self.value
 
 
-def stamper(clock, traced: bool) -> Callable[[], Handle]:
-    """``clock.now`` where a time is needed: always on the simulated clock (free, and it prices issue times),
-    on CUDA only when the trace records per-op events (each stamp is an event record on the stream)."""
-    return clock.now if traced or clock.kind == "simulated" else (lambda: None)
+@runtime_checkable
+class Clock(Protocol):
+    """What the runtime, the store, the prefetcher and the decode loops ask of time.
+
+    Lanes: ``compute`` (the device's stream), ``copy`` (host→device link), ``host`` (the host CPU). An op runs
+    *after* the handles it is given and returns a :class:`Span` of handles; :meth:`to_ms` resolves a handle once
+    the run is over (:meth:`synchronize` first). A third clock (a replay clock, a CPU wall clock) implements
+    these methods and one branch in :func:`make_clock`; nothing else changes."""
+
+    label: str
+    measured: bool  # True: time is measured on real hardware; False: priced by a profile
+    readable_midrun: bool  # handles can be compared / subtracted while the run goes on (no device sync)
+    stamps_free: bool  # now() costs nothing (the simulated clock): stamp every op even on a light trace
+
+    def now(self) -> Handle: ...
+
+    def copy(self, duration: float, fn: Callable[[], None], after: Iterable[Handle] = (),
+             issue_at: Handle | None = None) -> Span: ...
+
+    def compute(self, duration: float, fn: Callable[[], Any] | None = None,
+                after: Iterable[Handle] = ()) -> tuple[Span, Any]: ...
+
+    def host(self, duration: float, fn: Callable[[], Any], after: Iterable[Handle] = ()) -> tuple[Span, Any]: ...
+
+    def join_host(self, span: Span, job) -> tuple[Span, Any]: ...
+
+    def model_span(self, duration: float) -> Span:
+        """The model's own work since the last MoE layer (attention, norms, router, head): priced or measured."""
+
+    def mark_model_work(self) -> None:
+        """The model's own work starts now (after an MoE layer, at a forward's start)."""
+
+    def is_ready(self, handle: Handle | None, now: Handle) -> bool:
+        """Has the op behind ``handle`` finished by ``now``? (No sync: a comparison or an event query.)"""
+
+    def latest(self, handles: list[Handle]) -> Handle | None:
+        """The handle of whichever op ends last."""
+
+    def copy_free_at(self) -> Handle | None:
+        """When the copy lane is free, where that can be read mid-run; None on a real clock."""
+
+    def step_seconds(self, start: Handle, end: Handle, wall_s: float) -> float:
+        """One draft step's length, usable mid-run: the clock's own where readable, else the host's wall time."""
+
+    def excluded(self, trace) -> "Iterator[None]":
+        """Work done inside this block is cut out of ``trace``'s timeline (the oracle's off-clock look)."""
+
+    def elapsed(self, a: Handle, b: Handle) -> float: ...
+
+    def to_ms(self, h: Handle) -> float: ...
+
+    def synchronize(self) -> None: ...
+
+
+def stamper(clock: Clock, traced: bool) -> Callable[[], Handle]:
+    """``clock.now`` where a time is needed: always where stamps are free (the simulated clock, where they also
+    price issue times), on CUDA only when the trace records per-op events (each stamp is an event record)."""
+    return clock.now if traced or clock.stamps_free else (lambda: None)
 
 
 class SimClock:
@@ -47,6 +109,9 @@ class SimClock:
     A compute op starts when the compute stream is free and its inputs are ready; the wait is the stall."""
 
     kind = "simulated"
+    measured = False
+    readable_midrun = True
+    stamps_free = True
 
     def __init__(self, profile, single_stream: bool = False) -> None:
         self.profile = profile
@@ -63,6 +128,29 @@ class SimClock:
 
     def now(self) -> Handle:
         return self.compute_t
+
+    def model_span(self, duration: float) -> Span:
+        span, _ = self.compute(duration)
+        return span
+
+    def mark_model_work(self) -> None:
+        pass  # priced, not measured: model_span's duration is the work
+
+    def is_ready(self, handle: Handle | None, now: Handle) -> bool:
+        return handle is None or handle <= now
+
+    def latest(self, handles: list[Handle]) -> Handle | None:
+        return max(handles) if handles else None
+
+    def copy_free_at(self) -> Handle | None:
+        return self.copy_t
+
+    def step_seconds(self, start: Handle, end: Handle, wall_s: float) -> float:
+        return end - start
+
+    @contextmanager
+    def excluded(self, trace) -> Iterator[None]:
+        yield  # an off-clock forward puts nothing on the simulated clock: nothing to cut
 
     def copy(self, duration: float, fn: Callable[[], None], after: Iterable[Handle] = (),
              issue_at: Handle | None = None) -> Span:
@@ -115,6 +203,9 @@ class CudaClock:
     :meth:`now` stays a timing event, since step boundaries are what TPOT is computed from."""
 
     kind = "cuda"
+    measured = True
+    readable_midrun = False  # reading an event's time needs a sync
+    stamps_free = False  # each stamp records an event on the stream
 
     def __init__(self, device: torch.device | None = None, timing: bool = True, single_stream: bool = False) -> None:
         if not torch.cuda.is_available():
@@ -127,6 +218,7 @@ class CudaClock:
         self._pool = None  # one host worker thread, started on first host job (matmuls release the GIL)
         self.base = self._event()
         self.label = f"cuda:{torch.cuda.get_device_name(self.device)}"
+        self._mark = None  # full trace: the event where the model's own work since the last MoE layer began
 
     def _event(self, stream=None, timing: bool = True):
         ev = torch.cuda.Event(enable_timing=timing)
@@ -135,6 +227,37 @@ class CudaClock:
 
     def now(self) -> Handle:
         return self._event()
+
+    def mark_model_work(self) -> None:
+        self._mark = self._event() if self.timing else None
+
+    def model_span(self, duration: float) -> Span:
+        # HF has already issued the model's own kernels when the runtime hears of them (a span made now would
+        # have no width): measure between the mark and now instead
+        if self._mark is None:
+            span, _ = self.compute(duration)
+            return span
+        end = self.now()
+        span, self._mark = Span(self._mark, end, self._mark), end
+        return span
+
+    def is_ready(self, handle: Handle | None, now: Handle) -> bool:
+        return handle is None or bool(handle.query())  # cudaEventQuery: no sync
+
+    def latest(self, handles: list[Handle]) -> Handle | None:
+        return handles[-1] if handles else None  # issued in order on one stream: the last one ends last
+
+    def copy_free_at(self) -> Handle | None:
+        return None
+
+    def step_seconds(self, start: Handle, end: Handle, wall_s: float) -> float:
+        return wall_s  # eager decoding is host-bound: the host's time is the step's
+
+    @contextmanager
+    def excluded(self, trace) -> Iterator[None]:
+        t0 = self.now()
+        yield
+        trace.exclude(t0, self.now())
 
     def copy(self, duration: float, fn: Callable[[], None], after: Iterable[Handle] = (),
              issue_at: Handle | None = None) -> Span:
@@ -183,3 +306,30 @@ class CudaClock:
 
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.device)
+
+
+@dataclass(frozen=True)
+class ClockFactory:
+    """What ``hardware=`` resolved to: the profile that prices (on a real clock it only feeds the planner's
+    estimates) and how to make each run's clock."""
+
+    profile: HardwareProfile
+    measured: bool
+
+    def make(self, device: torch.device | None = None, trace_level: str = "full",
+             single_stream: bool = False) -> Clock:
+        """A fresh clock for one run (``single_stream``: copies on the compute stream, no overlap)."""
+        if self.measured:
+            return CudaClock(device, timing=trace_level == "full", single_stream=single_stream)
+        return SimClock(self.profile, single_stream=single_stream)
+
+
+def make_clock(hardware: "str | HardwareProfile | None") -> ClockFactory:
+    """Resolve ``hardware=``: ``"cuda"`` measures on the GPU; anything else is a profile that prices
+    (:func:`~specter_lab.offload.profiles.get_profile`). Raises on an unknown name, or ``"cuda"`` without CUDA."""
+    if hardware == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("hardware='cuda' needs a CUDA GPU, and torch.cuda.is_available() is False here. "
+                             f"Use a simulated profile instead, one of {sorted(PROFILES)}.")
+        return ClockFactory(PROFILES[DEFAULT_PROFILE], measured=True)
+    return ClockFactory(get_profile(hardware), measured=False)

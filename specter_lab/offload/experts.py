@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-__all__ = ["expert_apply", "route_groups", "combine", "Group"]
+__all__ = ["expert_apply", "route_groups", "combine", "exact_forward", "Group"]
 
 
 @dataclass
@@ -96,3 +96,13 @@ def combine(x: torch.Tensor, outs: dict[int, torch.Tensor], groups: dict[int, Gr
         g = groups[e]
         final.index_add_(0, g.rows, (outs[e] * w[g.rows, g.kpos, None]).to(final.dtype))
     return final
+
+
+def exact_forward(mod, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, weights_of,
+                  idx_np: np.ndarray | None = None) -> torch.Tensor:
+    """A whole layer's experts with no store and no clock: ``weights_of(e)`` gives expert e's weights (a host
+    copy, a fused slice, low-bit copies). What the oracle's look, the fidelity probe and op counting run."""
+    idx_np = idx.detach().cpu().numpy() if idx_np is None else idx_np
+    groups = route_groups(idx, idx_np)
+    outs = {e: expert_apply(mod, g.take(x), weights_of(e)) for e, g in groups.items()}
+    return combine(x, outs, groups, w)

@@ -7,24 +7,29 @@ at 60 GB/s), where a copy moves them over PCIe (~0.7 ms) *and* then computes on 
 stays, and is a hit the next time. :class:`MissPolicy` decides per miss which of the two pays, from what the copy
 would save in later reuse against what it costs now.
 
-``miss`` modes (a field of :class:`~specter_lab.strategies.Strategy`):
+Miss rules (a strategy's ``miss`` and ``cpu_share`` fields; :func:`specter_lab.assembly.assemble` picks one):
 
-* ``copy`` – every miss is copied (and kept): the GPU-only strategies;
-* ``host`` – every miss after the prefill is computed on the host and nothing is copied on demand: the device
-  cache is what the prompt left there (Fiddler's placement by popularity, measured on the prompt itself);
-  speculative strategies still prefetch what the draft forecasts, and the one-offs run on the host;
-* ``auto`` – per miss, :class:`MissPolicy`.
+* :class:`CopyMisses` (``copy``) – every miss is copied (and kept): the GPU-only strategies;
+* :class:`HostMisses` (``host``) – every miss after the prefill is computed on the host and nothing is copied on
+  demand: the device cache is what the prompt left there (Fiddler's placement by popularity, measured on the
+  prompt itself); speculative strategies still prefetch what the draft forecasts, and the one-offs run on the host;
+* :class:`CostedMisses` (``auto``) – per miss, :class:`MissPolicy`;
+* :class:`ShareMisses` (``copy`` with ``cpu_share=F``) – a share F of the misses on the host, the rest copied
+  (llama.cpp's ``--moe-cache-cpu-share``).
+
+A rule is asked only for the misses of a decode-phase forward on a layer that has device slots (the schedule
+handles the prefill and static host layers itself).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
-__all__ = ["MISS_MODES", "MissPolicy"]
-
-MISS_MODES = ("copy", "host", "auto")
+__all__ = ["MissPolicy", "MissRule", "CopyMisses", "HostMisses", "CostedMisses", "ShareMisses"]
 
 
 @dataclass
@@ -57,3 +62,62 @@ class MissPolicy:
         gain = self.rate[layer][expert] * lifetime * per_use_saving
         loss = (self.rate[layer][victim] * lifetime * per_use_saving) if victim is not None and victim >= 0 else 0.0
         return gain - loss > max(0.0, now_extra)
+
+
+class MissRule(Protocol):
+    """Which of a layer's misses run on the host (the rest are copied)."""
+
+    def on_host(self, schedule, fwd, layer: int, missing: list[int], counts: dict[int, int]) -> list[int]: ...
+
+
+class CopyMisses:
+    """Copy every miss (and keep it)."""
+
+    def on_host(self, schedule, fwd, layer, missing, counts) -> list[int]:
+        return []
+
+
+class HostMisses:
+    """Compute every miss on the host; nothing is copied on demand."""
+
+    def on_host(self, schedule, fwd, layer, missing, counts) -> list[int]:
+        return list(missing)
+
+
+@dataclass
+class ShareMisses:
+    """A fixed share of the misses on the host, spread evenly over the run (the i-th miss goes to the host when
+    ⌊(i+1)·share⌋ > ⌊i·share⌋): llama.cpp's ``--moe-cache-cpu-share``."""
+
+    share: float
+    seen: int = 0
+
+    def on_host(self, schedule, fwd, layer, missing, counts) -> list[int]:
+        host = []
+        for e in missing:
+            if math.floor((self.seen + 1) * self.share) > math.floor(self.seen * self.share):
+                host.append(e)
+            self.seen += 1
+        return host
+
+
+@dataclass
+class CostedMisses:
+    """Per miss: copy when the expert's expected reuse pays for the copy (:class:`MissPolicy`), else the host."""
+
+    policy: MissPolicy
+
+    def on_host(self, schedule, fwd, layer, missing, counts) -> list[int]:
+        pol, c, store = self.policy, schedule.cost, schedule.store
+        pol.observe(layer, fwd.routing[layer])
+        cands = [(j, e) for j, e in enumerate(store.slots[layer].expert) if e not in counts]
+        victim = None if -1 in store.slots[layer].expert or not cands else store.policy.victim(layer, cands)
+        victim_e = store.slots[layer].expert[victim] if victim is not None else None
+        saving = schedule.host_time(1) - c.expert_time(1)
+        host = []
+        for e in missing:
+            n = counts[e]
+            extra = c.copy_time(c.expert_bytes) + c.expert_time(n) - schedule.host_time(n)
+            if not pol.copy_pays(layer, e, victim_e, extra, saving):
+                host.append(e)
+        return host

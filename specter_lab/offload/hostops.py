@@ -31,7 +31,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["CountOps", "CountSyncs", "SYNCS", "OpCounts", "RegionCount", "count_ops", "count_model", "tiny_family_model", "op_counts", "IMPLEMENTATIONS", "FAMILIES"]
+__all__ = ["CountOps", "CountSyncs", "SYNCS", "OpCounts", "RegionCount", "count_ops", "count_model", "counting_model", "op_counts", "IMPLEMENTATIONS", "FAMILIES"]
 
 IMPLEMENTATIONS = ("eager", "grouped_mm", "grouped_mm_fallback", "batched_mm", "deepseek_remote", "specter",
                    "mixtral_offloading")
@@ -185,7 +185,7 @@ def _tiny_config(family: str, top_k: int, n_experts: int, layers: int, dense_fir
     raise ValueError(f"family={family!r}: op counts are available for {list(FAMILIES)}.")
 
 
-def tiny_family_model(family: str, top_k: int, n_experts: int, layers: int, dense_first: int = 0) -> nn.Module:
+def counting_model(family: str, top_k: int, n_experts: int, layers: int, dense_first: int = 0) -> nn.Module:
     """A tiny random model of ``family`` with the real routing arity and depth (for counting ops)."""
     return _tiny_model(family, top_k, n_experts, layers, dense_first)
 
@@ -230,12 +230,9 @@ def _regions(model: nn.Module, mode: CountOps) -> Iterator[None]:
 def _specter_experts(self, hidden_states, top_k_index, top_k_weights):
     """The runtime's own per-expert code on resident weights (no clock, no store): what a target forward with
     every expert resident dispatches. The routing readback is the runtime's (one host copy per layer)."""
-    from .experts import combine, expert_apply, route_groups
+    from .experts import exact_forward
 
-    idx_np = top_k_index.detach().cpu().numpy()
-    groups = route_groups(top_k_index, idx_np)
-    outs = {e: expert_apply(self, g.take(hidden_states), self._slot_views[e]) for e, g in groups.items()}
-    return combine(hidden_states, outs, groups, top_k_weights)
+    return exact_forward(self, hidden_states, top_k_index, top_k_weights, lambda e: self._slot_views[e])
 
 
 def _slot_views(experts: nn.Module) -> list[dict]:

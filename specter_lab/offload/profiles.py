@@ -137,21 +137,20 @@ def with_host(profile: HardwareProfile, host: dict | None = None) -> HardwarePro
                    notes=f"{profile.notes}; host measured by calibrate_host ({host['dtype']}, {host['threads']} threads)")
 
 
-def get_profile(hardware: "str | HardwareProfile | None") -> HardwareProfile | None:
+def get_profile(hardware: "str | HardwareProfile | None") -> HardwareProfile:
     """Resolve ``hardware=``: a profile, a preset name, a saved calibrated profile name or JSON path.
 
     A name may end in ``@eager`` or ``@compiled`` to pick the execution mode (``"a100-40g-pcie4@compiled"``).
-    Returns None for ``"cuda"`` (the caller then uses the CUDA clock).
+    ``"cuda"`` is the GPU's own clock, not a profile: :func:`specter_lab.offload.clock.make_clock` resolves it.
     """
     if isinstance(hardware, str) and "@" in hardware and not hardware.endswith(".json"):
         base, execution = hardware.rsplit("@", 1)
         if execution not in EXECUTIONS:
             raise ValueError(f"hardware={hardware!r}: execution={execution!r} is unknown: use one of "
                              f"{list(EXECUTIONS)} after the '@'.")
-        profile = get_profile(base)
-        if profile is None:
+        if base == "cuda":
             raise ValueError("hardware='cuda' runs what it runs: an execution mode applies to simulated profiles.")
-        return profile.with_execution(execution)
+        return get_profile(base).with_execution(execution)
     if hardware is None:
         return PROFILES[DEFAULT_PROFILE]
     if isinstance(hardware, HardwareProfile):
@@ -159,14 +158,8 @@ def get_profile(hardware: "str | HardwareProfile | None") -> HardwareProfile | N
     if not isinstance(hardware, str):
         raise TypeError(f"hardware= must be a profile name or HardwareProfile, got {type(hardware).__name__}")
     if hardware == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ValueError(
-                "hardware='cuda' needs a CUDA GPU, and torch.cuda.is_available() is False here. "
-                f"Use a simulated profile instead, one of {sorted(PROFILES)}."
-            )
-        return None
+        raise ValueError("hardware='cuda' is the GPU's own clock, not a profile: resolve it with "
+                         "specter_lab.offload.clock.make_clock (Engine(hardware='cuda') does).")
     if hardware in PROFILES:
         return PROFILES[hardware]
     if hardware.endswith("+host") and hardware != "cuda+host":

@@ -7,6 +7,11 @@ move from one layer to another (``shared_slots``) by handing over its row: no de
 while copies into other rows are in flight, and the row keeps its handles (a copy into it waits for the last
 read of its old contents).
 
+``pool="global"`` (llama.cpp's expert cache, ``--moe-cache-mib``): a miss with no free slot in its own layer
+evicts the least recently used expert of *any* layer sharing the pool, and that slot's row moves to the missing
+layer. ``materialize=False`` keeps the residency table, handles and trace records but no tensors: the schedule of
+a run priced from its routing alone (replay).
+
 On the CPU the "device" slots are separate memory and a transfer is a real ``copy_`` into them, so a slot that
 holds the wrong expert, or a compute that reads a slot before its copy, changes the output and the lossless tests
 catch it. On CUDA the host copies are pinned and copies are non-blocking on the clock's copy stream.
@@ -69,6 +74,14 @@ def _signature(host: dict[str, torch.Tensor]) -> tuple:
     return tuple((n, tuple(t.shape[1:]), t.dtype) for n, t in host.items())
 
 
+def _layer_signature(layer) -> tuple:
+    """A layer's expert shapes without host copies (a tensorless store); layers of unknown shape share a pool."""
+    experts = getattr(layer, "experts", None)
+    if experts is None:
+        return ()
+    return tuple((n, tuple(getattr(experts, n).shape[1:]), getattr(experts, n).dtype) for n in layer.param_names)
+
+
 class ExpertStore:
     """Residency of routed experts in a fixed number of device slots per layer.
 
@@ -80,7 +93,7 @@ class ExpertStore:
 
     def __init__(self, info, slots_per_layer: list[int], clock, cost, policy: EvictionPolicy, trace,
                  device: torch.device | str = "cpu", host: list[dict[str, torch.Tensor]] | None = None,
-                 writeback: bool = False) -> None:
+                 pool: str = "layer", materialize: bool = True, writeback: bool = False) -> None:
         self.info = info
         # Mixtral-Offloading's swap: an evicted expert is copied back to the host before its slot is reused
         # (upstream keeps only as many host copies as experts offloaded); here into a scratch buffer, since the
@@ -94,11 +107,17 @@ class ExpertStore:
         self._stamp = stamper(clock, trace.full)
         self.device = torch.device(device)
         self.fault_hook: Callable[[int, int], None] | None = None  # test hook: raise to inject a failed copy
+        self.pool = pool
+        self.materialize = materialize
         pin = self.device.type == "cuda"
-        self.host: list[dict[str, torch.Tensor]] = host if host is not None else [
-            {name: _host_copy(getattr(layer.experts, name).detach(), pin) for name in layer.param_names}
-            for layer in info.layers]
-        sigs = [_signature(h) for h in self.host]
+        if materialize:
+            self.host: list[dict[str, torch.Tensor]] = host if host is not None else [
+                {name: _host_copy(getattr(layer.experts, name).detach(), pin) for name in layer.param_names}
+                for layer in info.layers]
+            sigs = [_signature(h) for h in self.host]
+        else:
+            self.host = [{} for _ in info.layers]
+            sigs = [_layer_signature(layer) for layer in info.layers]
         self.group = [sigs.index(s) for s in sigs]  # layer → pool group (same shapes share a pool)
         self.pools: list[dict[str, torch.Tensor]] = []
         self.slots: list[LayerSlots] = [LayerSlots([], [], [], [], [], []) for _ in info.layers]
@@ -106,7 +125,7 @@ class ExpertStore:
             members = [l for l in range(len(self.host)) if self.group[l] == g]
             rows = sum(slots_per_layer[l] for l in members)
             self.pools.append({name: torch.empty((rows, *t.shape[1:]), dtype=t.dtype, device=self.device)
-                               for name, t in self.host[members[0]].items()})
+                               for name, t in self.host[members[0]].items()})  # {} without tensors
             row = 0
             for l in members:
                 for _ in range(slots_per_layer[l]):
@@ -167,10 +186,27 @@ class ExpertStore:
             if e < 0:
                 return i
         protected = set(protected)
+        if self.pool == "global":
+            return self._take_global(layer, protected)
         cands = [(i, e) for i, e in enumerate(s.expert) if e not in protected]
         if not cands:
             return None
         return self.policy.victim(layer, cands)
+
+    def _take_global(self, layer: int, protected: set[int]) -> int | None:
+        """A slot for ``layer`` from the whole pool: an empty one anywhere, else the policy's victim over every
+        layer sharing the pool (the policy's recency clock is global, so scores compare across layers). A slot
+        of another layer moves here, with its row."""
+        cands = [(m, j, e) for m, s in enumerate(self.slots) if self.group[m] == self.group[layer]
+                 for j, e in enumerate(s.expert) if not (m == layer and e in protected)]
+        if not cands:
+            return None
+        empty = [c for c in cands if c[2] < 0]
+        m, j, _ = empty[0] if empty else min(cands, key=lambda c: self.policy.score(c[0], c[2]))
+        if m == layer:
+            return j
+        self.move_slot(m, layer, slot=j, min_keep=0)
+        return self.slots[layer].size - 1
 
     def evict(self, layer: int, slot: int) -> None:
         s = self.slots[layer]
@@ -223,7 +259,7 @@ class ExpertStore:
         def do_copy() -> None:
             if self.fault_hook is not None:
                 self.fault_hook(layer, expert)
-            for name, t in src.items():
+            for name, t in src.items():  # nothing without tensors (materialize=False)
                 dst[name].copy_(t, non_blocking=True)
 
         try:
@@ -233,8 +269,9 @@ class ExpertStore:
             raise CopyFault(f"copy of layer {layer} expert {expert} into slot {slot} failed: {exc}") from exc
 
     def _write_back(self, layer: int, slot: int, after, issue_at) -> Handle:
-        """Copy the expert in ``slot`` device→host (a real copy into a scratch buffer), on the copy lane before
-        the load that replaces it; recorded as a ``writeback`` transfer. Returns when it ends."""
+        """Copy the expert in ``slot`` device→host (a real copy into a scratch buffer; nothing without tensors),
+        on the copy lane before the load that replaces it; recorded as a ``writeback`` transfer. Returns when it
+        ends."""
         buf = self._wb_buffers.get(layer)
         if buf is None:
             pin = self.device.type == "cuda"
@@ -274,16 +311,19 @@ class ExpertStore:
         """Slots can move between layers only if every layer's experts have the same tensor shapes."""
         return len(self.pools) == 1
 
-    def move_slot(self, src: int, dst: int, protected: Iterable[int] = ()) -> bool:
-        """Give one slot of layer ``src`` to layer ``dst`` (total device memory unchanged): an empty slot if there
-        is one, else the policy's victim among the unprotected. The moved slot arrives empty at ``dst`` with its
-        row of the shared pool; a copy into it still waits for the last read of its old contents. False if
-        ``src`` has no slot it may give."""
+    def move_slot(self, src: int, dst: int, protected: Iterable[int] = (), slot: int | None = None,
+                  min_keep: int = 1) -> bool:
+        """Give one slot of layer ``src`` to layer ``dst`` (total device memory unchanged): ``slot`` if given,
+        else an empty slot if there is one, else the policy's victim among the unprotected. The moved slot
+        arrives empty at ``dst`` with its row of the shared pool; a copy into it still waits for the last read of
+        its old contents. False if ``src`` has no slot it may give (it keeps at least ``min_keep``)."""
         s, d = self.slots[src], self.slots[dst]
-        if s.size <= 1 or self.group[src] != self.group[dst]:
+        if s.size <= min_keep or self.group[src] != self.group[dst]:
             return False
         empty = [i for i, e in enumerate(s.expert) if e < 0]
-        if empty:
+        if slot is not None:
+            i = slot
+        elif empty:
             i = empty[0]
         else:
             protected = set(protected)
@@ -293,15 +333,9 @@ class ExpertStore:
             i = self.policy.victim(src, cands)
         carried = [h for h in (s.last_use[i], s.ready[i]) if h is not None]
         self.evict(src, i)
-        d.add(s.remove(i), last_use=self._latest(carried))
-        return True
-
-    @staticmethod
-    def _latest(handles: list) -> Handle | None:
         # The row's memory was last read or written by these ops: its next copy must wait for the later one.
-        if not handles:
-            return None
-        return max(handles) if all(isinstance(h, float) for h in handles) else handles[-1]
+        d.add(s.remove(i), last_use=self.clock.latest(carried))
+        return True
 
     def flush_unused_prefetches(self) -> None:
         """End of a run: prefetched experts that were never used count as waste."""

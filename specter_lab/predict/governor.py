@@ -1,7 +1,7 @@
 """``k="auto"``: the K governor decides after every draft step whether one more draft token pays.
 
 Its model and the choices behind it (exploring windows rather than an optimism bonus, per-depth acceptance
-rather than one rate) are described in ``docs/governor.md``, with the measurements that decided them.
+rather than one rate) are in :class:`KGovernor`'s docstring; ``sl.bench.k_sweep`` measures it against fixed K.
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ class KGovernor:
       choose still get measured: an estimate learnt only from short windows would keep the governor short.
       ``optimism`` (off by default) is the textbook alternative, an upper-confidence bonus
       ``optimism / sqrt(reach_m + prior)`` on acceptance at rarely reached depths; it can trap itself at a short
-      K after one early rejection (docs/governor.md), which the fixed exploring window cannot.
+      K after one early rejection (one rejection at depth 1 makes every deeper depth look unreached and
+      unlikely), which the fixed exploring window cannot.
 
     After every draft step j we minimise
     T(K)/E(K) over K ∈ [j, k_max] and draft on iff the minimum lies beyond j.

@@ -12,8 +12,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .forecast import WindowForecast
+
+if TYPE_CHECKING:  # annotations only: the prefetcher is handed a store and a cost model, it builds neither
+    from ..offload.cost import CostModel
+    from ..offload.store import ExpertStore
 
 __all__ = ["LookaheadPrefetcher"]
 
@@ -22,8 +27,8 @@ __all__ = ["LookaheadPrefetcher"]
 class LookaheadPrefetcher:
     """The paper's prefetch schedule over one store. ``chunking`` is ``"adaptive"``, ``"budgeted"`` or draft fractions."""
 
-    store: object
-    cost: object
+    store: "ExpertStore"
+    cost: "CostModel"
     chunking: str | tuple[float, ...] = "adaptive"
     first_fraction: float = 0.2
     protect: bool = True
@@ -121,20 +126,17 @@ class LookaheadPrefetcher:
         and evicts only experts the forecast says are *less* likely than the one coming in (or not forecast)."""
         store, cost = self.store, self.cost
         clock = store.clock
-        if clock.kind != "simulated":
+        free = clock.copy_free_at()
+        if free is None:  # a real clock: the copy lane's position cannot be read mid-run
             return self._budgeted_unclocked(steps_done, forecast, issue_at)
         now = clock.now() if issue_at is None else issue_at
         step = self.step_time_avg or 1e-4
         draft_end = now + max(0, self.k - steps_done) * step
-        n_layers = len(forecast.counts)
-        copy_t = max(clock.copy_t, now)
+        copy_t = max(free, now)
         t_copy = cost.copy_time(cost.expert_bytes)
         per_layer_verify = cost.dense_layer_time(self.k + 1, 0)
-        cands = sorted(((c, -l, e) for l in range(n_layers) for e, c in forecast.counts[l].items()
-                        if store.lookup(l, e) is None), reverse=True)
         issued = 0
-        for c, neg_l, e in cands:
-            layer = -neg_l
+        for c, layer, e in self._ranked(forecast):
             deadline = draft_end + layer * per_layer_verify
             if copy_t + t_copy > deadline:
                 continue  # would not arrive in time: a demand load later costs the same and evicts nothing early
@@ -151,14 +153,19 @@ class LookaheadPrefetcher:
         # step hides (cost-model estimate), most likely first, with the same eviction rule.
         step = self.step_time_avg or 1e-3
         budget = max(1, int(step / self.cost.copy_time(self.cost.expert_bytes)))
-        cands = sorted(((c, -l, e) for l in range(len(forecast.counts)) for e, c in forecast.counts[l].items()
-                        if self.store.lookup(l, e) is None), reverse=True)[:budget]
         issued = 0
-        for c, neg_l, e in cands:
-            more_likely = {x for x, cx in forecast.counts[-neg_l].items() if cx >= c}
-            if self.store.prefetch(-neg_l, e, protected=more_likely, issue_at=issue_at):
+        for c, layer, e in self._ranked(forecast)[:budget]:
+            more_likely = {x for x, cx in forecast.counts[layer].items() if cx >= c}
+            if self.store.prefetch(layer, e, protected=more_likely, issue_at=issue_at):
                 issued += self.cost.expert_bytes
         self.next_boundary = steps_done + 1
         return issued
+
+    def _ranked(self, forecast: WindowForecast) -> list[tuple[int, int, int]]:
+        """(count, layer, expert) of the forecast experts not resident: most likely first, then earlier layer
+        (verification needs it sooner), then higher expert id (a fixed tie-break)."""
+        cands = sorted(((c, -l, e) for l in range(len(forecast.counts)) for e, c in forecast.counts[l].items()
+                        if self.store.lookup(l, e) is None), reverse=True)
+        return [(c, -neg_l, e) for c, neg_l, e in cands]
 
 

@@ -1,0 +1,309 @@
+"""The schedule of one MoE layer: what happens to every routed expert, decided and priced from the routing alone.
+
+For each layer of each forward the :class:`LayerSchedule` decides, from the routing's per-expert token counts,
+whether an expert is resident (a hit), demand-copied, streamed through a slot, computed on the host, prefetched
+for the next layer, or evicted; it puts every op on the clock and writes every trace record. It never touches
+a hidden state: the tensor work is handed to it as callables (:class:`ExpertMath`), which it runs inside the
+clock's ops so that on a GPU each kernel is issued between its events. Without them (``math=None``) the same
+code prices a layer from a routing array alone, with a tensorless store: what a replay of a recorded routing
+runs.
+
+Contributions are computed per expert here and summed by the caller (:mod:`specter_lab.offload.runtime`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, Sequence
+
+import numpy as np
+
+from .clock import Span, stamper
+from .hostexec import MissRule
+
+__all__ = ["ForwardInfo", "LayerSchedule", "ExpertMath", "DraftSource", "HOOK_POINTS"]
+
+HOOK_POINTS = ("moe.routing",)  # fn(info: ForwardInfo, layer: int, top_k_ids: np.ndarray [T, k])
+
+
+@dataclass
+class ForwardInfo:
+    """One model forward as the runtime sees it: the decode step it belongs to, its mode and phase, ``pos0``
+    (tokens already in the cache when it started) and ``routing`` (layer → top-k ids ``[T, k]`` of this
+    forward, filled in by the runtime)."""
+
+    step: int
+    mode: str  # target | draft | shadow
+    phase: str  # prefill | decode | draft | verify | recompute | shadow
+    pos0: int
+    routing: dict[int, np.ndarray] = field(default_factory=dict)
+    record: bool = True  # False: leave no trace (the lossless guard's reference pass)
+
+
+@dataclass
+class DraftSource:
+    """Where the draft's routed experts come from (see :mod:`specter_lab.drafts`): ``variant``, the low-bit
+    experts (quantized / hybrid), what one such expert costs to read, and the hybrid set size per layer."""
+
+    variant: str = "quantized"
+    experts: object | None = None  # DraftExperts
+    expert_bytes: float = 0.0
+    hybrid_size: int = 0
+    # hybrid: builds the low-bit copies of just the chosen sets (per layer), so the device holds what the budget
+    # charges (hybrid_size experts per layer), not a low-bit copy of every expert
+    build: Callable[[list[set[int]]], object] | None = None
+
+    def weights(self, layer: int, e: int):
+        return self.experts.weights(layer, e) if self.experts is not None else None
+
+
+class ExpertMath(Protocol):
+    """The tensor work of one layer, as callables the schedule runs inside its clock ops."""
+
+    def device(self, e: int, weights) -> Callable[[], Any]:
+        """Expert ``e`` on its tokens with device ``weights`` (a slot's views or low-bit copies)."""
+
+    def host(self, e: int, weights) -> Callable[[], Any]:
+        """Expert ``e`` on its tokens on the host CPU with host ``weights``."""
+
+    def gate_prediction(self, layer: int) -> list[tuple[int, int]]:
+        """Layer ``layer``'s router applied to this layer's hidden state: (expert, tokens), most routed first."""
+
+
+def counts_of(idx: np.ndarray) -> dict[int, int]:
+    """Routed tokens per expert of a layer's top-k ids ``[T, k]``, in ascending expert order (-1: not recorded)."""
+    ids, n = np.unique(idx[idx >= 0], return_counts=True)
+    return {int(e): int(c) for e, c in zip(ids, n)}
+
+
+class LayerSchedule:
+    """Decides and prices every routed expert of every layer: store, clock, cost, trace, miss rule, draft."""
+
+    def __init__(self, info, store, clock, cost, trace, miss: MissRule, draft: DraftSource | None = None,
+                 gate_lookahead: bool = False, host_layers: Sequence[int] = (),
+                 host_weights: "list[dict[str, Any]] | None" = None, host_weight_bytes: float | None = None) -> None:
+        self.info = info
+        self.store = store
+        self.clock = clock
+        self.cost = cost
+        self.trace = trace
+        self.miss = miss
+        self.draft = draft or DraftSource()
+        self.gate_lookahead = gate_lookahead
+        self.host_layers = set(host_layers)  # static split: every expert of these layers runs on the host
+        self.host_weights = host_weights if host_weights is not None else store.host
+        self.host_weight_bytes = host_weight_bytes  # host copies in another precision (Engine(host_dtype=))
+        self.hybrid_sets: list[set[int]] = [set() for _ in info.layers]  # hybrid draft: experts with low-bit copies
+        self.hooks: dict[str, list[Callable]] = {name: [] for name in HOOK_POINTS}
+        self._stamp = stamper(clock, trace.full)
+        self._protect: dict[int, set[int]] = {}  # gate lookahead: next layer's predicted experts, this forward
+
+    # ------------------------------------------------------------------ entry
+    def begin_forward(self) -> None:
+        self._protect = {}
+        self.clock.mark_model_work()  # where the first dense span starts (measured clocks)
+
+    def routed(self, fwd: ForwardInfo, layer: int, idx: np.ndarray) -> None:
+        """Record one layer's routing of this forward (and call the ``moe.routing`` hooks)."""
+        fwd.routing[layer] = idx
+        if fwd.record:
+            self.trace.routed("recompute" if fwd.phase == "recompute" else fwd.mode, layer, fwd.pos0, idx)
+        for hook in self.hooks["moe.routing"]:
+            hook(fwd, layer, idx)
+
+    def layer(self, fwd: ForwardInfo, layer: int, counts: dict[int, int], n_tokens: int,
+              math: ExpertMath | None = None) -> tuple[dict[int, Any], dict[int, Any]]:
+        """Schedule one layer of a target or draft forward: returns (device outputs, host outputs) per expert
+        (None values without ``math``)."""
+        if fwd.mode == "draft":
+            outs = self._draft(fwd, layer, counts, n_tokens, math)
+        else:
+            outs = self._target(fwd, layer, counts, n_tokens, math)
+        self.clock.mark_model_work()
+        return outs
+
+    def model_span(self, duration: float) -> Span:
+        """The model's own work since the last mark (attention, norms, router, shared experts, the LM head)."""
+        return self.clock.model_span(duration)
+
+    def _dense_span(self, fwd: ForwardInfo, layer: int, n_tokens: int, phase: str) -> None:
+        self.trace.span(phase, layer, -1, self.model_span(self.cost.dense_layer_time(n_tokens, fwd.pos0)))
+
+    # ------------------------------------------------------------------ target
+    def _target(self, fwd, layer, counts, n_tokens, math):
+        store = self.store
+        self._dense_span(fwd, layer, n_tokens, fwd.phase)
+        now = self._stamp()
+        ids = list(counts)
+        resident = [e for e in ids if store.lookup(layer, e) is not None]
+        missing = [e for e in ids if store.lookup(layer, e) is None]
+        for e in resident:
+            self.trace.cache(layer, e, "hit", now)
+        for e in missing:
+            self.trace.cache(layer, e, "miss", now)
+        # Host execution: issue the host's experts first, so they run while the device computes its own.
+        jobs = self._issue_host(fwd, layer, self._host_misses(fwd, layer, missing, counts), counts, now, math)
+        missing = [e for e in missing if e not in jobs]
+        loaded, deferred = self._issue_demand(layer, set(ids), missing, now)
+        if self.gate_lookahead and math is not None and layer + 1 < self.info.num_layers:
+            self._gate_prefetch(layer + 1, math.gate_prediction(layer + 1))
+        outs = {e: self._compute(fwd, layer, e, counts[e], store.lookup(layer, e), math) for e in resident + loaded}
+        # Fewer slots than experts: stream the rest through slots whose experts are done.
+        for e in deferred:
+            pending = {d for d in deferred if d not in outs}
+            slot = store.load(layer, e, "demand", protected=pending - {e}, issue_at=now)
+            if slot is None:
+                raise RuntimeError(f"layer {layer}: no slot can be freed for expert {e} "
+                                   f"(slots={store.slots[layer].size})")
+            outs[e] = self._compute(fwd, layer, e, counts[e], slot, math)
+        return outs, self._join_host(fwd, layer, jobs)
+
+    def _compute(self, fwd, layer: int, e: int, n: int, slot: int, math):
+        store = self.store
+        fn = math.device(e, store.weights(layer, slot)) if math is not None else None
+        span, out = self.clock.compute(self.cost.expert_time(n), fn, after=[store.ready(layer, slot)])
+        self.trace.span(fwd.phase, layer, e, span, copy_id=store.copy_id(layer, slot))
+        store.mark_used(layer, slot, span.end)
+        return out
+
+    def _issue_demand(self, layer: int, needed: set[int], missing: list[int], now) -> tuple[list[int], list[int]]:
+        """Issue every demand copy that has a slot not needed by this layer, before computing anything, so the
+        copies overlap the resident experts' compute. Returns (loaded, deferred for streaming)."""
+        loaded, deferred = [], []
+        keep = self._protect.get(layer, set())
+        for e in missing:
+            slot = self.store.load(layer, e, "demand", protected=needed | keep, issue_at=now)
+            if slot is None and keep:
+                slot = self.store.load(layer, e, "demand", protected=needed, issue_at=now)
+            (loaded if slot is not None else deferred).append(e)
+        return loaded, deferred
+
+    def _gate_prefetch(self, nxt: int, predicted: list[tuple[int, int]]) -> None:
+        """Pre-gated lookahead: prefetch what layer l+1's router picks on layer l's hidden state."""
+        chosen = predicted[: self.store.slots[nxt].size]
+        for e, c in chosen:
+            self.trace.forecast_count(nxt, e, int(c))
+        protect = {e for e, _ in chosen}
+        self._protect[nxt] = protect
+        for e, _ in chosen:
+            self.store.prefetch(nxt, e, protected=protect)
+
+    # ------------------------------------------------------------------ host execution
+    def _host_misses(self, fwd, layer: int, missing: list[int], counts: dict[int, int]) -> list[int]:
+        """The misses this forward computes on the host: every one on a host layer (static split); none in the
+        prefill (its many tokens make a copy pay); else what the strategy's miss rule says."""
+        if not missing:
+            return []
+        if layer in self.host_layers:
+            return list(missing)
+        if fwd.phase == "prefill":
+            return []
+        return self.miss.on_host(self, fwd, layer, missing, counts)
+
+    def host_time(self, n: int) -> float:
+        """Host lane seconds for one expert on n tokens: the host reads the expert at its copy's width, and the
+        activations cross the link both ways."""
+        c = self.cost
+        wb = self.host_weight_bytes or c.weight_bytes
+        return c.host_expert_time(n, weight_bytes=wb) + 2 * 4 * c.hidden * n / c.profile.pcie_bandwidth
+
+    def _issue_host(self, fwd, layer: int, experts: list[int], counts, now, math, event: bool = True) -> dict:
+        """Submit each host expert to the clock's host lane; returns expert → (span, job). ``event``: record the
+        target's miss as served on the host (the draft's host experts are not cache requests)."""
+        jobs = {}
+        for e in experts:
+            fn = math.host(e, {n: h[e] for n, h in self.host_weights[layer].items()}) if math is not None else None
+            jobs[e] = self.clock.host(self.host_time(counts[e]), fn if fn is not None else _nothing)
+            if event:
+                self.trace.cache(layer, e, "host", now)
+        return jobs
+
+    def _join_host(self, fwd, layer: int, jobs: dict) -> dict:
+        """Collect the host results (the device waits for any not done yet: a stall on the device lane)."""
+        outs = {}
+        for e, (span, job) in jobs.items():
+            wait, outs[e] = self.clock.join_host(span, job)
+            self.trace.span(fwd.phase, layer, e, span, lane="host")
+            self.trace.span(fwd.phase, layer, -1, wait)  # the device waiting for it (zero width, a stall)
+        return outs
+
+    # ------------------------------------------------------------------ draft
+    def choose_hybrid_sets(self, routing: dict[int, np.ndarray]) -> None:
+        """Hybrid draft: after the prefill, give low-bit copies to the experts the prompt used most that are not
+        resident (the fp cache already covers the resident ones), then to the next most used."""
+        if not self.draft.hybrid_size:
+            return
+        for layer, idx in routing.items():
+            counts = np.bincount(idx.reshape(-1), minlength=self.info.layers[layer].num_experts)
+            resident = self.store.resident(layer)
+            order = sorted(range(len(counts)), key=lambda e: (e in resident, -counts[e], e))
+            self.hybrid_sets[layer] = set(order[: self.draft.hybrid_size])
+        if self.draft.build is not None:
+            self.draft.experts = self.draft.build(self.hybrid_sets)
+
+    def _draft(self, fwd, layer, counts, n_tokens, math):
+        """The draft's MoE layer. Variants (all lossless, the target verifies):
+
+        * ``quantized`` – every expert from its resident low-bit copy (the paper);
+        * ``resident``  – fp experts that are resident and ready *now*; absent ones are skipped (the caller
+          renormalises each token's remaining router weights; no extra device memory);
+        * ``hybrid``    – resident fp where ready, else a low-bit copy if the expert is in the hybrid set, else skip;
+        * ``host``      – resident fp where ready, else computed on the host CPU from the host copy (priced by the
+          profile's CPU fields).
+        """
+        self._dense_span(fwd, layer, n_tokens, "draft")
+        now = self._stamp()
+        plans = {e: self._draft_expert(layer, e, now) for e in counts}
+        # the host variant's absent experts go to the host lane first, so they run beside the device's own
+        jobs = self._issue_host(fwd, layer, [e for e, p in plans.items() if p == "host"], counts, now, math,
+                                event=False)
+        outs = {}
+        for e, plan in plans.items():
+            if plan is None or plan == "host":
+                continue  # skipped (renormalised by the caller), or on the host
+            weights, cost, slot = plan
+            after = [self.store.ready(layer, slot)] if slot is not None else []  # a no-op on the sim clock
+            fn = math.device(e, weights) if math is not None else None
+            span, outs[e] = self.clock.compute(cost(counts[e]), fn, after=after)
+            self.trace.span("draft", layer, e, span)
+            if slot is not None:
+                self.store.note_read(layer, slot, span.end)
+        return outs, self._join_host(fwd, layer, jobs)
+
+    def _draft_expert(self, layer: int, e: int, now):
+        """(weights, cost of n tokens, slot read or None) for draft expert e on the device, ``"host"`` to compute
+        it on the host lane, or None to skip it."""
+        variant, store = self.draft.variant, self.store
+        if variant == "quantized" or (variant == "hybrid" and e in self.hybrid_sets[layer]
+                                      and not self._ready_now(layer, e, now)):
+            return (self.draft.weights(layer, e),
+                    lambda n: self.cost.expert_time(n, weight_bytes=self.draft.expert_bytes), None)
+        if self._ready_now(layer, e, now):
+            slot = store.lookup(layer, e)
+            return store.weights(layer, slot), self.cost.expert_time, slot
+        return "host" if variant == "host" else None
+
+    def _ready_now(self, layer: int, expert: int, now) -> bool:
+        # A prefetch still in flight is not usable by the draft (it would stall): the clock says whether it landed
+        slot = self.store.lookup(layer, expert)
+        return slot is not None and self.clock.is_ready(self.store.ready(layer, slot), now)
+
+    # ------------------------------------------------------------------ estimates
+    def verify_estimate(self, n_tokens: int, context: int, distinct: "Sequence[float] | None" = None) -> float:
+        """Cost-model time of a verification pass over n tokens with every expert resident (no stalls).
+
+        ``distinct``: expected distinct experts per layer (the K governor's measured curve). Without it every
+        token is assumed to bring top_k new experts, which overstates long windows: consecutive tokens share."""
+        c = self.cost
+        per_layer = []
+        for i, l in enumerate(self.info.layers):
+            n_exp = min(l.num_experts, l.top_k * n_tokens)
+            if distinct is not None and i < len(distinct):
+                n_exp = max(1.0, min(float(n_exp), float(distinct[i])))
+            per_layer.append(c.dense_layer_time(n_tokens, context)
+                             + n_exp * c.expert_time(max(1, int(l.top_k * n_tokens / n_exp))))
+        return sum(per_layer) + c.head_time(n_tokens)
+
+
+def _nothing() -> None:
+    return None
