@@ -12,13 +12,13 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parents[1] / "specter_lab"
 
 LAYERS = [
-    ["errors", "units", "strategies", "quant", "drafts", "prompts"],  # data and specs: no package imports
+    ["errors", "units", "strategies", "quant", "drafts", "prompts", "paper"],  # data and specs: no package imports
     ["trace", "budget", "model"],  # records; the budget split; the model adapter
     ["metrics", "offload", "predict"],  # derived metrics; store, runtime, clocks, costs; forecasts, prefetch, K
     ["decode", "assembly"],  # the decode loops; strategy → a run's parts (the only reader of its mechanisms)
     ["engine"],  # one model + strategy + budget + clock
     ["runs", "fidelity", "analysis", "published"],  # things that run engines or read their traces; published rows
-    ["bench", "planner"],  # comparisons and the planner
+    ["bench", "planner", "reproduce"],  # comparisons, the planner, the paper's protocol reproduced
     ["viz"],  # notebook views
     ["cli", "__init__"],  # entry points
 ]

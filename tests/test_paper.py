@@ -72,3 +72,67 @@ def test_mixtral_offloading_dispatch_is_counted_not_assumed():
     per_layer = lambda c: c.syncs["moe_layer"] + c.syncs["experts_fixed"] + 6 * c.syncs["per_expert"]
     assert per_layer(mo) == 19 and per_layer(ours) == 1
     assert mo.per_expert[0] > ours.per_expert[0]
+
+
+# ----------------------------------------------------------------------------------------------- the protocol
+def test_cases_hold_the_artifact_settings():
+    c = sl.paper.PAPER_CASES
+    hi, lo = c["deepseek-v2-lite-high"], c["deepseek-v2-lite-low"]
+    assert (hi.method("specter").residents, hi.method("specter").k) == (16, 16)
+    assert (hi.method("specmoeoff").residents, hi.method("specmoeoff").k) == (12, 3)
+    assert hi.method("mixtral_offloading").residents == 32 and lo.method("mixtral_offloading").residents == 20
+    assert c["qwen1.5-moe"].baselines == ("specmoeoff",) and c["phi-3.5-moe"].memory_rule == "matched"
+    for case in c.values():  # every case's shape exists at full depth, with the real model's expert count
+        shape = sl.offload.shapes.get_cost_shape(case.cost_shape)
+        assert shape.projection == "full" and shape.num_experts == case.num_experts and shape.top_k == case.top_k
+    # projected onto 32 experts a layer: the same fraction resident
+    assert hi.method("specter").slots_on(32, 64) == 8 and lo.method("specmoeoff").slots_on(32, 64) == 1
+
+
+@pytest.fixture(scope="module")
+def table(model):
+    return sl.bench.reproduce_paper(model, None, cases=["deepseek-v2-lite-high", "phi-3.5-moe"],
+                                    prompts=[IDS], max_new_tokens=40, progress=False)
+
+
+def test_reproduce_paper_table(table):
+    df = table
+    assert set(df.execution) == {"eager", "compiled"}
+    assert len(df) == 2 * (3 + 2)  # methods per case x executions
+    for (case, ex), g in df.groupby(["case", "execution"]):
+        spec = g[g.method == "specter"].iloc[0]
+        for row in g[g.method != "specter"].itertuples():
+            assert row.speedup == pytest.approx(row.tpot_ms / spec.tpot_ms)
+            assert row.speedup_artifact == pytest.approx(row.tpot_ms_artifact / spec.tpot_ms_artifact)
+        mo = g[g.method == "mixtral_offloading"]
+        assert mo.empty or (mo.tpot_ms == mo.tpot_ms_artifact).all()  # autoregressive: equal by construction
+        assert (g[g.method == "specter"].tpot_ms_artifact < g[g.method == "specter"].tpot_ms).all()
+    assert (df.paper_mean == 1.50).all() and (df.paper_max == 1.88).all()
+    # matched memory: the Phi SpecMoEOff gets Specter's bytes, not more
+    phi = df[(df.case == "phi-3.5-moe") & (df.execution == "eager")].set_index("method")
+    assert phi.loc["specmoeoff", "device_MB"] <= phi.loc["specter", "device_MB"] + 1e-9
+    for key in ("profile", "projection", "routing", "prompts", "executions"):
+        assert df.attrs[key]
+    assert "SIMULATED" in sl.bench.paper_header(df) and "phi-3.5-moe@full" in df.attrs["projection"]
+
+
+def test_reproduce_paper_refuses_what_it_cannot_do(model):
+    with pytest.raises(NotImplementedError, match="issue 25"):
+        sl.bench.reproduce_paper(model, None, trace=object(), prompts=[IDS], progress=False)
+    with pytest.raises(ValueError, match="case"):
+        sl.bench.reproduce_paper(model, None, cases=["gpt-5"], prompts=[IDS], progress=False)
+    with pytest.raises(ValueError, match="executions"):
+        sl.bench.reproduce_paper(model, None, executions=["jit"], prompts=[IDS], progress=False)
+    with pytest.raises(ValueError, match="tokenizer"):
+        sl.bench.reproduce_paper(model, None, progress=False)
+
+
+def test_waterfall_takes_the_speedup_apart(model):
+    w = sl.bench.paper_waterfall(model, None, prompts=[IDS], max_new_tokens=40, progress=False)
+    assert list(w.step) == [s[0] for s in sl.reproduce.WATERFALL_STEPS]
+    assert w.metric.iloc[0] == "tpot_ms_artifact" and (w.metric.iloc[1:] == "tpot_ms").all()
+    # each factor is the step's change, so their product takes the headline to the last step
+    assert w.speedup.iloc[0] * w.factor.iloc[1:].prod() == pytest.approx(w.speedup.iloc[-1])
+    # switching the artifact's implementation costs off only ever makes the baseline faster
+    assert (w.baseline_tpot_ms.iloc[1:5].diff().dropna() <= 1e-9).all()
+    assert w.target.iloc[-1] == "spec_lru"
