@@ -22,14 +22,14 @@ from .offload.clock import make_clock
 from .offload.shapes import get_cost_shape
 from .prompts import heldout_prompts
 from .published import published
-from .reproduce import paper_equal_memory, paper_header, paper_waterfall, reproduce_paper
+from .reproduce import paper_equal_memory, paper_header, paper_prompts, paper_waterfall, reproduce_paper
 from .quant import QuantSpec
 from .runs import DoesNotFit, run_prompts, try_engine
 from .strategies import BASELINES, STRATEGIES, get_strategy
 from .units import parse_budget
 
 __all__ = ["compare", "fidelity", "summarize", "heldout_prompts", "ablations", "k_sweep", "cpu_overhead",
-           "reproduce_paper", "paper_waterfall", "paper_equal_memory", "paper_header",
+           "reproduce_paper", "paper_waterfall", "paper_equal_memory", "paper_header", "paper_prompts",
            "BASELINES", "COMPARE_COLUMNS", "ABLATIONS", "published"]
 
 COMPARE_COLUMNS = ["strategy", "hardware", "prompt", "expert_budget", "tpot_ms", "tpot_ms_artifact",
