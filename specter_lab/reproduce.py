@@ -19,7 +19,7 @@ from .engine import Engine
 from .model import inspect_model
 from .offload.profiles import EXECUTIONS
 from .offload.shapes import get_cost_shape
-from .paper import PAPER_CLAIM, PAPER_EXECUTIONS, PAPER_PROFILE, PROTOCOL, PaperCase, get_case
+from .paper import PAPER_CASES, PAPER_CLAIM, PAPER_EXECUTIONS, PAPER_PROFILE, PROTOCOL, PaperCase, get_case
 from .prompts import heldout_prompts
 from .runs import run_prompts
 from .strategies import Strategy, get_strategy
@@ -193,9 +193,14 @@ def paper_waterfall(model, tokenizer, case: str = "deepseek-v2-lite-high", execu
     (Specter without its lookahead prefetch: ``spec_lru``, same draft, K and slots), so what is left there is
     speculation alone against lean LRU at equal memory."""
     (case,) = _check([case], [execution], trace)
+    if "mixtral_offloading" not in case.baselines:
+        with_mo = [c.name for c in PAPER_CASES.values() if "mixtral_offloading" in c.baselines]
+        raise ValueError(f"case={case.name!r}: the artifact compares it with {list(case.baselines)} only, not "
+                         f"Mixtral-Offloading, whose speedup the waterfall takes apart; use one of {with_mo}.")
     mo, spec = case.method("mixtral_offloading"), case.method("specter")
     b = _setup(model, tokenizer, prompts, n_prompts, max_new_tokens, 7, progress)
-    mo_slots, spec_slots = mo.slots_on(b.num_experts, case.num_experts), spec.slots_on(b.num_experts, case.num_experts)
+    n_exp = b.num_experts
+    mo_slots, spec_slots = mo.slots_on(n_exp, case.num_experts), spec.slots_on(n_exp, case.num_experts)
     cache: dict[tuple, dict] = {}
 
     def run(strategy: str, equal_bytes: bool = False, **opts) -> dict:

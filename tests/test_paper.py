@@ -125,6 +125,8 @@ def test_reproduce_paper_refuses_what_it_cannot_do(model):
         sl.bench.reproduce_paper(model, None, executions=["jit"], prompts=[IDS], progress=False)
     with pytest.raises(ValueError, match="tokenizer"):
         sl.bench.reproduce_paper(model, None, progress=False)
+    with pytest.raises(ValueError, match="deepseek-v2-lite-high"):  # no Mixtral-Offloading in the Qwen case
+        sl.bench.paper_waterfall(model, None, case="qwen1.5-moe", prompts=[IDS], progress=False)
 
 
 def test_waterfall_takes_the_speedup_apart(model):
