@@ -13,18 +13,24 @@ ipywidgets.
 
 from . import paper, planner  # planner registers sl.plan as the planner behind strategy="auto"
 from .bench import compare, summarize
+from .bound import BoundResult, bound
 from .drafts import DRAFT_VARIANTS, DraftSpec
 from .engine import Engine, GenerationResult
+from .estimate import Estimate, estimate
 from .errors import BudgetTooSmall, CopyFault, NotExact
 from .fidelity import fidelity
 from .model import inspect_model, load_model, tiny_random_model
 from .offload.calibrate import calibrate
 from .offload.hostcal import calibrate_host
-from .offload.profiles import PROFILES, HardwareProfile
+from .offload.precision import FORMATS, WeightPrecision
+from .offload.profiles import HOSTS, PROFILES, HardwareProfile, HostCPU
 from .offload.shapes import COST_SHAPES, CostShape
 from .planner import Plan, plan, regime_map
 from .prompts import heldout_prompts
 from .quant import QuantSpec
+from .record import record
+from .replay import replay
+from .routing_trace import RoutingTrace, TraceError, load_trace
 from .strategies import STRATEGIES, Strategy
 
 __version__ = "0.1.0"
@@ -33,7 +39,8 @@ __all__ = [
     "Engine", "GenerationResult", "load_model", "inspect_model", "tiny_random_model", "HardwareProfile", "PROFILES",
     "COST_SHAPES", "CostShape", "calibrate", "calibrate_host", "QuantSpec", "DraftSpec", "DRAFT_VARIANTS", "STRATEGIES", "Strategy",
     "compare", "summarize", "fidelity", "plan", "Plan", "regime_map", "heldout_prompts", "BudgetTooSmall",
-    "CopyFault", "NotExact", "viz", "paper",
+    "CopyFault", "NotExact", "viz", "paper", "record", "replay", "RoutingTrace", "load_trace", "TraceError", "bound",
+    "BoundResult", "estimate", "Estimate", "HOSTS", "HostCPU", "FORMATS", "WeightPrecision",
 ]
 
 

@@ -53,6 +53,7 @@ class RunParts:
     decoder: Decoder
     loop: Callable[[Decoder, torch.Tensor], list[int]]
     speculation: Speculation | None = None
+    attach: bool = True  # False: a replay, whose decoder runs no model
 
 
 def miss_rule(st: Strategy, store: ExpertStore) -> MissRule:
@@ -113,15 +114,18 @@ def assemble(st: Strategy, *, model, info, slots_per_layer: list[int], clock: Cl
              sampling: Sampling, eos: list[int], max_new_tokens: int, device="cpu", host=None,
              draft: DraftSource | None = None, host_weights=None, governor: KGovernor | None = None,
              callback: Callable[[Any], None] | None = None,
-             fault_hook: Callable[[int, int], None] | None = None) -> RunParts:
-    """Turn a strategy into one run's parts (nothing runs yet)."""
-    store = make_store(st, info, slots_per_layer, clock, cost, trace, device, host)
+             fault_hook: Callable[[int, int], None] | None = None,
+             replay: Callable[..., Decoder] | None = None) -> RunParts:
+    """Turn a strategy into one run's parts (nothing runs yet). ``replay``: a decoder class that plays recorded
+    routing instead of running ``model`` (:mod:`specter_lab.replay`); the store then holds no tensors."""
+    store = make_store(st, info, slots_per_layer, clock, cost, trace, device, host, materialize=replay is None)
     store.fault_hook = fault_hook
     schedule = make_schedule(st, info, store, draft if st.speculative else None, host_weights)
     runtime = OffloadRuntime(info, schedule)
-    dec = Decoder(model, runtime, sampling, eos, max_new_tokens, callback, keep_cache=st.keep,
-                  rewindable=st.speculative)
+    dec = (replay or Decoder)(model, runtime, sampling, eos, max_new_tokens, callback, keep_cache=st.keep,
+                              rewindable=st.speculative)
+    attach = replay is None
     if not st.speculative:
-        return RunParts(store, schedule, runtime, dec, autoregressive)
+        return RunParts(store, schedule, runtime, dec, autoregressive, attach=attach)
     spec = speculation(st, store, governor)
-    return RunParts(store, schedule, runtime, dec, partial(speculative, spec=spec), spec)
+    return RunParts(store, schedule, runtime, dec, partial(speculative, spec=spec), spec, attach=attach)

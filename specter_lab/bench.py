@@ -10,6 +10,7 @@ holds the simulator against published batch-1 measurements.
 from __future__ import annotations
 
 import time
+from concurrent.futures import Executor
 from typing import Iterable, Sequence
 
 import pandas as pd
@@ -21,21 +22,27 @@ from .fidelity import fidelity
 from .offload.clock import make_clock
 from .offload.shapes import get_cost_shape
 from .prompts import heldout_prompts
+from .consumer import consumer_anchors
 from .published import published
 from .reproduce import paper_equal_memory, paper_header, paper_prompts, paper_waterfall, reproduce_paper
 from .quant import QuantSpec
-from .runs import DoesNotFit, run_prompts, try_engine
+from .bound import trace_bound, x_of_bound
+from .errors import BudgetTooSmall
+from .record import record
+from .routing_trace import RoutingTrace
+from .runs import Cell, DoesNotFit, as_source, run_cells, run_prompts, try_engine
 from .strategies import BASELINES, STRATEGIES, get_strategy
 from .units import parse_budget
 
 __all__ = ["compare", "fidelity", "summarize", "heldout_prompts", "ablations", "k_sweep", "cpu_overhead",
-           "reproduce_paper", "paper_waterfall", "paper_equal_memory", "paper_header", "paper_prompts",
-           "BASELINES", "COMPARE_COLUMNS", "ABLATIONS", "published"]
+           "BASELINES", "COMPARE_COLUMNS", "ABLATIONS", "published", "consumer_anchors", "reproduce_paper",
+           "paper_waterfall", "paper_equal_memory", "paper_header", "paper_prompts"]
 
 COMPARE_COLUMNS = ["strategy", "hardware", "prompt", "expert_budget", "tpot_ms", "tpot_ms_artifact",
                    "acceptance_rate", "recall", "precision", "hit_rate", "h2d_bytes_per_token", "stall_ms_per_token",
-                   "mean_accepted", "slots_per_layer", "draft_bytes", "device_bytes", "budget_bytes", "new_tokens",
-                   "clock", "projected", "cost_shape", "execution", "projection", "host_experts_per_token", "plan", "fits"]
+                   "mean_accepted", "slots_per_layer", "draft_bytes", "device_bytes", "budget_bytes", "new_tokens", "clock",
+                   "projected", "cost_shape", "execution", "projection", "host_experts_per_token", "plan", "fits",
+                   "routing", "bound_tpot_ms", "x_of_bound", "wall_s"]
 
 
 def _as_list(x) -> list:
@@ -45,11 +52,15 @@ def _as_list(x) -> list:
 def compare(model, tokenizer, strategies: Sequence[str] | None = None, prompts: Sequence | None = None,
             hardware: "str | Sequence[str]" = ("rtx4090-pcie4",), max_new_tokens: int = 48,
             expert_budget: "float | str | Sequence" = 0.5, cost_shape: str | None = None, k=None,
-            draft: QuantSpec | None = None, progress: bool = True, **engine_kw) -> pd.DataFrame:
+            draft: QuantSpec | None = None, progress: bool = True, trace: RoutingTrace | None = None,
+            executor: Executor | None = None, **engine_kw) -> pd.DataFrame:
     """Run every strategy × hardware × budget × prompt and return one tidy row per run.
 
     All runs see the same prompts and the same expert budget in bytes (the draft's bytes come out of it for the
-    speculative strategies). Arguments are validated before any generation starts."""
+    speculative strategies). Arguments are validated before any generation starts. ``trace=`` (a recorded or
+    imported :class:`~specter_lab.RoutingTrace`) replays every cell from it instead of generating (seconds, not
+    minutes; ``model`` may be None; the prompts are the trace's; greedy); ``executor=`` runs the cells on any
+    ``concurrent.futures.Executor``, with the same rows as the serial run."""
     strategies = list(strategies or STRATEGIES)
     for s in strategies:
         get_strategy(s)
@@ -60,34 +71,59 @@ def compare(model, tokenizer, strategies: Sequence[str] | None = None, prompts: 
     budgets = _as_list(expert_budget)
     for b in budgets:
         parse_budget(b)
-    prompts = list(prompts) if prompts is not None else heldout_prompts(4)
-    if not prompts:
+    source = as_source(model, tokenizer, prompts if prompts is not None or trace is not None else heldout_prompts(4),
+                       max_new_tokens, trace)
+    if not source.prompts:
         raise ValueError("prompts is empty: give at least one prompt.")
     # Build every engine first, so a bad budget for any strategy fails before the long part starts. The CUDA
     # clock measures this model as it is: a cost shape applies to the simulated profiles only.
     # A strategy the budget cannot hold (its draft plus a slot per layer) is a row that says so, not an error.
-    engines = {(s, h, b): try_engine(model, tokenizer, s, expert_budget=b, hardware=h,
-                                     cost_shape=None if h == "cuda" else cost_shape,
-                                     k=k if get_strategy(s).speculative else None, draft=draft, **engine_kw)
-               for b in budgets for h in hws for s in strategies}
+    cells = {(s, h, b): Cell.of(s, expert_budget=b, hardware=h, cost_shape=None if h == "cuda" else cost_shape,
+                                k=k if get_strategy(s).speculative else None, draft=draft, **engine_kw)
+             for b in budgets for h in hws for s in strategies}
+    engines = {key: source.engine(cell) for key, cell in cells.items()}
     if all(isinstance(e, DoesNotFit) for e in engines.values()):
         raise ValueError(f"expert_budget={expert_budget!r} is too small for every strategy asked for: "
                          f"{next(iter(engines.values())).reason}")
+    todo = [key for key, e in engines.items() if not isinstance(e, DoesNotFit)]
+    runs = dict(zip(todo, run_cells(source, [cells[key] for key in todo], executor, progress, "compare")))
+    bounds = _bounds(source, hws, budgets, cost_shape)
     rows = []
-    with tqdm(total=len(engines) * len(prompts), desc="compare", disable=not progress) as bar:
-        for (s, h, b), engine in engines.items():
-            if isinstance(engine, DoesNotFit):
-                rows.append({"strategy": s, "hardware": h, "expert_budget": b, "tpot_ms": float("nan"),
-                             "fits": engine.label})
-                bar.update(len(prompts))
-                continue
-            for i, m in enumerate(run_prompts(engine, prompts, max_new_tokens, bar).metrics):
-                rows.append({**{c: m.get(c) for c in COMPARE_COLUMNS if c in m},
-                             "strategy": s, "hardware": h, "prompt": i, "expert_budget": b,
-                             "execution": "measured" if engine.clocks.measured else engine.profile.execution,
-                             "projection": engine.cost.projection_label, "fits": "yes"})
+    for (s, h, b), engine in engines.items():
+        if isinstance(engine, DoesNotFit):
+            rows.append({"strategy": s, "hardware": h, "expert_budget": b, "tpot_ms": float("nan"),
+                         "fits": engine.label, "routing": source.label})
+            continue
+        for i, m in enumerate(runs[(s, h, b)].metrics):
+            bound_ms = bounds[(h, b)][i] if (h, b) in bounds else float("nan")
+            rows.append({**{c: m.get(c) for c in COMPARE_COLUMNS if c in m},
+                         "bound_tpot_ms": bound_ms, "x_of_bound": x_of_bound(bound_ms, m.get("tpot_ms")),
+                         "strategy": s, "hardware": h, "prompt": i, "expert_budget": b,
+                         "execution": "measured" if engine.clocks.measured else engine.profile.execution,
+                         "projection": engine.cost.projection_label, "fits": "yes", "routing": source.label,
+                         "wall_s": runs[(s, h, b)].seconds / len(runs[(s, h, b)].metrics)})
     df = pd.DataFrame(rows)
     return df[[c for c in COMPARE_COLUMNS if c in df.columns]]
+
+
+def _bounds(source, hws, budgets, cost_shape) -> dict:
+    """The autoregressive bound (:mod:`specter_lab.bound`) of every prompt at each simulated profile × budget, from
+    the trace, or from the prompts' greedy routing recorded here (no chains: one generation per prompt)."""
+    trace = getattr(source, "trace", None)
+    if trace is None:
+        trace = record(source.model, source.tokenizer, source.prompts, max_new_tokens=source.max_new_tokens,
+                       k_max=0, progress=False)
+    out = {}
+    for h in hws:
+        for b in budgets:
+            if h == "cuda":
+                continue  # a measured run has no priced bound
+            try:
+                out[(h, b)] = [r.tpot_ms for r in trace_bound(trace, "lru", expert_budget=b, hardware=h,
+                                                              cost_shape=cost_shape)]
+            except BudgetTooSmall:
+                continue
+    return out
 
 
 def summarize(df: pd.DataFrame, target: str = "specter", baselines: Iterable[str] = BASELINES) -> pd.DataFrame:

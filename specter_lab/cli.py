@@ -1,4 +1,4 @@
-"""Command line: ``specter-lab run | bench | calibrate``. Same names as the Python API."""
+"""Command line: ``specter-lab run | bench | calibrate | estimate``. Same names as the Python API."""
 
 from __future__ import annotations
 
@@ -53,6 +53,9 @@ def cmd_run(a) -> int:
         print(json.dumps({"text": r.text, "token_ids": r.token_ids, "metrics": _jsonable(r.metrics)}, indent=2))
         return 0
     _print_run(a, r)
+    if a.perfetto:
+        r.to_perfetto(a.perfetto)
+        print(f"timeline written to {a.perfetto} (open it in ui.perfetto.dev)")
     if a.html:
         r.to_html(a.html)
         print(f"report written to {a.html}")
@@ -111,9 +114,12 @@ def cmd_bench(a) -> int:
         return _bench_published(a)
     if a.paper:
         return _bench_paper(a)
+    if a.consumer:
+        return _bench_consumer(a)
     from .model import load_model
     from .prompts import heldout_prompts
     from .quant import QuantSpec
+    from .routing_trace import load_trace
     from .strategies import STRATEGIES
 
     # The default set is the paper's comparison plus our own; `auto` (a calibration per cell) is in --regimes.
@@ -124,23 +130,39 @@ def cmd_bench(a) -> int:
     budgets = _bench_budgets(a)
     cost_shape = None if (a.cost_shape or "deepseek-v2-lite") == "none" else (a.cost_shape or "deepseek-v2-lite")
     spec = QuantSpec(a.bits, a.group_size, a.method)
-    model, tok = load_model(a.model, trust_remote_code=a.trust_remote_code,
-                            **_cuda_load("cuda" if "cuda" in hardware else None))
-    prompts = heldout_prompts(a.prompts)
+    trace = load_trace(a.trace) if a.trace else None
+    if trace is not None:  # replay every cell: no model to load; the trace's own draft and prompts
+        if "cuda" in hardware:
+            raise ValueError("bench --trace prices on simulated profiles: drop 'cuda' from --hardware.")
+        model, tok, prompts, spec = None, None, None, None
+        n_prompts, new_tokens = len(trace.sequences), f"{trace.tokens} recorded tokens"
+    else:
+        model, tok = load_model(a.model, trust_remote_code=a.trust_remote_code,
+                                **_cuda_load("cuda" if "cuda" in hardware else None))
+        prompts = heldout_prompts(a.prompts)
+        n_prompts, new_tokens = len(prompts), f"{a.max_new_tokens} tokens"
     t0 = time.perf_counter()
-    out: dict[str, Any] = {"model": a.model, "cost_shape": cost_shape, "draft": spec.label,
-                           "max_new_tokens": a.max_new_tokens, "prompts": len(prompts),
+    recorded_draft = QuantSpec(**trace.draft).label if trace is not None and trace.draft and "bits" in trace.draft \
+        else (trace.draft if trace is not None else None)
+    out: dict[str, Any] = {"model": a.model, "cost_shape": cost_shape, "draft": spec.label if spec else recorded_draft,
+                           "max_new_tokens": a.max_new_tokens, "prompts": n_prompts,
+                           "routing": trace.source if trace else "live",
                            "note": _bench_note(hardware, cost_shape)}
     df = bench.compare(model, tok, strategies, prompts, hardware, a.max_new_tokens, budgets, cost_shape, a.k, spec,
-                       progress=not a.json)
+                       progress=not a.json, trace=trace)
     summ = bench.summarize(df)
     out["runs"], out["summary"] = df.to_dict(orient="records"), summ.to_dict(orient="records")
-    out.update(_bench_extras(a, model, tok, prompts, hardware, budgets, cost_shape, spec))
+    if trace is None:
+        out.update(_bench_extras(a, model, tok, prompts, hardware, budgets, cost_shape, spec))
+    elif a.regimes:
+        from .planner import regime_map
+
+        out["regimes"] = regime_map(None, None, None, progress=not a.json, trace=trace).to_dict(orient="records")
     out["seconds"] = time.perf_counter() - t0
     if a.json:
         print(json.dumps(out, indent=1, default=lambda v: v.item() if hasattr(v, "item") else str(v)))
     else:
-        _print_bench(out, df, summ, a, spec, prompts)
+        _print_bench(out, df, summ, a, n_prompts, new_tokens)
     if a.html:
         from .viz.report import bench_html
 
@@ -211,6 +233,27 @@ def _bench_published(a) -> int:
     return 0
 
 
+def _bench_consumer(a) -> int:
+    """``bench --consumer``: published offloaded decode on consumer machines against the estimator."""
+    from .bench import consumer_anchors
+    from .estimate import HOST_DECODE_EFFICIENCY
+
+    df = consumer_anchors()
+    if a.json:
+        print(json.dumps({"consumer": df.to_dict(orient="records")}, indent=1, default=str))
+        return 0
+    print("Published offloaded decode on consumer machines (llama.cpp, ktransformers) vs the estimator (modelled: "
+          "sl.estimate's pricing of the row's placement from the model's config, weights format, GPU profile and "
+          f"host CPU; host efficiency {HOST_DECODE_EFFICIENCY} fitted to the 'host fit' rows).")
+    cols = ["model", "machine", "engine", "strategy", "placement", "published_tok_s", "simulated_tok_s", "ratio",
+            "loo_ratio", "row_host_efficiency", "role"]
+    print(_fmt(df[cols]))
+    print("\nNotes:")
+    for _, r in df.iterrows():
+        print(f" * {r.model}, {r.engine}: {r.note} [{r.source}]")
+    return 0
+
+
 def _bench_extras(a, model, tok, prompts, hardware, budgets, cost_shape, spec) -> dict[str, Any]:
     """The optional tables: ablations + K sweep, CPU overhead, the regime map."""
     from . import bench
@@ -241,16 +284,24 @@ def _fmt(df) -> str:
     return df.to_string(index=False, float_format=lambda v: f"{v:.4g}")
 
 
-def _print_bench(out, df, summ, a, spec, prompts) -> None:
+def _print_bench(out, df, summ, a, n_prompts, new_tokens) -> None:
     import pandas as pd
 
-    print(f"specter-lab bench · model {a.model} · {out['note']} · draft {spec.label} · "
-          f"{len(prompts)} held-out prompts × {a.max_new_tokens} tokens")
+    what = (f"routing replayed from {a.trace} ({out['routing']})" if a.trace else f"model {a.model}")
+    print(f"specter-lab bench · {what} · {out['note']} · draft {out['draft']} · "
+          f"{n_prompts} {'recorded' if a.trace else 'held-out'} prompts × {new_tokens}")
     mean = df.groupby(["hardware", "expert_budget", "strategy"], sort=False)[
-        ["tpot_ms", "hit_rate", "acceptance_rate", "recall", "stall_ms_per_token", "h2d_bytes_per_token",
-         "slots_per_layer"]].mean().reset_index()
-    print("\nMean over prompts (TPOT in ms, simulated):")
+        ["tpot_ms", "x_of_bound", "hit_rate", "acceptance_rate", "recall", "stall_ms_per_token",
+         "h2d_bytes_per_token", "slots_per_layer"]].mean().reset_index()
+    print("\nMean over prompts (TPOT in ms, simulated; x_of_bound = the autoregressive bound's TPOT / this TPOT: "
+          "1.0 is the best any non-speculative schedule can do at this memory, speculation may exceed it):")
     print(_fmt(mean))
+    if "wall_s" in df:
+        speed = df.groupby("strategy", sort=False).apply(lambda g: g.new_tokens.sum() / g.wall_s.sum(),
+                                                          include_groups=False)
+        how = "replayed" if a.trace else "generated (live, simulated clock)"
+        print(f"\nTokens {how} per second of this machine's wall time, per strategy (all cells):")
+        print("  " + ", ".join(f"{s} {v:,.0f}" for s, v in speed.items()))
     print("\nSpeedup of specter over the strongest baseline, and specter / oracle:")
     print(_fmt(summ[[c for c in summ.columns if not c.startswith("tpot_")]]))
     for key, title in (("ablations", "Ablations (specter, lowest budget, first profile)"),
@@ -260,6 +311,37 @@ def _print_bench(out, df, summ, a, spec, prompts) -> None:
             print(f"\n{title}:")
             print(_fmt(pd.DataFrame(out[key])))
     print(f"\n({out['seconds']:.0f} s)")
+
+
+# ----------------------------------------------------------------------------------------- trace
+def cmd_trace_record(a) -> int:
+    from .model import load_model
+    from .prompts import heldout_prompts
+    from .quant import QuantSpec
+    from .record import record
+
+    spec = QuantSpec(a.bits, a.group_size, a.method)  # checked before the model loads
+    for flag, v in (("--max-new-tokens", a.max_new_tokens), ("--prompts", a.prompts)):
+        if v < 1:
+            raise ValueError(f"{flag} {v}: use an integer >= 1.")
+    model, tok = load_model(a.model, trust_remote_code=a.trust_remote_code,
+                            **({"device": a.device} if a.device else {}))
+    prompts = a.prompt or heldout_prompts(a.prompts)
+    trace = record(model, tok, prompts, max_new_tokens=a.max_new_tokens, k_max=a.k_max, draft=spec)
+    path = trace.save(a.out)
+    print(f"{trace!r}\nwritten to {path} ({path.stat().st_size / 1e6:.2f} MB); replay it with "
+          f"`specter-lab bench --trace {path}` or sl.replay(sl.load_trace({str(path)!r}), ...)")
+    return 0
+
+
+def cmd_trace_info(a) -> int:
+    from .routing_trace import load_trace
+
+    trace = load_trace(a.path)
+    print(repr(trace))
+    for key, value in sorted(trace.meta.items()):
+        print(f"  {key:<20} {value}")
+    return 0
 
 
 # ----------------------------------------------------------------------------------------- calibrate
@@ -275,6 +357,22 @@ def cmd_calibrate(a) -> int:
     prof = calibrate(a.name, save=True)
     print(prof.to_json())
     print(f"saved: use hardware={a.name!r}")
+    return 0
+
+
+# ----------------------------------------------------------------------------------------- estimate
+def cmd_estimate(a) -> int:
+    from .estimate import estimate
+
+    e = estimate(a.config, gpu=a.gpu, vram=a.vram, host=a.host, weights=a.weights, context=a.context)
+    if a.json:
+        out = {"model": e.model.name, "machine": e.machine.label, "weights": e.precision.label, "context": e.context,
+               "budget": e.budget.describe(), "best": e.best, "table": e.table.to_dict(orient="records"),
+               "llama_cpp": e.llama_cpp(a.gguf), "engine_call": e.engine_call(), "routing": e.routing_label,
+               "assumptions": e.assumptions}
+        print(json.dumps(out, indent=1, default=lambda v: v.item() if hasattr(v, "item") else str(v)))
+        return 0
+    print(str(e).replace("model.gguf", a.gguf))
     return 0
 
 
@@ -298,6 +396,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--json", action="store_true")
     r.add_argument("--html", default=None, help="also write a standalone report of the run")
+    r.add_argument("--perfetto", default=None, metavar="FILE",
+                   help="also write the run's timeline as Chrome trace-event JSON (ui.perfetto.dev opens it)")
     r.set_defaults(fn=cmd_run)
     b = sub.add_parser("bench", help="every strategy, equal memory, named hardware: the comparison table")
     _add_common(b)
@@ -313,6 +413,9 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--cases", default=None, help="with --paper: comma-separated cases in sl.paper.PAPER_CASES "
                    "(default: the two DeepSeek-V2-Lite ones)")
     b.add_argument("--paper-tokens", type=int, default=128, help="with --paper: tokens per run (the protocol's 128)")
+    b.add_argument("--consumer", action="store_true",
+                   help="only the published consumer-machine offloaded rows vs the estimator "
+                        "(sl.bench.consumer_anchors())")
     b.add_argument("--budgets", default=None,
                    help="comma-separated budgets, each a fraction, bytes or '2GiB' (default 0.5,0.35)")
     b.add_argument("--prompts", type=int, default=4, help="how many held-out prompts")
@@ -321,13 +424,50 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--overhead", action="store_true", help="CPU wall-clock overhead against HF generate")
     b.add_argument("--json", action="store_true")
     b.add_argument("--html", default=None)
+    b.add_argument("--trace", default=None,
+                   help="replay every cell from a recorded routing trace (.npz from `specter-lab trace record`) "
+                        "instead of generating: seconds instead of minutes; the model is not loaded")
     b.set_defaults(fn=cmd_bench)
+    t = sub.add_parser("trace", help="record a model's routing once, for replaying every strategy from it")
+    tsub = t.add_subparsers(dest="trace_cmd", required=True)
+    tr = tsub.add_parser("record", help="greedy decoding with the draft chains: sl.record(...).save(--out)")
+    tr.add_argument("--model", default="tiny", help="'tiny' (bundled), a local HF MoE folder, or a hub id")
+    tr.add_argument("--trust-remote-code", action="store_true")
+    tr.add_argument("--out", required=True, help="the trace file to write (.npz)")
+    tr.add_argument("--prompts", type=int, default=4, help="how many held-out prompts (or --prompt)")
+    tr.add_argument("--prompt", action="append", default=None, help="a prompt text (repeatable)")
+    tr.add_argument("--max-new-tokens", type=int, default=48)
+    tr.add_argument("--k-max", type=int, default=16, help="draft chain length recorded per window (0: no chains)")
+    tr.add_argument("--bits", type=int, default=4)
+    tr.add_argument("--group-size", type=int, default=64)
+    tr.add_argument("--method", default="rtn")
+    tr.add_argument("--device", default=None, help="cuda to record on the GPU (default: where the model loads)")
+    tr.set_defaults(fn=cmd_trace_record)
+    ti = tsub.add_parser("info", help="what a trace file holds")
+    ti.add_argument("path")
+    ti.set_defaults(fn=cmd_trace_info)
     c = sub.add_parser("calibrate", help="measure this CUDA machine's profile (or, with --host, its CPU) and save it")
     c.add_argument("--name", default="calibrated")
     c.add_argument("--host", action="store_true", help="time expert-sized SwiGLU on this CPU instead (no GPU)")
     c.add_argument("--hidden", type=int, default=2048, help="--host: expert hidden size (DeepSeek-V2-Lite's)")
     c.add_argument("--intermediate", type=int, default=1408, help="--host: expert intermediate size")
     c.set_defaults(fn=cmd_calibrate)
+    e = sub.add_parser("estimate", help="decode speed per strategy on a machine you describe, from a config.json "
+                       "alone (before any download), with the llama.cpp command")
+    e.add_argument("--config", required=True,
+                   help="a Hugging Face config.json (or its folder), or a bundled name (qwen3-30b-a3b, gpt-oss-20b, "
+                        "deepseek-v2-lite)")
+    e.add_argument("--gpu", default="rtx4090",
+                   help="gtx1060, rtx2080, rtx3090, rtx4090, rtx5090, ... or a profile name")
+    e.add_argument("--vram", default=None, help="usable VRAM, e.g. 24GB or 8GiB (default: the card's)")
+    e.add_argument("--host", default=None, help="host CPU: i5-7600k, i9-10900x, epyc-9355 (default: the GPU profile's)")
+    e.add_argument("--weights", default=None,
+                   help="bf16, int8, q8_0, q6_k, q5_k_m, q4_k_m, q4_0, q3_k_m, q2_k, mxfp4, or '<experts>+<dense>' "
+                        "(default: the checkpoint's format)")
+    e.add_argument("--context", type=int, default=4096, help="tokens the KV cache holds (default 4096)")
+    e.add_argument("--gguf", default="model.gguf", help="the GGUF path to put in the emitted llama.cpp command")
+    e.add_argument("--json", action="store_true")
+    e.set_defaults(fn=cmd_estimate)
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (default 1: the bundled model's ops are too small to share)")
     return parser

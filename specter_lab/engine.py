@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import warnings
 import weakref
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
@@ -91,6 +92,12 @@ class GenerationResult:
         with open(path, "w", encoding="utf-8") as f:
             f.write(report_html(self, self.tokenizer))
         return path
+
+    def to_perfetto(self, path: str) -> str:
+        """Write this run's timeline as Chrome trace-event JSON (open it in ui.perfetto.dev). Returns the path."""
+        from .perfetto import write_perfetto
+
+        return write_perfetto(self, path)
 
     def __repr__(self) -> str:
         m = self.metrics
@@ -370,8 +377,10 @@ class Engine:
 
     def prepare(self, prompt, max_new_tokens: int = 64, *, do_sample: bool = False, temperature: float = 1.0,
                 top_p: float = 1.0, seed: int | None = 0,
-                callback: Callable[[StepInfo], None] | None = None) -> "Run":
-        """Validate the arguments and build one run's parts (nothing runs yet): see :class:`Run`."""
+                callback: Callable[[StepInfo], None] | None = None, replay: Callable[..., Decoder] | None = None
+                ) -> "Run":
+        """Validate the arguments and build one run's parts (nothing runs yet): see :class:`Run`. ``replay``: a
+        decoder that plays recorded routing instead of running the model (:func:`specter_lab.replay.replay`)."""
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={max_new_tokens!r}: use an integer >= 1.")
         if do_sample and not (isinstance(temperature, (int, float)) and temperature > 0):
@@ -395,17 +404,19 @@ class Engine:
                          clock=clock, cost=self.cost, trace=trace,
                          sampling=Sampling(do_sample, float(temperature), float(top_p), seed),
                          eos=self.info.eos_token_ids, max_new_tokens=max_new_tokens, device=self.device,
-                         host=self._host, draft=self._draft_source() if st.speculative else None,
-                         host_weights=self._host_weights, governor=self.governor, callback=callback,
-                         fault_hook=self.fault_hook)
+                         host=self._host, draft=self._draft_source(replay is None) if st.speculative else None,
+                         host_weights=self._host_weights if replay is None else None, governor=self.governor,
+                         callback=callback, fault_hook=self.fault_hook, replay=replay)
         self._host = parts.store.host
         return Run(self, ids, trace, clock, parts)
 
-    def _draft_source(self) -> DraftSource:
+    def _draft_source(self, with_weights: bool = True) -> DraftSource:
+        """The draft's experts (``with_weights=False``: priced only, a replay computes nothing)."""
         cfg = self.draft_cfg
         hybrid = cfg.variant == "hybrid"
-        return DraftSource(cfg.variant, self.draft if cfg.variant == "quantized" else None, self.draft_expert_bytes,
-                           cfg.hybrid_experts if hybrid else 0, build=self._hybrid_builder() if hybrid else None)
+        weights = self.draft if with_weights and cfg.variant == "quantized" else None
+        return DraftSource(cfg.variant, weights, self.draft_expert_bytes, cfg.hybrid_experts if hybrid else 0,
+                           build=self._hybrid_builder() if hybrid and with_weights else None)
 
     def _check_host_dtype(self, host_dtype) -> "torch.dtype | None":
         """``host_dtype``: the precision host execution computes in (None: the experts' own dtype)."""
@@ -494,7 +505,8 @@ class Run:
         eng, dec = self.engine, self.decoder
         prompt_t = torch.tensor([self.prompt_ids], dtype=torch.long)
         stopped = False
-        with attached(eng.model, eng.info, self.runtime), torch.no_grad():
+        model_attached = attached(eng.model, eng.info, self.runtime) if self.parts.attach else nullcontext()
+        with model_attached, torch.no_grad():
             try:
                 self.parts.loop(dec, prompt_t)
                 if eng.verify_lossless and self.speculation is not None:

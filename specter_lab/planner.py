@@ -13,6 +13,7 @@ the regime map measures.
 
 from __future__ import annotations
 
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -25,7 +26,9 @@ from .engine import register_auto_planner
 from .model import inspect_model
 from .prompts import calibration_prompts
 from .quant import QuantSpec
-from .runs import DoesNotFit, PromptRuns, run_prompts, try_engine
+from .replay import skeleton
+from .routing_trace import RoutingTrace
+from .runs import Cell, DoesNotFit, PromptRuns, as_source, run_cells
 from .strategies import BASELINES, get_strategy
 
 __all__ = ["Plan", "plan", "default_candidates", "regime_map"]
@@ -87,31 +90,61 @@ def default_candidates(num_experts: int, draft=None, k: "int | str | None" = Non
     return cands
 
 
+def _replayable(cand, trace: RoutingTrace) -> bool:
+    """Can ``trace`` replay this candidate? (Its own quantized draft, K up to its chains; speculation needs chains.)"""
+    _, strategy, opts = cand
+    if not get_strategy(strategy).speculative:
+        return True
+    d, kk = opts.get("draft"), opts.get("k", get_strategy(strategy).k)
+    rec = trace.draft or {}
+    recorded = QuantSpec(rec["bits"], rec["group_size"], rec["method"]) if "bits" in rec else None
+    k_need = 16 if kk == "auto" else kk  # the governor's k_max
+    return (trace.speculative and d is not None and d.variant == "quantized" and d.quant == recorded
+            and k_need <= trace.k_max)
+
+
 def plan(model, tokenizer, hardware="rtx4090-pcie4", expert_budget=0.5, prompts: Sequence | None = None,
          cost_shape: str | None = None, max_new_tokens: int = 32, candidates=None, progress: bool = True,
-         margin: float = 0.1, draft=None, k: "int | str | None" = None) -> Plan:
+         margin: float = 0.1, draft=None, k: "int | str | None" = None, trace: RoutingTrace | None = None,
+         executor: Executor | None = None) -> Plan:
     """Choose strategy, draft variant, bits, K and slot split for this model, budget and hardware.
 
     ``draft=`` / ``k=`` fix the speculative candidates' draft and K (see :func:`default_candidates`); they
     cannot be combined with ``candidates=``.
 
     A speculative candidate is chosen only if its predicted TPOT beats the best non-speculative one by
-    ``margin`` (10 %): calibration is a few short runs, and a near-tie does not survive other prompts."""
-    info = inspect_model(model)
-    prompts = list(prompts) if prompts is not None else calibration_prompts(tokenizer, vocab=info.vocab)
-    if not prompts:
+    ``margin`` (10 %): calibration is a few short runs, and a near-tie does not survive other prompts.
+
+    ``trace=``: calibrate by replaying a recorded or imported routing trace (seconds; ``model`` may be None) — its
+    sequences are then both what the plan is chosen on and what it predicts, so record it on prompts apart from
+    the ones you will judge the plan by. Candidates a trace cannot replay (draft variants that depend on the
+    cache, K beyond its chains) are rows that say so. ``executor=``: the candidates on any Executor."""
+    if trace is not None:
+        info = inspect_model(skeleton(trace.config))
+        source = as_source(None, tokenizer, prompts, max_new_tokens, trace)
+    else:
+        info = inspect_model(model)
+        calib = list(prompts) if prompts is not None else calibration_prompts(tokenizer, vocab=info.vocab)
+        source = as_source(model, tokenizer, calib, max_new_tokens, None)
+    if not source.prompts:
         raise ValueError("prompts is empty: the planner needs at least one calibration prompt.")
     if candidates is not None and (draft is not None or k is not None):
         raise ValueError("draft=/k= pin the default candidates; with candidates= put them in each candidate's options.")
     candidates = candidates or default_candidates(info.num_experts, draft=draft, k=k)
     rows = []
-    for label, strategy, opts in tqdm(candidates, desc="plan", disable=not progress):
-        eng = try_engine(model, tokenizer, strategy, expert_budget=expert_budget, hardware=hardware,
-                         cost_shape=cost_shape, **opts)
-        if isinstance(eng, DoesNotFit):  # e.g. the budget cannot hold this draft: not a candidate here
-            rows.append({"candidate": label, "feasible": False, "why": eng.label})
+    if trace is not None:  # what this trace cannot replay is a row that says so
+        rows += [{"candidate": c[0], "feasible": False, "why": "not replayable from this trace (its draft chains "
+                  f"are {trace.draft or 'absent'}, k_max={trace.k_max}): plan live for it"}
+                 for c in candidates if not _replayable(c, trace)]
+        candidates = [c for c in candidates if _replayable(c, trace)]
+    cells = [Cell.of(strategy, expert_budget=expert_budget, hardware=hardware, cost_shape=cost_shape, **opts)
+             for _, strategy, opts in candidates]
+    results = run_cells(source, cells, executor, progress, "plan")
+    for (label, strategy, opts), runs in zip(candidates, results):
+        if isinstance(runs, DoesNotFit):  # e.g. the budget cannot hold this draft: not a candidate here
+            rows.append({"candidate": label, "feasible": False, "why": runs.label})
             continue
-        rows.append(_row(label, strategy, opts, run_prompts(eng, prompts, max_new_tokens)))
+        rows.append(_row(label, strategy, opts, runs))
     table = pd.DataFrame(rows)
     feas = table[table.feasible]
     if feas.empty:
@@ -144,29 +177,46 @@ def _row(label: str, strategy: str, opts: dict, runs: PromptRuns) -> dict[str, A
 
 def regime_map(model, tokenizer, prompts, budgets=(0.25, 0.35, 0.5, 0.75, 1.0),
                hardware=("rtx4090-pcie4", "a100-40g-pcie4"), cost_shapes=("deepseek-v2-lite", "mixtral-8x7b"),
-               max_new_tokens: int = 32, progress: bool = True) -> pd.DataFrame:
+               max_new_tokens: int = 32, progress: bool = True, trace: RoutingTrace | None = None,
+               executor: Executor | None = None) -> pd.DataFrame:
     """Speedup of faithful ``specter`` and of ``auto`` over the best baseline, per budget × profile × shape.
 
-    ``auto`` plans on calibration prompts (not ``prompts``), then is evaluated on ``prompts`` like the others."""
+    ``auto`` plans on calibration prompts (not ``prompts``), then is evaluated on ``prompts`` like the others.
+    ``trace=``: every cell replayed from it (``model``/``prompts`` None), ``auto`` planned on the same trace;
+    ``executor=``: the cells on any Executor."""
     rows = []
-    cells = [(b, h, c) for c in cost_shapes for h in hardware for b in budgets]
-    for b, h, c in tqdm(cells, desc="regimes", disable=not progress):
-        tpot, label = {}, None
-        for s in (*BASELINES, "specter", "auto"):
-            eng = try_engine(model, tokenizer, s, expert_budget=b, hardware=h, cost_shape=c)
-            if isinstance(eng, DoesNotFit):
-                tpot[s] = np.nan  # budget too small for this strategy's draft
-                continue
-            if s == "auto":
-                label = eng.plan.label
-            tpot[s] = run_prompts(eng, prompts, max_new_tokens).mean("tpot_ms")
+    grid = [(b, h, c) for c in cost_shapes for h in hardware for b in budgets]
+    source = as_source(model, tokenizer, prompts, max_new_tokens, trace)
+    plans = {}
+    for b, h, c in tqdm(grid, desc="regimes (auto plans)", disable=not progress):
+        try:
+            plans[(b, h, c)] = plan(model, tokenizer, h, b, cost_shape=c, progress=False, trace=trace,
+                                    executor=executor)
+        except ValueError:  # too small for every candidate
+            plans[(b, h, c)] = None
+    names = (*BASELINES, "specter")
+    cells = [Cell.of(s, expert_budget=b, hardware=h, cost_shape=c) for b, h, c in grid for s in names]
+    cells += [Cell.of(p.strategy, expert_budget=b, hardware=h, cost_shape=c, **p.options)
+              for (b, h, c), p in plans.items() if p is not None]
+    results = dict(zip(cells, run_cells(source, cells, executor, progress, "regimes")))
+    for b, h, c in grid:
+        tpot = {s: _mean_tpot(results[Cell.of(s, expert_budget=b, hardware=h, cost_shape=c)]) for s in names}
+        p = plans[(b, h, c)]
+        tpot["auto"] = np.nan if p is None else _mean_tpot(
+            results[Cell.of(p.strategy, expert_budget=b, hardware=h, cost_shape=c, **p.options)])
+        label = None if p is None else p.label
         base = {k: v for k, v in tpot.items() if k in BASELINES and not np.isnan(v)}
         best = min(base, key=base.get)
         rows.append({"cost_shape": c, "hardware": h, "expert_budget": b, "best_baseline": best,
                      "best_baseline_tpot": base[best], "specter_tpot": tpot["specter"], "auto_tpot": tpot["auto"],
                      "auto_choice": label,
-                     "speedup_specter": base[best] / tpot["specter"], "speedup_auto": base[best] / tpot["auto"]})
+                     "speedup_specter": base[best] / tpot["specter"], "speedup_auto": base[best] / tpot["auto"],
+                     "routing": source.label})
     return pd.DataFrame(rows)
+
+
+def _mean_tpot(runs) -> float:
+    return np.nan if isinstance(runs, DoesNotFit) else runs.mean("tpot_ms")
 
 
 register_auto_planner(plan)

@@ -28,7 +28,14 @@ class EvictionPolicy:
     def touch(self, layer: int, expert: int) -> None:
         """The target (or a prefetch that counts as a use) touched (layer, expert)."""
         self.tick += 1
+        # re-inserted, so the dict's order is recency order (a global pool finds its LRU victim by walking it)
+        self.last_use.pop((layer, expert), None)
         self.last_use[(layer, expert)] = self.tick
+
+    @property
+    def by_recency(self) -> bool:
+        """True when the score is recency alone: the least recent entry of ``last_use`` is the victim."""
+        return type(self).score is EvictionPolicy.score
 
     def loaded(self, layer: int, expert: int) -> None:
         self.touch(layer, expert)

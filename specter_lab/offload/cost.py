@@ -20,7 +20,7 @@ its real depth (``depth_scale`` real MoE layers per run layer, dense first layer
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from .hostops import OpCounts, op_counts
 from .profiles import HardwareProfile
@@ -76,6 +76,9 @@ class CostModel:
     ops: OpCounts | None = None  # aten ops per piece; None prices no host time and one kernel per piece
     projection: str = "none"  # none | layers | full, with the shape's label in projection_label
     projection_label: str = "none (the model as it is)"
+    # Prices are pure functions of their arguments: memoised, since a replay asks for the same few thousands of
+    # times per second (replace() builds a new model, and a new memo, for another profile)
+    _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def projected(self) -> bool:
@@ -121,13 +124,19 @@ class CostModel:
     def copy_time(self, nbytes: float) -> float:
         return self.depth_scale * (self.profile.copy_latency + nbytes / self.profile.pcie_bandwidth)
 
-    def expert_time(self, n_tokens: int, weight_bytes: float | None = None, kernels: int = 4) -> float:
-        """One routed expert over n tokens; ``weight_bytes`` = bytes streamed (packed size for a quantized one).
-        ``kernels`` is kept for callers of the old signature; the counted ops price the expert."""
-        nbytes = self.expert_bytes if weight_bytes is None else weight_bytes
-        t = self._op(2.0 * self.expert_params * n_tokens, nbytes + 4 * self.hidden * n_tokens, self._count("expert"),
-                     "expert")
-        return self.depth_scale * t
+    def __getstate__(self) -> dict:  # a cost model sent to another process starts with an empty memo
+        return {**self.__dict__, "_memo": {}}
+
+    def expert_time(self, n_tokens: int, weight_bytes: float | None = None) -> float:
+        """One routed expert over n tokens; ``weight_bytes`` = bytes streamed (packed size for a quantized one)."""
+        key = ("expert", n_tokens, weight_bytes)
+        t = self._memo.get(key)
+        if t is None:
+            nbytes = self.expert_bytes if weight_bytes is None else weight_bytes
+            t = self._memo[key] = self.depth_scale * self._op(2.0 * self.expert_params * n_tokens,
+                                                              nbytes + 4 * self.hidden * n_tokens,
+                                                              self._count("expert"), "expert")
+        return t
 
     def host_expert_time(self, n_tokens: int, weight_bytes: float | None = None) -> float:
         """One fp expert computed on the host CPU (host execution, and the ``host`` draft variant): weights
@@ -143,9 +152,13 @@ class CostModel:
 
     def dense_layer_time(self, n_tokens: int, context: int) -> float:
         """Attention + norms + router + shared experts of one MoE layer over n tokens with ``context`` cached."""
-        flops = 2.0 * self.dense_params * n_tokens + 4.0 * n_tokens * context * self.hidden
-        nbytes = self.dense_params * self.weight_bytes + context * self.kv_bytes_per_token_per_layer
-        return self.depth_scale * self._op(flops, nbytes, self._count("moe_layer"), "moe_layer")
+        key = ("dense", n_tokens, context)
+        t = self._memo.get(key)
+        if t is None:
+            flops = 2.0 * self.dense_params * n_tokens + 4.0 * n_tokens * context * self.hidden
+            nbytes = self.dense_params * self.weight_bytes + context * self.kv_bytes_per_token_per_layer
+            t = self._memo[key] = self.depth_scale * self._op(flops, nbytes, self._count("moe_layer"), "moe_layer")
+        return t
 
     def head_time(self, n_tokens: int) -> float:
         """LM head (+ final norm, embeddings, the decode step and any dense layers) for n tokens."""

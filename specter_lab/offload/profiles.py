@@ -16,7 +16,7 @@ from pathlib import Path
 GB = 1e9
 
 __all__ = ["HardwareProfile", "PROFILES", "DEFAULT_PROFILE", "get_profile", "profile_dir", "GB", "EXECUTIONS",
-           "HOST_OP_COST", "KERNEL_TIME"]
+           "HOST_OP_COST", "KERNEL_TIME", "HostCPU", "HOSTS", "get_host", "with_host_cpu", "CONSUMER_GPUS"]
 
 EXECUTIONS = ("eager", "compiled")
 # Defaults derived from the published batch-1 table (``sl.bench.published()``, ``specter_lab/published.py`` holds
@@ -56,6 +56,7 @@ class HardwareProfile:
     kernel_time: float = KERNEL_TIME  # device s per kernel beyond its bytes / FLOPs
     execution: str = "eager"  # eager | compiled
     host_source: str = "derived from the published table (sl.bench.published())"
+    hbm_datasheet: float | None = None  # datasheet VRAM bandwidth, bytes/s (what per-format decode efficiency scales)
 
     def __post_init__(self) -> None:
         if self.execution not in EXECUTIONS:
@@ -100,17 +101,106 @@ PROFILES: dict[str, HardwareProfile] = {
         HardwareProfile("rtx3090-pcie4", 25 * GB, 9e-6, 780 * GB, 60e12, 6e-6, 10 * GB, 40 * GB, 0.6e12, 24 * GB,
                         notes="RTX 3090 24GB: 936 GB/s GDDR6X, 142 TFLOPS fp16 tensor (sparse), PCIe 4.0 x16"),
         HardwareProfile("rtx4090-pcie4", 25 * GB, 8e-6, 850 * GB, 80e12, 5e-6, 10 * GB, 60 * GB, 1.0e12, 24 * GB,
-                        notes="RTX 4090 24GB: 1008 GB/s GDDR6X, 165 TFLOPS fp16 tensor (fp32 acc.), PCIe 4.0 x16"),
+                        notes="RTX 4090 24GB: 1008 GB/s GDDR6X, 165 TFLOPS fp16 tensor (fp32 acc.), PCIe 4.0 x16",
+                        hbm_datasheet=1008 * GB),
         HardwareProfile("a100-40g-pcie4", 25 * GB, 9e-6, 1300 * GB, 150e12, 6e-6, 10 * GB, 80 * GB, 1.2e12, 40 * GB,
                         notes="A100 40GB PCIe: 1555 GB/s HBM2, 312 TFLOPS fp16 tensor, PCIe 4.0 x16"),
         HardwareProfile("h100-pcie5", 50 * GB, 8e-6, 1700 * GB, 350e12, 5e-6, 14 * GB, 100 * GB, 2.0e12, 80 * GB,
                         notes="H100 PCIe 80GB: 2.0 TB/s HBM2e, 756 TFLOPS fp16 tensor, PCIe 5.0 x16"),
         HardwareProfile("h200-pcie5", 50 * GB, 8e-6, 4000 * GB, 400e12, 5e-6, 14 * GB, 100 * GB, 2.0e12, 141 * GB,
                         notes="H200 NVL 141GB: 4.8 TB/s HBM3e, 835 TFLOPS fp16 tensor, PCIe 5.0 x16"),
+        # Consumer cards of the published offloaded rows (sl.bench.consumer_anchors()). Datasheet VRAM bandwidth
+        # and memory from NVIDIA's spec pages; hbm_bandwidth = 0.8 x datasheet as above; the GTX 1060's link is
+        # the 12.2 GB/s quantprobe measured on that box (FedericoTs/quantprobe docs/HARDWARE.md).
+        HardwareProfile(name="gtx1060-pcie3", pcie_bandwidth=12.2 * GB, copy_latency=10e-6, hbm_bandwidth=154 * GB,
+                        peak_flops=2.2e12, launch_overhead=7e-6, pageable_bandwidth=6 * GB,
+                        cpu_mem_bandwidth=26.1 * GB, cpu_flops=0.5e12, device_memory=6 * GB, hbm_datasheet=192 * GB,
+                        notes="GTX 1060 6GB (Pascal GP106): 192 GB/s GDDR5, 4.4 TFLOPS fp32 (fp16 at 1/64: llama.cpp "
+                              "decodes with fp32 / dp4a), PCIe 3.0 x16 measured 12.2 GB/s"),
+        HardwareProfile(name="rtx2080-pcie3", pcie_bandwidth=12 * GB, copy_latency=10e-6, hbm_bandwidth=358 * GB,
+                        peak_flops=20e12, launch_overhead=6e-6, pageable_bandwidth=6 * GB,
+                        cpu_mem_bandwidth=50 * GB, cpu_flops=2.5e12, device_memory=8 * GB, hbm_datasheet=448 * GB,
+                        notes="RTX 2080 8GB (Turing TU104): 448 GB/s GDDR6, 40 TFLOPS fp16 tensor (fp32 acc.), "
+                              "PCIe 3.0 x16"),
+        HardwareProfile(name="rtx5090-pcie5", pcie_bandwidth=50 * GB, copy_latency=8e-6, hbm_bandwidth=1430 * GB,
+                        peak_flops=100e12, launch_overhead=5e-6, pageable_bandwidth=14 * GB,
+                        cpu_mem_bandwidth=100 * GB, cpu_flops=2.0e12, device_memory=32 * GB, hbm_datasheet=1792 * GB,
+                        notes="RTX 5090 32GB (Blackwell GB202): 1792 GB/s GDDR7, 209 TFLOPS fp16 tensor, PCIe 5.0 x16"),
     ]
 }
 
 DEFAULT_PROFILE = "rtx4090-pcie4"
+
+# Short names the estimator accepts for --gpu (the consumer cards of the published offloaded rows, and the rest).
+CONSUMER_GPUS = {"gtx1060": "gtx1060-pcie3", "rtx2080": "rtx2080-pcie3", "rtx3090": "rtx3090-pcie4",
+                 "rtx4090": "rtx4090-pcie4", "rtx5090": "rtx5090-pcie5", "t4": "t4-pcie3", "a100": "a100-40g-pcie4",
+                 "h100": "h100-pcie5", "h200": "h200-pcie5"}
+
+
+@dataclass(frozen=True)
+class HostCPU:
+    """A host CPU and its DRAM, as decode on the host sees them.
+
+    ``dram_peak`` is the datasheet figure (channels x MT/s x 8 bytes); ``dram_delivered`` what one process reads
+    (a STREAM-like measurement where one exists, else ``DELIVERED_FRACTION`` of the peak, said so in ``source``).
+    ``flops`` is dense fp32 FMA throughput over all cores (cores x all-core GHz x FLOP/cycle of the SIMD path)."""
+
+    name: str
+    cpu: str
+    cores: int
+    dram: str
+    dram_peak: float  # bytes/s
+    dram_delivered: float  # bytes/s
+    flops: float  # fp32 FLOP/s
+    source: str
+
+
+# quantprobe's i5-7600K box reads 26.1 of its 48 GB/s (docs/HARDWARE.md, prereg #27): the one measured ratio,
+# used for hosts nobody measured.
+DELIVERED_FRACTION = 26.1 / 48.0
+
+HOSTS: dict[str, HostCPU] = {
+    h.name: h
+    for h in [
+        HostCPU(name="i5-7600k-ddr4-3000", cpu="Intel Core i5-7600K (4C/4T, Kaby Lake, AVX2)", cores=4,
+                dram="DDR4-3000, 2 channels", dram_peak=48.0 * GB, dram_delivered=26.1 * GB,
+                flops=4 * 4.0e9 * 32,
+                source="Intel ARK (4 cores, 4.2 GHz turbo, 2 channels); delivered 26.1 GB/s measured on the box of "
+                       "the published rows (FedericoTs/quantprobe docs/HARDWARE.md); 32 FLOP/cycle (2 AVX2 FMA)"),
+        HostCPU(name="i9-10900x-ddr4-2933", cpu="Intel Core i9-10900X (10C/20T, Cascade Lake-X, AVX-512)", cores=10,
+                dram="DDR4-2933, 4 channels", dram_peak=93.9 * GB, dram_delivered=93.9 * GB * DELIVERED_FRACTION,
+                flops=10 * 4.0e9 * 64,
+                source="Intel ARK (10 cores, quad-channel DDR4-2933 = 93.9 GB/s); delivered = peak x 0.54 (the "
+                       "i5 box's measured ratio: no measurement of this box), 64 FLOP/cycle (2 AVX-512 FMA)"),
+        HostCPU(name="epyc-9355-ddr5-6400", cpu="AMD EPYC 9355 (32C, Zen 5), one socket, AVX2 path", cores=32,
+                dram="DDR5-6400, 12 channels", dram_peak=614.4 * GB, dram_delivered=614.4 * GB * DELIVERED_FRACTION,
+                flops=32 * 3.5e9 * 32,
+                source="AMD spec (32 cores, 12 channels DDR5-6400 = 614 GB/s per socket); delivered = peak x 0.54 "
+                       "(assumed, as above); 32 FLOP/cycle on the AVX2 path the published run used"),
+    ]
+}
+
+
+def get_host(host: "str | HostCPU | None", arg: str = "host") -> HostCPU | None:
+    """Resolve ``host=``: None (the GPU profile's own host fields), a HostCPU or a name in HOSTS (a prefix such as
+    ``"i9-10900x"`` is enough when it names one host)."""
+    if host is None or isinstance(host, HostCPU):
+        return host
+    key = str(host).strip().lower()
+    if key in HOSTS:
+        return HOSTS[key]
+    matches = [n for n in HOSTS if n.startswith(key)]
+    if len(matches) == 1:
+        return HOSTS[matches[0]]
+    raise ValueError(f"{arg}={host!r} is not a known host CPU: use one of {sorted(HOSTS)} (or a unique prefix), "
+                     "or None for the GPU profile's default host.")
+
+
+def with_host_cpu(profile: HardwareProfile, host: HostCPU) -> HardwareProfile:
+    """``profile`` with ``host``'s DRAM and FLOP/s as its host fields, named ``<profile>+<host>`` so every output
+    says which host priced the host lane."""
+    return replace(profile, name=f"{profile.name}+{host.name}", cpu_mem_bandwidth=host.dram_delivered,
+                   cpu_flops=host.flops, notes=f"{profile.notes}; host {host.cpu}, {host.dram} ({host.source})")
 
 
 def profile_dir() -> Path:
@@ -140,7 +230,8 @@ def with_host(profile: HardwareProfile, host: dict | None = None) -> HardwarePro
 def get_profile(hardware: "str | HardwareProfile | None") -> HardwareProfile:
     """Resolve ``hardware=``: a profile, a preset name, a saved calibrated profile name or JSON path.
 
-    A name may end in ``@eager`` or ``@compiled`` to pick the execution mode (``"a100-40g-pcie4@compiled"``).
+    A name may end in ``@eager`` or ``@compiled`` to pick the execution mode (``"a100-40g-pcie4@compiled"``), and
+    ``+<host>`` names the host CPU beside the GPU (``"rtx2080-pcie3+i9-10900x-ddr4-2933"``, a name in ``HOSTS``).
     ``"cuda"`` is the GPU's own clock, not a profile: :func:`specter_lab.offload.clock.make_clock` resolves it.
     """
     if isinstance(hardware, str) and "@" in hardware and not hardware.endswith(".json"):
@@ -164,6 +255,9 @@ def get_profile(hardware: "str | HardwareProfile | None") -> HardwareProfile:
         return PROFILES[hardware]
     if hardware.endswith("+host") and hardware != "cuda+host":
         return with_host(get_profile(hardware[: -len("+host")]))
+    base, plus, host = hardware.partition("+")
+    if plus and host in HOSTS and base != "cuda":  # a GPU profile beside a named host CPU (sl.estimate's machines)
+        return with_host_cpu(get_profile(base), HOSTS[host])
     for candidate in (Path(hardware), profile_dir() / f"{hardware}.json"):
         if candidate.suffix == ".json" and candidate.is_file():
             return HardwareProfile.from_json(candidate.read_text())

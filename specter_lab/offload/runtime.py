@@ -22,12 +22,28 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
+import numpy as np
 import torch
 
 from .experts import Group, combine, exact_forward, expert_apply, route_groups
-from .schedule import HOOK_POINTS, DraftSource, ForwardInfo, LayerSchedule
+from .schedule import HOOK_POINTS, DraftSource, ForwardInfo, LayerSchedule, rank_prediction
 
-__all__ = ["OffloadRuntime", "ForwardInfo", "DraftSource", "HOOK_POINTS"]
+__all__ = ["OffloadRuntime", "ForwardInfo", "DraftSource", "HOOK_POINTS", "gate_ids"]
+
+
+def gate_ids(layer, x: torch.Tensor) -> "np.ndarray | None":
+    """Pre-gated lookahead: ``layer``'s router applied to the previous layer's input ``x [T, H]``: the top-k ids
+    ``[T, k]`` it picks (None: a layer without a router the runtime can call)."""
+    if layer.router is None:
+        return None
+    with torch.no_grad():
+        out = layer.router(x)
+    if isinstance(out, tuple):
+        ints = [o for o in out if isinstance(o, torch.Tensor) and not o.is_floating_point()]
+        pred = ints[-1] if ints else out[0].topk(layer.top_k, dim=-1).indices
+    else:
+        pred = out.topk(layer.top_k, dim=-1).indices
+    return pred.detach().cpu().numpy()
 
 
 @dataclass
@@ -52,20 +68,8 @@ class _LayerMath:
         return lambda: expert_apply(self.mod, rows, weights, post_norm=False)
 
     def gate_prediction(self, layer: int) -> list[tuple[int, int]]:
-        router = self.info.layers[layer].router
-        if router is None:
-            return []
-        with torch.no_grad():
-            out = router(self.x)
-        top_k = self.info.layers[layer].top_k
-        if isinstance(out, tuple):
-            ints = [o for o in out if isinstance(o, torch.Tensor) and not o.is_floating_point()]
-            pred = ints[-1] if ints else out[0].topk(top_k, dim=-1).indices
-        else:
-            pred = out.topk(top_k, dim=-1).indices
-        uniq, counts = torch.unique(pred, return_counts=True)
-        order = torch.argsort(counts, descending=True, stable=True)
-        return list(zip((int(e) for e in uniq[order].tolist()), (int(c) for c in counts[order].tolist())))
+        ids = gate_ids(self.info.layers[layer], self.x)
+        return [] if ids is None else rank_prediction(ids)
 
     def finish_host(self, out: torch.Tensor) -> torch.Tensor:
         # back to the device, where a post-expert norm runs (its weights live there)

@@ -21,7 +21,8 @@ import numpy as np
 from .clock import Span, stamper
 from .hostexec import MissRule
 
-__all__ = ["ForwardInfo", "LayerSchedule", "ExpertMath", "DraftSource", "HOOK_POINTS"]
+__all__ = ["ForwardInfo", "LayerSchedule", "ExpertMath", "DraftSource", "HOOK_POINTS", "counts_of", "rank_prediction",
+           "host_lane_time"]
 
 HOOK_POINTS = ("moe.routing",)  # fn(info: ForwardInfo, layer: int, top_k_ids: np.ndarray [T, k])
 
@@ -70,8 +71,19 @@ class ExpertMath(Protocol):
         """Layer ``layer``'s router applied to this layer's hidden state: (expert, tokens), most routed first."""
 
 
+def rank_prediction(ids: np.ndarray) -> list[tuple[int, int]]:
+    """(expert, tokens) of a predicted routing ``[T, k]``, most routed first, ties in ascending expert order."""
+    uniq, counts = np.unique(ids, return_counts=True)
+    order = np.argsort(-counts, kind="stable")
+    return [(int(uniq[i]), int(counts[i])) for i in order]
+
+
 def counts_of(idx: np.ndarray) -> dict[int, int]:
     """Routed tokens per expert of a layer's top-k ids ``[T, k]``, in ascending expert order (-1: not recorded)."""
+    if idx.shape[0] == 1:  # one token (decode, a draft step): k distinct ids, no counting needed
+        row = sorted(int(e) for e in idx[0] if e >= 0)
+        if len(set(row)) == len(row):
+            return dict.fromkeys(row, 1)
     ids, n = np.unique(idx[idx >= 0], return_counts=True)
     return {int(e): int(c) for e, c in zip(ids, n)}
 
@@ -201,11 +213,8 @@ class LayerSchedule:
         return self.miss.on_host(self, fwd, layer, missing, counts)
 
     def host_time(self, n: int) -> float:
-        """Host lane seconds for one expert on n tokens: the host reads the expert at its copy's width, and the
-        activations cross the link both ways."""
-        c = self.cost
-        wb = self.host_weight_bytes or c.weight_bytes
-        return c.host_expert_time(n, weight_bytes=wb) + 2 * 4 * c.hidden * n / c.profile.pcie_bandwidth
+        """Host lane seconds for one expert on n tokens (:func:`host_lane_time`)."""
+        return host_lane_time(self.cost, n, self.host_weight_bytes)
 
     def _issue_host(self, fwd, layer: int, experts: list[int], counts, now, math, event: bool = True) -> dict:
         """Submit each host expert to the clock's host lane; returns expert → (span, job). ``event``: record the
@@ -303,6 +312,13 @@ class LayerSchedule:
             per_layer.append(c.dense_layer_time(n_tokens, context)
                              + n_exp * c.expert_time(max(1, int(l.top_k * n_tokens / n_exp))))
         return sum(per_layer) + c.head_time(n_tokens)
+
+
+def host_lane_time(cost, n: int, host_weight_bytes: float | None = None) -> float:
+    """Host lane seconds for one expert on n tokens: the host reads the expert at its copy's width
+    (``host_weight_bytes``; None: the deployment dtype's), and the activations cross the link both ways."""
+    wb = host_weight_bytes or cost.weight_bytes
+    return cost.host_expert_time(n, weight_bytes=wb) + 2 * 4 * cost.hidden * n / cost.profile.pcie_bandwidth
 
 
 def _nothing() -> None:

@@ -197,12 +197,23 @@ class ExpertStore:
         """A slot for ``layer`` from the whole pool: an empty one anywhere, else the policy's victim over every
         layer sharing the pool (the policy's recency clock is global, so scores compare across layers). A slot
         of another layer moves here, with its row."""
-        cands = [(m, j, e) for m, s in enumerate(self.slots) if self.group[m] == self.group[layer]
-                 for j, e in enumerate(s.expert) if not (m == layer and e in protected)]
-        if not cands:
-            return None
-        empty = [c for c in cands if c[2] < 0]
-        m, j, _ = empty[0] if empty else min(cands, key=lambda c: self.policy.score(c[0], c[2]))
+        group = self.group[layer]
+        empty = next(((m, s.expert.index(-1)) for m, s in enumerate(self.slots)
+                      if self.group[m] == group and -1 in s.expert), None)
+        if empty is not None:
+            m, j = empty
+        elif self.policy.by_recency:  # walk the recency order: the first resident, allowed entry is the victim
+            m, j = next(((m, self.slots[m].where[e]) for (m, e) in self.policy.last_use
+                         if self.group[m] == group and e in self.slots[m].where
+                         and not (m == layer and e in protected)), (None, None))
+            if m is None:
+                return None
+        else:
+            cands = [(m, j, e) for m, s in enumerate(self.slots) if self.group[m] == group
+                     for j, e in enumerate(s.expert) if not (m == layer and e in protected)]
+            if not cands:
+                return None
+            m, j, _ = min(cands, key=lambda c: self.policy.score(c[0], c[2]))
         if m == layer:
             return j
         self.move_slot(m, layer, slot=j, min_keep=0)

@@ -1,0 +1,376 @@
+"""The limit: the TPOT of a clairvoyant schedule of one recorded sequence, against which any strategy is read.
+
+A recorded (or imported) sequence knows its future, so it can be priced as if a strategy knew it too.
+:func:`bound` does, for **non-speculative decoding** (one target forward per token) at an engine's device memory,
+profile, execution mode and cost shape, with the engine's own :class:`~specter_lab.offload.cost.CostModel`:
+
+* **dense work exactly as the live run** prices it: per decode forward i (context P + i) and MoE layer,
+  ``dense_layer_time(1, P + i)``, then each routed expert ``expert_time(n)`` on the compute lane, then
+  ``head_time(1)``; TPOT = the decode forwards' time / (N − 1), as :mod:`specter_lab.metrics` measures it;
+* **memory**: the most permissive use of the engine's budget, one pool of ``budget_bytes // expert_bytes``
+  full-precision slots shared by every layer (what ``global_lru`` pools; a per-layer split and a static split
+  are special cases, a draft's bytes are given to slots). A per-layer pool of ``pool // layers`` slots is also
+  tried (see *variants*);
+* **start of decoding**: the pool starts full (Belady's set or the most used experts, see below), every copy
+  landed, the link and the host idle (the prefill is not part of TPOT; a real run starts from what its prefill
+  left, copies maybe still in flight);
+* **eviction**: Belady's (evict the expert whose next use is furthest in the future; never one the current
+  layer still needs);
+* **copies**: every copy starts as early as the link (one copy at a time, in request order) and its slot (the
+  victim's last use) allow, whenever that is: the schedule knows which expert comes next, so it does not wait
+  for the router. A layer computes its experts in the order they become ready; a layer that needs more experts
+  than there are slots streams the rest through the slots of experts it has computed (as the runtime does);
+* **host execution**: an expert may instead run on the host lane (``LayerSchedule.host_time``; it starts after
+  the layer's dense part, when its input exists, and the device waits for it at the layer's end); the pool then
+  stays as it was. Misses, and also resident experts: the cost model lets the host lane run beside the device,
+  so where a host expert is cheap against the device's per-expert dispatch (eager, unprojected tiny models),
+  splitting a layer's experts between the two lanes beats having them all resident, and a strategy that sends
+  misses to the host (``fiddler``) does exactly that.
+
+The copy-or-host choice is greedy, per expert (resident ones first, then misses, in expert order): whichever ends
+the layer sooner given both lanes' state (a tie is copied; the future is not weighed). Neither that greedy nor
+the initial set is provably optimal once copies and the host overlap, so :func:`bound` prices twelve clairvoyant
+schedules and keeps the fastest (``schedule`` says which): pool {global, per layer} × initial set {Belady's: the
+first experts asked for; the most used over the sequence} × experts {misses always copied, nothing on the host;
+greedy copy-or-host; misses always on the host}. Each is a schedule that a strategy knowing the routing could run
+on the simulated clock, so the bound is *achieved*, not a proof that nothing goes lower; ``tests/test_bound.py``
+shows that no non-speculative strategy of the package beats it on two models, several budgets, profiles and cost
+shapes. With every expert resident (budget 1.0) it equals the all-resident run (``static_split`` there) exactly,
+unless the host lane pays even for resident experts (see above), where it is lower, as ``fiddler`` is.
+
+**What it does not bound**: speculative strategies verify several tokens per forward and pay dense work and the
+LM head once per window, so they can go below this autoregressive bound; their "× of the bound" can exceed 1.0
+(read it then as "beats autoregressive decoding at any cache policy"). A draft's own cost and device memory are
+not part of it. Prefill time is not part of it (TPOT excludes it).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from bisect import bisect_right
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from .engine import Engine
+from .offload.schedule import counts_of, host_lane_time
+from .replay import _recorded_draft, skeleton
+from .routing_trace import RoutedSequence, RoutingTrace, TraceError
+
+__all__ = ["BoundResult", "bound", "trace_bound", "x_of_bound", "bound_column", "VARIANTS"]
+
+POOLS = ("global", "layer")
+INITIAL = ("belady", "frequent")
+MISSES = ("copy", "greedy", "host")
+VARIANTS: tuple[tuple[str, str, str], ...] = tuple(itertools.product(POOLS, INITIAL, MISSES))
+
+
+@dataclass
+class BoundResult:
+    """The clairvoyant schedule's TPOT of one sequence and its parts, per decode token (simulated, on the
+    engine's profile and cost shape: ``assumptions``). ``tpot_ms = compute_ms + copy_ms + host_ms``."""
+
+    tpot_ms: float
+    compute_ms: float  # device busy: dense parts, experts on the device, LM head
+    copy_ms: float  # exposed copy time: the device waiting for a copy
+    host_ms: float  # exposed host time: the device waiting for a host result
+    misses: int  # decode requests whose expert was not in the pool when asked
+    copies: int
+    host_experts: int  # experts computed on the host lane (misses, and resident ones where that was faster)
+    tokens: int  # decode forwards priced (N − 1)
+    pool_slots: int  # full-precision slots the budget holds (one pool for every layer)
+    schedule: str  # which clairvoyant schedule was fastest
+    assumptions: str = ""
+    variants: dict[str, float] = field(default_factory=dict, repr=False)  # label → TPOT ms of every schedule tried
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"bound_tpot_ms": self.tpot_ms, "bound_compute_ms": self.compute_ms, "bound_copy_ms": self.copy_ms,
+                "bound_host_ms": self.host_ms, "bound_misses": self.misses, "bound_copies": self.copies,
+                "bound_host_experts": self.host_experts, "bound_pool_slots": self.pool_slots,
+                "bound_schedule": self.schedule}
+
+
+def x_of_bound(bound_tpot_ms: float, tpot_ms: float) -> float:
+    """"× of the bound" of one row: bound TPOT / the strategy's TPOT (1.0 = at the bound; lower = time left on
+    the table; above 1.0 only for a speculative strategy, which the autoregressive bound does not cover)."""
+    if not (tpot_ms > 0 and math.isfinite(tpot_ms)) or not math.isfinite(bound_tpot_ms):
+        return float("nan")
+    return bound_tpot_ms / tpot_ms
+
+
+def bound_column(df, bound: str = "bound_tpot_ms", tpot: str = "tpot_ms"):
+    """The "× of the bound" column of a table with a bound TPOT column and a TPOT column (a pandas Series)."""
+    return df[bound] / df[tpot].where(df[tpot] > 0)
+
+
+def bound(engine: Engine, seq: RoutedSequence) -> BoundResult:
+    """The TPOT of the fastest clairvoyant non-speculative schedule of ``seq`` at ``engine``'s device memory,
+    profile, execution mode and cost shape (see the module docstring for what is and is not bounded)."""
+    if not isinstance(seq, RoutedSequence):
+        raise TypeError(f"seq must be a RoutedSequence (trace.sequences[i]), got {type(seq).__name__}.")
+    info, cost = engine.info, engine.cost
+    if seq.decode.ndim != 3 or seq.decode.shape[1] != info.num_layers:
+        raise TraceError(f"seq.decode: shape {seq.decode.shape}, but the engine's model has {info.num_layers} MoE "
+                         "layers: the sequence was recorded on another model.")
+    if len(seq.tokens) < 2:
+        raise ValueError("seq has fewer than 2 generated tokens: TPOT needs at least one decode forward.")
+    total = sum(l.num_experts for l in info.layers)
+    pool = int(min(total, engine.split.budget_bytes // max(1, cost.expert_bytes)))
+    host_wb = engine.host_dtype.itemsize if engine.host_dtype is not None else None
+    prob = _Problem.of(seq, info, cost, host_wb)
+    results = {v: _simulate(prob, pool, *v) for v in VARIANTS}
+    best = min(VARIANTS, key=lambda v: results[v].tpot)
+    r, n = results[best], prob.forwards
+    ms = 1e3 / n
+    return BoundResult(r.tpot * 1e3, r.busy * ms, r.copy_wait * ms, r.host_wait * ms, r.misses, r.copies,
+                       r.host, n, pool, _label(best),
+                       f"simulated, clairvoyant, non-speculative; pool {pool} slots; {cost.assumptions}",
+                       {_label(v): results[v].tpot * 1e3 for v in VARIANTS})
+
+
+def trace_bound(trace: RoutingTrace, strategy="lru", *, sequences: "Sequence[int] | None" = None,
+                **engine_options) -> list[BoundResult]:
+    """:func:`bound` of every recorded sequence (or those in ``sequences``) at the device memory, profile and cost
+    shape a replay with these ``engine_options`` would have (``strategy``: the row the bound is read against;
+    only its budget split matters, e.g. a speculative one's ``cache_slots`` count its draft's bytes)."""
+    if not isinstance(trace, RoutingTrace):
+        raise TypeError(f"trace must be a sl.RoutingTrace (sl.record(...) or sl.load_trace(path)), got "
+                        f"{type(trace).__name__}.")
+    if engine_options.get("hardware") == "cuda":
+        raise ValueError("hardware='cuda' measures a live run; the bound prices on a simulated profile: give one.")
+    if strategy == "auto" or hasattr(strategy, "engine_kwargs"):
+        strategy = "lru"  # a plan's choice does not change the device memory the bound is priced at
+    draft = engine_options.pop("draft", None)
+    eng = Engine(skeleton(trace.config), None, strategy, draft=_recorded_draft(trace, draft), **engine_options)
+    picked = range(len(trace.sequences)) if sequences is None else list(sequences)
+    return [bound(eng, trace.sequences[i]) for i in picked]
+
+
+def _label(variant: tuple[str, str, str]) -> str:
+    pool, init, miss = variant
+    misses = {"copy": "misses copied", "greedy": "each expert copy-or-host, greedy", "host": "misses on the host"}[miss]
+    return f"{pool} pool, {init} initial set, {misses}"
+
+
+# --------------------------------------------------------------------------------------------- the simulation
+
+@dataclass
+class _Problem:
+    """One sequence's decode requests and the prices the simulation needs (seconds)."""
+
+    requests: list[dict[int, int]]  # per request t = i·L + l: expert key → tokens (key = l·E + e)
+    dense: list[float]  # per decode forward: one MoE layer's dense part
+    head: float
+    copy: float
+    expert: dict[int, float]  # tokens → device time
+    host: dict[int, float]  # tokens → host lane time
+    layers: int
+    num_experts: list[int]
+    stride: int
+    uses: dict[int, list[int]]  # key → request times it is asked at, ascending
+
+    @property
+    def forwards(self) -> int:
+        return len(self.dense)
+
+    @classmethod
+    def of(cls, seq: RoutedSequence, info, cost, host_wb) -> "_Problem":
+        L, stride = info.num_layers, max(l.num_experts for l in info.layers)
+        p = len(seq.prompt)
+        requests, uses = [], {}
+        for i in range(seq.decode.shape[0]):
+            for l, layer in enumerate(info.layers):
+                req = {l * stride + e: n for e, n in counts_of(seq.decode[i, l, : layer.top_k]).items()}
+                for key in req:
+                    uses.setdefault(key, []).append(len(requests))
+                requests.append(req)
+        sizes = {n for r in requests for n in r.values()}
+        return cls(requests, [cost.dense_layer_time(1, p + i) for i in range(seq.decode.shape[0])],
+                   cost.head_time(1), cost.copy_time(cost.expert_bytes), {n: cost.expert_time(n) for n in sizes},
+                   {n: host_lane_time(cost, n, host_wb) for n in sizes}, L, [l.num_experts for l in info.layers],
+                   stride, uses)
+
+    def next_use(self, key: int, t: int) -> float:
+        """The first request after t that asks for key (inf: never again)."""
+        u = self.uses.get(key, [])
+        j = bisect_right(u, t)
+        return u[j] if j < len(u) else math.inf
+
+
+class _Pool:
+    """Slots holding experts (keys) with Belady's victim: the resident key whose next use is furthest."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.ready: dict[int, float] = {}  # key → when its copy lands
+        self.last: dict[int, float] = {}  # key → when its last compute ended
+        self.nxt: dict[int, float] = {}
+        self.heap: list[tuple[float, int]] = []  # (−next use, key), stale entries skipped
+
+    def insert(self, key: int, ready: float, nxt: float) -> None:
+        self.ready[key], self.last[key] = ready, -math.inf
+        self.touch(key, nxt)
+
+    def touch(self, key: int, nxt: float) -> None:
+        self.nxt[key] = nxt
+        heapq.heappush(self.heap, (-nxt, key))
+
+    def evict(self, key: int) -> None:
+        del self.ready[key], self.last[key], self.nxt[key]
+
+    def free_at(self, key: int | None) -> float:
+        """When the slot of ``key`` may be overwritten (its last read and its own copy done)."""
+        return -math.inf if key is None else max(self.ready[key], self.last[key])
+
+    def victim(self, t: int) -> "tuple[bool, int | None]":
+        """(found, key): an empty slot (key None), else the furthest next use unless every resident is needed now."""
+        if len(self.ready) < self.capacity:
+            return True, None
+        while self.heap:
+            neg, key = self.heap[0]
+            if key not in self.nxt or self.nxt[key] != -neg:
+                heapq.heappop(self.heap)
+                continue
+            return (-neg > t), key
+        return False, None
+
+
+@dataclass
+class _Outcome:
+    tpot: float = 0.0
+    busy: float = 0.0
+    copy_wait: float = 0.0
+    host_wait: float = 0.0
+    misses: int = 0
+    copies: int = 0
+    host: int = 0
+
+
+def _finish(start: float, dev: list[tuple[float, float, int]]) -> float:
+    t = start
+    for ready, dur, _ in sorted(dev):
+        t = max(t, ready) + dur
+    return t
+
+
+def _initial(prob: _Problem, pools: list[_Pool], pool_of, init: str) -> None:
+    """Fill every pool before decoding starts: Belady's set (the first experts asked for) or the most used."""
+    if init == "belady":
+        order = [k for r in prob.requests for k in r]
+        order = list(dict.fromkeys(order))
+    else:
+        freq = {k: len(u) for k, u in prob.uses.items()}
+        order = sorted(freq, key=lambda k: (-freq[k], prob.uses[k][0]))
+    for key in order:
+        pool = pools[pool_of(key)]
+        if len(pool.ready) < pool.capacity:
+            pool.insert(key, -math.inf, prob.uses[key][0])
+
+
+def _simulate(prob: _Problem, slots: int, pool_kind: str, init: str, miss: str) -> _Outcome:
+    """One clairvoyant schedule's decode time (see the module docstring), on its own three-lane clock."""
+    L = prob.layers
+    if pool_kind == "global":
+        pools, pool_of = [_Pool(slots)], (lambda key: 0)
+    else:
+        pools = [_Pool(min(n, slots // L)) for n in prob.num_experts]
+        pool_of = (lambda key: key // prob.stride)
+    _initial(prob, pools, pool_of, init)
+    out = _Outcome()
+    compute_t = copy_t = host_t = 0.0
+    for t, req in enumerate(prob.requests):
+        i, l = divmod(t, L)
+        pool = pools[pool_of(l * prob.stride)]
+        compute_t += prob.dense[i]
+        out.busy += prob.dense[i]
+        dense_end = compute_t
+        dev: list[tuple[float, float, int]] = []
+        host_ends: list[float] = []
+        deferred: list[int] = []
+        greedy = miss == "greedy"
+        for key in sorted(req, key=lambda k: (k not in pool.ready, k)):  # resident experts first, then misses
+            n = req[key]
+            if key in pool.ready:
+                h_end = max(host_t, dense_end) + prob.host[n]
+                h_max = max(host_ends, default=-math.inf)
+                if greedy and max(_finish(dense_end, dev), h_max, h_end) < max(
+                        _finish(dense_end, dev + [(pool.ready[key], prob.expert[n], key)]), h_max):
+                    host_t = h_end  # the host lane beside the device ends the layer sooner (strictly)
+                    host_ends.append(h_end)
+                    out.host += 1
+                    continue
+                dev.append((pool.ready[key], prob.expert[n], key))
+                continue
+            out.misses += 1
+            h_end = max(host_t, dense_end) + prob.host[n]
+            found, victim = pool.victim(t) if pool.capacity and miss != "host" else (False, None)
+            if not found:
+                if miss != "host" and pool.capacity:
+                    deferred.append(key)  # every slot holds an expert this layer still needs: stream it
+                    continue
+                host_t = h_end
+                host_ends.append(h_end)
+                out.host += 1
+                continue
+            c_end = max(copy_t, pool.free_at(victim)) + prob.copy
+            if miss != "copy":
+                h_max = max(host_ends, default=-math.inf)
+                end_copy = max(_finish(dense_end, dev + [(c_end, prob.expert[n], key)]), h_max)
+                end_host = max(_finish(dense_end, dev), h_max, h_end)
+                if end_host < end_copy:  # ties copied: the copy stays for later uses
+                    host_t = h_end
+                    host_ends.append(h_end)
+                    out.host += 1
+                    continue
+            if victim is not None:
+                pool.evict(victim)
+            pool.insert(key, c_end, t)
+            copy_t = c_end
+            out.copies += 1
+            dev.append((c_end, prob.expert[n], key))
+        for ready, dur, key in sorted(dev):
+            start = max(compute_t, ready)
+            out.copy_wait += start - compute_t
+            compute_t = start + dur
+            out.busy += dur
+            pool.last[key] = compute_t
+        for key in deferred:
+            compute_t, copy_t, host_t = _stream(prob, pool, t, key, req[key], compute_t, copy_t, host_t,
+                                                host_ends, miss, out)
+        if host_ends and max(host_ends) > compute_t:
+            out.host_wait += max(host_ends) - compute_t
+            compute_t = max(host_ends)
+        for key in req:
+            if key in pool.nxt:
+                pool.touch(key, prob.next_use(key, t))
+        if l == L - 1:
+            compute_t += prob.head
+            out.busy += prob.head
+    out.tpot = compute_t / prob.forwards
+    return out
+
+
+def _stream(prob: _Problem, pool: _Pool, t: int, key: int, n: int, compute_t: float, copy_t: float,
+            host_t: float, host_ends: list[float], miss: str, out: _Outcome) -> tuple[float, float, float]:
+    """A miss of a layer that needs more experts than its pool has slots: copy it into the slot of an expert this
+    layer has already computed (the one next used furthest away), or run it on the host if that ends sooner."""
+    done = [k for k in pool.ready if pool.last[k] > -math.inf and pool.nxt[k] == t]
+    victim = max(done, key=lambda k: prob.next_use(k, t))
+    c_end = max(copy_t, pool.free_at(victim)) + prob.copy
+    h_end = max(host_t, compute_t) + prob.host[n]  # issued now (a later start than the layer's dense end)
+    end_copy = max(compute_t, c_end) + prob.expert[n]
+    if miss == "greedy" and h_end < end_copy:
+        host_ends.append(h_end)
+        out.host += 1
+        return compute_t, copy_t, h_end
+    pool.evict(victim)
+    pool.insert(key, c_end, t)
+    out.copies += 1
+    start = max(compute_t, c_end)
+    out.copy_wait += start - compute_t
+    out.busy += prob.expert[n]
+    pool.last[key] = start + prob.expert[n]
+    return start + prob.expert[n], c_end, host_t

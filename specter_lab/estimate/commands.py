@@ -1,0 +1,78 @@
+"""The commands an estimate emits: llama.cpp flags for the fastest placement llama.cpp can express, the specter_lab
+``Engine`` call for the fastest of our strategies, and the printed report."""
+
+from __future__ import annotations
+
+from ..strategies import STRATEGIES
+
+__all__ = ["llama_cpp_command", "engine_call", "report", "LLAMA_CPP_PLACEMENTS"]
+
+# Placements stock llama.cpp runs: everything on the GPU, whole layers' experts on the host, the expert cache
+# (--moe-cache-mib, mainline since tag b12191: ggml-org/llama.cpp docs/moe-cache.md).
+LLAMA_CPP_PLACEMENTS = ("resident", "static_split", "global_lru")
+MiB = 2**20
+
+
+def _ot_regex(layers: list[int]) -> str:
+    """The -ot override that keeps ``layers``' routed experts in host memory (tensors ``blk.N.ffn_*_exps``)."""
+    return "blk\\.(" + "|".join(str(i) for i in layers) + ")\\.ffn_.*_exps\\.=CPU"
+
+
+def llama_cpp_command(e, model_path: str = "model.gguf") -> str:  # e: an estimate.core.Estimate
+    """``llama-server`` flags for the fastest of :data:`LLAMA_CPP_PLACEMENTS` in the estimate (a cache flag only
+    where the cache beats the static split)."""
+    rows = e.table[e.table.strategy.isin(LLAMA_CPP_PLACEMENTS)]
+    best = str(rows.iloc[0]["strategy"])
+    parts = [f"llama-server -m {model_path} -ngl 99 -c {e.context} --no-mmap"]
+    if e.machine.host is not None:
+        parts.append(f"--threads {e.machine.host.cores}")
+    L = e.model.moe_layers
+    dense_offset = e.model.dense_layers  # llama.cpp numbers blocks over all decoder layers
+    if best == "static_split":
+        n = e.placements["static_split"]["n_cpu_moe"]
+        ot = _ot_regex([dense_offset + i for i in range(n)])
+        flags = " ".join(parts) + f" --n-cpu-moe {n}"
+        return f"{flags}\n# or, the same layers by name: {' '.join(parts)} -ot \"{ot}\""
+    if best == "global_lru":
+        mib = int(e.budget.experts // MiB)
+        share = e.placements["global_lru"]["cpu_share"]
+        cached = " ".join(parts) + f" --n-cpu-moe {L} --moe-cache-mib {mib}" + (
+            f" --moe-cache-cpu-share {share:g}" if share else "")
+        split = e.placements.get("static_split")
+        if split is None:
+            return cached
+        tps = e.row("static_split").tokens_per_s
+        return (f"{cached}\n# without the expert cache (llama.cpp before b12191), the split at {tps:.3g} tok/s: "
+                f"{' '.join(parts)} --n-cpu-moe {split['n_cpu_moe']}")
+    return " ".join(parts)
+
+
+def engine_call(e) -> str:
+    """``sl.Engine(...)`` with the fastest of our strategies at this expert budget on this machine's profile."""
+    ours = e.table[e.table.strategy.map(lambda s: s in STRATEGIES)]
+    if e.budget.all_fit or ours.empty:
+        strategy, budget = "static_split", "1.0"
+    else:
+        strategy, budget = str(ours.iloc[0]["strategy"]), f"'{e.budget.experts / 2**30:.2f}GiB'"
+    share = e.placements.get(strategy, {}).get("cpu_share")
+    extra = f"cpu_share={share:g}, " if share else ""
+    return (f"sl.Engine(model, tok, strategy={strategy!r}, expert_budget={budget}, {extra}"
+            f"hardware='{e.machine.hardware_name}@compiled')  # prices bf16 experts: its weights are the "
+            "checkpoint's")
+
+
+def report(e) -> str:
+    """What ``specter-lab estimate`` prints."""
+    g = e.model
+    head = (f"Estimate for {g.name} ({g.model_type}: {g.total_params / 1e9:.1f}B params, {g.moe_layers} MoE layers x "
+            f"{g.num_experts} experts, top-{g.top_k}, {g.active_params / 1e9:.2f}B read per token) at weights "
+            f"{e.precision.label}, context {e.context}, on {e.machine.label}.")
+    cols = ["strategy", "tokens_per_s", "band_tok_s", "tpot_ms", "hit_rate", "copies_per_token", "host_experts_per_token",
+            "device_ms", "link_ms", "host_ms", "placement", "runs_as"]
+    table = e.table[cols].to_string(index=False, float_format=lambda v: f"{v:.3g}")
+    lines = [head, e.budget.describe() + ".", "", "Decode, modelled (fastest first):", table, "",
+             f"Placement it implies: {e.best}: {e.table.iloc[0]['placement']}.", "", "Run it:",
+             "  " + e.llama_cpp().replace("\n", "\n  "), "  " + e.engine_call(), "", "Assumptions:"]
+    if "global_lru" not in STRATEGIES:
+        lines.insert(-1, "  (global_lru is priced here; the Engine strategy of that name is not in this install.)")
+    return "\n".join(lines + [f"  * {a}" for a in e.assumptions])

@@ -1,0 +1,254 @@
+"""Replay: price any strategy on recorded routing in seconds, with the same code as a live run.
+
+:func:`replay` builds the same :class:`~specter_lab.engine.Engine` a live run would (strategy, budget split,
+cost model, clock), but on a model skeleton made from the trace's config on the ``meta`` device (no weights), a
+store without tensors, and a :class:`ReplayDecoder` that, for every forward the decode loop asks for, hands the
+layer schedule the recorded routing and the decode loop the recorded tokens. Store, eviction, prefetch,
+governor, host execution and clock are the live run's own code, so the trace records and metrics are the same
+(greedy; ``tests/test_replay.py`` checks every strategy). Sampling is not replayed: run it live.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache, partial
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from .decode import Decoder
+from .engine import Engine, GenerationResult
+from .offload.schedule import ForwardInfo, counts_of, rank_prediction
+from .predict import KGovernor
+from .drafts import as_draft_spec
+from .quant import QuantSpec
+from .routing_trace import RoutedSequence, RoutingTrace, TraceError
+
+__all__ = ["replay", "ReplayDecoder", "skeleton", "ReplayMismatch"]
+
+class ReplayMismatch(RuntimeError):
+    """The decode loop asked for a forward the trace does not hold (a bug, or a trace of another run)."""
+
+
+class _Argmax:
+    """Logits as the decode loops read them, for known tokens: ``torch.argmax`` of a row (or rows) gives the
+    recorded token ids without a vocabulary-sized tensor (``__torch_function__``, torch's extension point)."""
+
+    def __init__(self, tokens: np.ndarray) -> None:
+        self.tokens = np.asarray(tokens)  # [T] rows, or a scalar: one row
+
+    def __getitem__(self, i) -> "_Argmax":
+        return _Argmax(self.tokens[i])
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func is torch.argmax:
+            return torch.as_tensor(args[0].tokens.astype(np.int64))
+        raise TypeError(f"a replayed forward has no logits: {func.__name__} needs a live run (replay is greedy).")
+
+
+class _Positions:
+    """The cache a replay decodes with: only its length (crops are exact; no recurrent state is replayed)."""
+
+    recurrent = False
+
+    def __init__(self) -> None:
+        self.length = 0
+
+    def checkpoint(self):
+        return None
+
+    def rewind(self, length: int, checkpoint=None) -> int:
+        if length > self.length:
+            raise ValueError(f"cannot rewind a cache of {self.length} tokens forward to {length}")
+        self.length = length
+        return 0
+
+
+class _GateMath:
+    """The tensor side of a replayed layer: nothing to compute, and the recorded gate-lookahead predictions."""
+
+    def __init__(self, gate: np.ndarray | None, top_k: list[int]) -> None:
+        self.gate, self.top_k = gate, top_k  # gate: [T, L, k] rows of this forward
+
+    def device(self, e, weights):
+        return None
+
+    def host(self, e, weights):
+        return None
+
+    def gate_prediction(self, layer: int) -> list[tuple[int, int]]:
+        if self.gate is None:
+            return []
+        ids = self.gate[:, layer - 1, : self.top_k[layer]]  # row l holds layer l+1's router on layer l's input
+        return [] if (ids < 0).any() else rank_prediction(ids)  # -1: that layer has no router to call
+
+
+class ReplayDecoder(Decoder):
+    """A :class:`~specter_lab.decode.Decoder` whose forwards are looked up in a :class:`RoutedSequence`."""
+
+    def __init__(self, seq: RoutedSequence, model, runtime, sampling, eos, max_new_tokens, callback=None,
+                 keep_cache: bool = True, rewindable: bool = False) -> None:
+        if sampling.do_sample:
+            raise ValueError("do_sample=True: a replay is greedy (sampled tokens are not recorded); run it live.")
+        self.seq = seq
+        self.model = None
+        self.rt = runtime
+        self.clock = runtime.clock
+        self.trace = runtime.trace
+        self.sampling = sampling
+        self.eos = set(eos)
+        self.max_new = max_new_tokens
+        self.callback = callback
+        self.keep_cache = keep_cache
+        self.kv = _Positions()
+        self.out: list[int] = []
+        self.device = "cpu"
+        self.gen = None
+        self.step = 0
+        self._top_k = [l.top_k for l in runtime.info.layers]
+
+    def forward(self, ids, mode: str, phase: str, keep: int = 0):
+        ids = ids[0].tolist() if isinstance(ids, torch.Tensor) else list(ids)
+        info = ForwardInfo(self.step, mode, phase, self.kv.length)
+        routing, tokens, gate = self._lookup(mode, phase, self.kv.length, ids)
+        sched = self.rt.schedule
+        math = _GateMath(gate, self._top_k) if sched.gate_lookahead else None
+        with self.rt.forward(info):
+            for layer, k in enumerate(self._top_k):
+                idx = routing[:, layer, :k]
+                sched.routed(info, layer, idx)
+                if mode != "shadow":
+                    sched.layer(info, layer, counts_of(idx), len(ids), math)
+        self.kv.length += len(ids)
+        if mode != "shadow":
+            n_head = len(ids) if keep == 0 else keep
+            span = self.rt.between_span(self.rt.cost.head_time(n_head))  # last layer's tail + the LM head
+            self.trace.span("draft" if mode == "draft" else phase, -1, -1, span)
+        return _Argmax(tokens[-keep:] if keep else tokens), info
+
+    def _lookup(self, mode: str, phase: str, pos: int, ids: list[int]):
+        """(routing [T, L, k], argmax [T], gate rows or None) of the forward the loop asks for."""
+        s, p = self.seq, len(self.seq.prompt)
+        if phase == "prefill":
+            self._expect(ids, s.prompt.tolist(), "prefill")
+            return s.prefill, s.tokens[:1], s.gate[:p] if s.gate is not None else None
+        if phase == "decode":
+            i = pos - p
+            self._expect(ids, [int(s.tokens[i])], f"decode at position {pos}")
+            gate = s.gate[p + i: p + i + 1] if s.gate is not None else None
+            return s.decode[i: i + 1], s.tokens[i + 1: i + 2], gate
+        if phase == "recompute":
+            raise ReplayMismatch("a recurrent cache's recompute is not recorded: replay needs an attention-only model.")
+        if s.draft_tokens is None:
+            raise ReplayMismatch("this trace has no draft chains (recorded with k_max=0 or imported without a "
+                                 "modeled draft): speculative strategies cannot replay from it.")
+        w = len(self.out) - 1  # the window starts at the last committed token (its position: n)
+        n = p + w
+        if mode == "draft":
+            j = pos - n
+            want = [int(s.tokens[w])] if j == 0 else [int(s.draft_tokens[w, j - 1])]
+            self._expect(ids, want, f"draft step {j} of the window at {n}")
+            return s.draft_routing[w, j: j + 1], s.draft_tokens[w, j: j + 1], None
+        t = len(ids)  # verification (or the oracle's look) over [last, d1..dK]
+        self._expect(ids, [int(s.tokens[w])] + s.draft_tokens[w, : t - 1].tolist(), f"verification at {n}")
+        return s.verify_routing[w, :t], s.verify_tokens[w, :t], None
+
+    @staticmethod
+    def _expect(ids: list[int], want: list[int], what: str) -> None:
+        if ids != want:
+            raise ReplayMismatch(f"{what}: the loop fed {ids[:8]}, the trace recorded {want[:8]}.")
+
+
+@lru_cache(maxsize=8)
+def _skeleton(config_json: str):
+    import transformers
+
+    cfg = dict(json.loads(config_json))
+    model_type = cfg.pop("model_type", None)
+    if not model_type:
+        raise TraceError("config: no 'model_type': the trace's config cannot be sized (give a config.json).")
+    try:
+        config = transformers.AutoConfig.for_model(model_type, **cfg)
+        with torch.device("meta"):
+            model = transformers.AutoModelForCausalLM.from_config(config)
+    except Exception as exc:  # noqa: BLE001 - transformers raises many kinds; the message is what helps
+        raise TraceError(f"config: transformers cannot build the {model_type!r} model it describes "
+                         f"({type(exc).__name__}: {str(exc).splitlines()[0]}). Give the model's own config.json."
+                         ) from exc
+    return model.eval()
+
+
+def skeleton(config: "dict[str, Any]"):
+    """The model a config describes, on the ``meta`` device: shapes and modules, no weights (nothing allocated)."""
+    return _skeleton(json.dumps(config, sort_keys=True, default=str))
+
+
+def replay(trace: RoutingTrace, strategy="lru", *, tokenizer=None, sequences: "Sequence[int] | None" = None,
+           draft: "QuantSpec | None" = None, callback: Callable | None = None,
+           **engine_options) -> list[GenerationResult]:
+    """Replay ``strategy`` on every recorded sequence (or those in ``sequences``): one
+    :class:`~specter_lab.engine.GenerationResult` each, with the live run's trace records and metrics.
+
+    ``engine_options`` are the Engine's (``expert_budget``, ``cache_slots``, ``hardware`` — a simulated profile —,
+    ``cost_shape``, ``k``, ``eviction``, …). Speculative strategies need a trace with draft chains, replay the
+    draft it was recorded with, and K ≤ the trace's ``k_max``."""
+    if not isinstance(trace, RoutingTrace):
+        raise TypeError(f"trace must be a sl.RoutingTrace (sl.record(...) or sl.load_trace(path)), got "
+                        f"{type(trace).__name__}.")
+    if engine_options.get("hardware") == "cuda":
+        raise ValueError("hardware='cuda' measures a live run; a replay prices on a simulated profile: give one.")
+    model = skeleton(trace.config)
+    eng = Engine(model, tokenizer, strategy, draft=_recorded_draft(trace, draft), **engine_options)
+    _check_replayable(eng, trace)
+    picked = range(len(trace.sequences)) if sequences is None else list(sequences)
+    results = []
+    for i in picked:
+        seq = trace.sequences[i]
+        run = eng.prepare(seq.prompt.tolist(), len(seq.tokens), callback=callback,
+                          replay=partial(ReplayDecoder, seq))
+        try:
+            result = run.execute()
+        finally:
+            run.store.release()
+        if result.token_ids != seq.tokens.tolist():
+            raise ReplayMismatch(f"sequence {i}: the replay committed other tokens than recorded (a bug).")
+        result.metrics["routing_source"] = trace.source
+        result.trace.meta["routing_source"] = trace.source
+        results.append(result)
+    return results
+
+
+def _recorded_draft(trace: RoutingTrace, draft) -> "QuantSpec | None":
+    """The draft the chains were recorded with (a different one cannot be replayed from them)."""
+    cfg = as_draft_spec(draft) if draft is not None else None
+    if cfg is not None and cfg.variant != "quantized":
+        raise ValueError(f"draft={cfg.variant!r}: that draft computes with whatever the cache holds, so its routing "
+                         "depends on the strategy and cannot be recorded apart from it; replay the quantized "
+                         "draft, or run this one live.")
+    d = trace.draft or {}
+    if "bits" not in d:
+        return cfg.quant if cfg is not None else None
+    recorded = QuantSpec(d["bits"], d["group_size"], d["method"])
+    if cfg is not None and cfg.quant != recorded:
+        raise ValueError(f"draft={cfg.quant.label}: the trace's chains were drafted by {recorded.label}; replay that "
+                         "draft or record the trace again with this one.")
+    return recorded
+
+
+def _check_replayable(eng: Engine, trace: RoutingTrace) -> None:
+    st = eng.strategy
+    if trace.num_layers != eng.info.num_layers:
+        raise TraceError(f"trace has {trace.num_layers} MoE layers, its config's model {eng.info.num_layers}: "
+                         "the config is of another model.")
+    trace.validate([l.num_experts for l in eng.info.layers])
+    if not st.speculative:
+        return
+    if not trace.speculative:
+        raise ValueError(f"strategy={st.name!r} speculates, but this trace has no draft chains (recorded with "
+                         "k_max=0): record with k_max > 0, or replay a non-speculative strategy.")
+    k_need = (eng.governor or KGovernor()).k_max if st.k == "auto" else st.k
+    if k_need > trace.k_max:
+        raise ValueError(f"k={st.k!r} needs chains of {k_need} drafts; this trace holds {trace.k_max}: use "
+                         f"k <= {trace.k_max}, or record with k_max={k_need}.")

@@ -1,0 +1,197 @@
+"""sl.estimate from a config.json alone: sizes, VRAM budget, placements, emitted commands, bad input, the synthetic
+routing's fit to published locality, weight precision as a cost input."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from specter_lab.estimate import estimate
+from specter_lab.model.geometry import CONFIG_DIR, geometry_from_config
+from specter_lab.offload.precision import get_precision
+from specter_lab.offload.synthetic_routing import LOCALITY, hot_coverage, lru_hit_rate, synthetic_routing
+
+DATA = Path(__file__).parent / "data"
+QWEN3, GPT_OSS = DATA / "qwen3-30b-a3b", DATA / "gpt-oss-20b"
+
+
+@pytest.mark.parametrize("name", ["qwen3-30b-a3b", "gpt-oss-20b"])
+def test_test_configs_are_the_bundled_ones(name):
+    bundled = json.loads((CONFIG_DIR / f"{name}.json").read_text())
+    assert json.loads((DATA / name / "config.json").read_text()) == bundled
+
+
+def test_sizes_from_the_config_match_the_model_cards():
+    q, g = geometry_from_config(QWEN3), geometry_from_config(GPT_OSS)
+    # model cards: Qwen3-30B-A3B 30.5B total / 3.3B active; gpt-oss-20b 21B total / 3.6B active
+    assert q.total_params / 1e9 == pytest.approx(30.5, abs=0.1)
+    assert (q.active_params + q.embed_params) / 1e9 == pytest.approx(3.3, abs=0.1)
+    assert g.total_params / 1e9 == pytest.approx(20.9, abs=0.1) and g.active_params / 1e9 == pytest.approx(3.6, abs=0.1)
+    assert (q.moe_layers, q.num_experts, q.top_k) == (48, 128, 8)
+    assert (g.moe_layers, g.num_experts, g.top_k) == (24, 32, 4)
+    assert g.checkpoint_format == "mxfp4"
+    # sliding layers keep 128 tokens: half of gpt-oss's layers stop growing their KV cache (8 kv heads x 64, K + V)
+    per = 2 * 2 * 8 * 64
+    assert g.kv_bytes(8192) == pytest.approx(12 * per * 8192 + 12 * per * 128)
+
+
+def test_qwen3_on_a_24gb_card_is_resident_with_plain_ngl():
+    e = estimate(QWEN3, gpu="rtx4090", vram="24GB", host="i9-10900x", weights="q4_k_m")
+    assert e.best == "resident"
+    cmd = e.llama_cpp("qwen3-30b-a3b-q4_k_m.gguf")
+    assert "-ngl 99" in cmd and "--n-cpu-moe" not in cmd and "--moe-cache-mib" not in cmd
+    assert "synthetic routing matched to" in " ".join(e.assumptions) and "Qwen3-30B-A3B" in e.routing_label
+
+
+def test_qwen3_on_an_8gb_card_splits_and_emits_the_layers():
+    e = estimate(QWEN3, gpu="rtx2080", vram="8GiB", host="i9-10900x", weights="q4_k_m")
+    split = e.placements["static_split"]
+    assert 0 < split["layers_on_gpu"] < 48 and split["n_cpu_moe"] == 48 - split["layers_on_gpu"]
+    cmd = e.llama_cpp()
+    llama_rows = e.table[e.table.strategy.isin(["static_split", "global_lru"])]
+    if llama_rows.iloc[0].strategy == "static_split":
+        assert f"--n-cpu-moe {split['n_cpu_moe']}" in cmd
+        listed = re.search(r'blk\\\.\(([0-9|]+)\)', cmd).group(1).split("|")
+        assert listed == [str(i) for i in range(split["n_cpu_moe"])]
+    else:  # the cache pays: its flags, and the split for a llama.cpp without the cache
+        assert "--moe-cache-mib" in cmd and f"--n-cpu-moe {split['n_cpu_moe']}" in cmd
+    assert "sl.Engine(model, tok, strategy=" in e.engine_call()
+    text = str(e)
+    assert "Placement it implies" in text and "modelled, not measured" in text
+
+
+def test_gpt_oss_split_follows_the_dense_width():
+    # the VRAM rule: a narrower dense part (q8_0 against the checkpoint's bf16) leaves room for more expert layers
+    bf16 = estimate(GPT_OSS, gpu="rtx2080", vram="8GiB", host="i9-10900x")
+    q8 = estimate(GPT_OSS, gpu="rtx2080", vram="8GiB", host="i9-10900x", weights="mxfp4+q8_0")
+    assert bf16.precision.dense.name == "bf16"  # the checkpoint's own format (config quantization_config)
+    assert q8.placements["static_split"]["n_cpu_moe"] < bf16.placements["static_split"]["n_cpu_moe"] < 24
+
+
+def test_more_vram_is_never_slower_for_a_static_split():
+    speeds = [estimate(QWEN3, gpu="rtx4090", vram=v, weights="q4_k_m", host="i5-7600k").row("static_split").tokens_per_s
+              for v in ("8GiB", "12GiB", "16GiB")]
+    assert speeds == sorted(speeds) and speeds[0] < speeds[-1]
+
+
+def test_weight_precision_is_a_cost_input():
+    bf16, q4 = get_precision("bf16"), get_precision("q4_k_m")
+    assert q4.experts.bytes_per_weight < bf16.experts.bytes_per_weight
+    assert get_precision("mxfp4").dense.name == "bf16" and get_precision("mxfp4+q8_0").dense.name == "q8_0"
+    a = estimate(QWEN3, gpu="rtx4090", vram="16GiB", weights="q8_0", host="i9-10900x")
+    b = estimate(QWEN3, gpu="rtx4090", vram="16GiB", weights="q4_k_m", host="i9-10900x")
+    assert b.budget.experts / b.budget.expert_bytes > a.budget.experts / a.budget.expert_bytes  # more experts fit
+    assert b.row("static_split").tokens_per_s > a.row("static_split").tokens_per_s
+
+
+def test_bad_input_names_the_argument_and_what_would_fit():
+    dense = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+             "num_attention_heads": 4, "vocab_size": 128}
+    with pytest.raises(ValueError, match=r"config: .*not a mixture-of-experts"):
+        estimate(dense)
+    with pytest.raises(ValueError, match=r"gpu='rtx9999' .*rtx4090"):
+        estimate(QWEN3, gpu="rtx9999")
+    with pytest.raises(ValueError, match=r"vram=2\.50 GiB .*needs at least 3\.3. GiB.*weights=.q8_0."):
+        estimate(QWEN3, gpu="rtx4090", vram="2.5GiB", weights="bf16")
+    with pytest.raises(ValueError, match="weights='q5'"):
+        estimate(QWEN3, weights="q5")
+    with pytest.raises(ValueError, match="host='pentium'"):
+        estimate(QWEN3, host="pentium")
+
+
+def test_trace_hook_replays_a_given_routing():
+    g = geometry_from_config(GPT_OSS)
+    rng = np.random.default_rng(0)
+    sticky = np.repeat(rng.permuted(np.tile(np.arange(32), (24, 1)), axis=1)[None, :, :4], 200, axis=0)
+    e = estimate(GPT_OSS, gpu="rtx2080", vram="8GiB", trace=sticky)
+    assert e.routing_label == "recorded routing trace"
+    assert e.row("lru").hit_rate == pytest.approx(1.0)  # the same 4 experts every token: every lookup hits
+    with pytest.raises(ValueError, match="trace: expected expert ids"):
+        estimate(GPT_OSS, gpu="rtx2080", vram="8GiB", trace=sticky[:, :3])
+    assert g.moe_layers == 24
+
+
+def test_a_routing_trace_is_replayed(tmp_path):
+    from specter_lab.routing_trace import RoutedSequence, RoutingTrace
+
+    rng = np.random.default_rng(1)
+    routes = lambda n: np.stack([np.stack([rng.permutation(32)[:4] for _ in range(24)]) for _ in range(n)])
+    seqs = [RoutedSequence(prompt=np.arange(20), tokens=np.arange(100), prefill=routes(20), decode=routes(99))
+            for _ in range(2)]
+    trace = RoutingTrace(config=json.loads((GPT_OSS / "config.json").read_text()), sequences=seqs,
+                         source="test: uniform routing")
+    e = estimate(GPT_OSS, gpu="rtx2080", vram="8GiB", trace=trace)
+    assert "recorded routing trace (test: uniform routing, 200 tokens)" in e.routing_label
+    # uniform routing has no locality: an LRU of 17 of 32 experts hits about 17/32 (the synthetic curve is higher)
+    assert e.row("lru").hit_rate == pytest.approx(17 / 32, abs=0.06)
+    assert estimate(GPT_OSS, gpu="rtx2080", vram="8GiB", trace=trace.save(tmp_path / "t.npz")).row(
+        "lru").hit_rate == pytest.approx(e.row("lru").hit_rate)
+
+
+@pytest.mark.parametrize("key,shape", [("qwen3_moe", (128, 8)), ("deepseek_v2", (64, 6))])
+def test_synthetic_routing_reproduces_the_published_lru_curve(key, shape):
+    loc = LOCALITY[key]
+    routing = synthetic_routing(4, *shape, 512, loc, seed=3)
+    for fraction, published in loc.lru_points.items():
+        assert lru_hit_rate(routing, round(fraction * shape[0])) == pytest.approx(published, abs=0.06)
+    for fraction, published in loc.hot_points.items():  # a pinned hot set serves little: the hot set moves
+        assert hot_coverage(routing, round(fraction * shape[0])) == pytest.approx(published, abs=0.06)
+
+
+def test_cli_estimate_prints_the_command(capsys):
+    from specter_lab.cli import main
+
+    e = estimate(GPT_OSS, gpu="rtx2080", vram="8GiB", host="i9-10900x")
+    assert main(["estimate", "--config", str(GPT_OSS), "--gpu", "rtx2080", "--vram", "8GiB", "--host", "i9-10900x",
+                 "--gguf", "gpt-oss-20b-mxfp4.gguf"]) == 0
+    out = capsys.readouterr().out
+    assert "llama-server -m gpt-oss-20b-mxfp4.gguf -ngl 99" in out
+    assert f"--n-cpu-moe {e.placements['static_split']['n_cpu_moe']}" in out or "--moe-cache-mib" in out
+    assert main(["estimate", "--config", str(GPT_OSS), "--gpu", "gtx9"]) == 2
+    assert "gpu='gtx9'" in capsys.readouterr().err
+
+
+def test_emitted_engine_call_names_a_profile_the_engine_takes(family_models):
+    import specter_lab as sl
+    from specter_lab.offload.profiles import HOSTS, get_profile
+
+    e = estimate(GPT_OSS, gpu="rtx2080", vram="8GiB", host="i9-10900x")
+    hardware = re.search(r"hardware='([^']+)'", e.engine_call()).group(1)
+    p = get_profile(hardware)
+    assert p.execution == "compiled" and p.cpu_mem_bandwidth == HOSTS["i9-10900x-ddr4-2933"].dram_delivered
+    strategy = re.search(r"strategy='([^']+)'", e.engine_call()).group(1)
+    r = sl.Engine(family_models["gpt_oss"], None, strategy, expert_budget=0.5, hardware=hardware).generate(
+        [1, 2, 3], max_new_tokens=3)
+    assert len(r.token_ids) == 3 and hardware.split("@")[0] in r.metrics["clock"]
+
+
+def test_cli_estimate_json(capsys):
+    from specter_lab.cli import main
+
+    assert main(["estimate", "--config", "qwen3-30b-a3b", "--gpu", "gtx1060", "--vram", "6GiB", "--host", "i5-7600k",
+                 "--weights", "q2_k", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["best"] == out["table"][0]["strategy"] and "llama-server" in out["llama_cpp"]
+    assert any("synthetic routing matched to" in a for a in out["assumptions"])
+
+
+def test_replays_count_where_experts_run():
+    from specter_lab.estimate import replay
+
+    rng = np.random.default_rng(0)
+    routing = np.stack([rng.permutation(16)[:2] for _ in range(2 * 100)]).reshape(100, 2, 2)
+    plain, shared = replay.global_lru(routing, 8, 20), replay.global_lru(routing, 8, 20, cpu_share=0.5)
+    per_token = lambda c: (c.device + c.copied + c.host).sum()
+    assert per_token(plain) == per_token(shared) == pytest.approx(4.0)  # every routed expert runs somewhere
+    assert plain.host_per_token == 0 and shared.host_per_token > 0
+    # every other miss goes to the host (and is not cached)
+    share = shared.host_per_token / (shared.host_per_token + shared.copies_per_token)
+    assert share == pytest.approx(0.5, abs=0.05)
+    static = replay.static_layers([True, False], 2)
+    assert list(static.device) == [2, 0] and list(static.host) == [0, 2] and list(static.host_trips) == [0, 1]
+    pinned = replay.hot_set(routing, 16, 20)  # every expert pinned: nothing left for the host
+    assert pinned.hit_rate == 1.0 and pinned.host_per_token == 0

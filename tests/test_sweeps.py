@@ -1,0 +1,70 @@
+"""Sweeps on recorded routing: compare, plan and the regime map replay every cell from a trace with the live
+answer, in a fraction of the time, and on any Executor with the serial run's rows."""
+
+from concurrent.futures import ProcessPoolExecutor
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import specter_lab as sl
+
+PROMPTS = [[5, 6, 7, 8, 9, 10], [17, 3, 99, 42, 42, 7, 200, 11]]
+N = 8
+KW = dict(hardware="rtx4090-pcie4", cost_shape="deepseek-v2-lite")
+
+
+@pytest.fixture(scope="module")
+def recorded(model):
+    return sl.record(model, None, PROMPTS, max_new_tokens=N, k_max=16, progress=False)
+
+
+def _numbers(df: pd.DataFrame) -> pd.DataFrame:
+    return df.drop(columns=["routing", "wall_s"]).reset_index(drop=True)  # wall time: this machine's, not the model's
+
+
+def test_compare_on_a_trace_equals_compare_live(model, recorded):
+    strategies = [s for s in sl.STRATEGIES if s != "auto"]
+    live = sl.compare(model, None, strategies, PROMPTS, max_new_tokens=N, expert_budget=[0.5, 0.35], progress=False,
+                      **KW)
+    rep = sl.compare(None, None, strategies, expert_budget=[0.5, 0.35], progress=False, trace=recorded, **KW)
+    pd.testing.assert_frame_equal(_numbers(live), _numbers(rep))
+    assert set(rep.routing) == {recorded.source} and set(live.routing) == {"live"}
+
+
+def test_an_executor_gives_the_serial_rows(recorded):
+    strategies = ["lru", "global_lru", "host_lru", "specter", "specter_plus"]
+    serial = sl.compare(None, None, strategies, expert_budget=[0.5, 0.35], progress=False, trace=recorded, **KW)
+    with ProcessPoolExecutor(2) as pool:
+        pooled = sl.compare(None, None, strategies, expert_budget=[0.5, 0.35], progress=False, trace=recorded,
+                            executor=pool, **KW)
+    pd.testing.assert_frame_equal(serial.drop(columns="wall_s"), pooled.drop(columns="wall_s"))
+
+
+def test_plan_on_a_trace_predicts_what_live_planning_does(model, recorded):
+    live = sl.plan(model, None, expert_budget=0.6, prompts=PROMPTS, max_new_tokens=N, progress=False, **KW)
+    rep = sl.plan(None, None, expert_budget=0.6, trace=recorded, progress=False, **KW)
+    feasible = rep.table[rep.table.feasible]
+    merged = feasible.merge(live.table, on="candidate", suffixes=("", "_live"))
+    assert len(merged) == len(feasible) >= 10  # the plain strategies and the int4 draft at every K
+    assert np.allclose(merged.predicted_tpot_ms, merged.predicted_tpot_ms_live, rtol=0, atol=0)
+    skipped = rep.table[~rep.table.feasible]
+    assert skipped.why.str.contains("not replayable").all() and len(skipped) == 12  # resident/hybrid/int2 drafts
+    if live.label in set(feasible.candidate):
+        assert rep.label == live.label
+
+
+def test_regime_map_on_a_trace(recorded):
+    df = sl.regime_map(None, None, None, budgets=(0.35, 0.5), hardware=("rtx4090-pcie4",),
+                       cost_shapes=("deepseek-v2-lite",), progress=False, trace=recorded)
+    assert len(df) == 2 and (df.routing == recorded.source).all()
+    assert (df.best_baseline_tpot > 0).all() and df.auto_choice.notna().all()
+
+
+def test_sweep_arguments_are_checked(model, recorded):
+    with pytest.raises(ValueError, match="drop prompts"):
+        sl.compare(model, None, ["lru"], PROMPTS, trace=recorded, progress=False)
+    with pytest.raises(TypeError, match="RoutingTrace"):
+        sl.compare(None, None, ["lru"], trace="t.npz", progress=False)
+    with pytest.raises(ValueError, match="model is None"):
+        sl.compare(None, None, ["lru"], PROMPTS, progress=False)
