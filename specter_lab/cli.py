@@ -191,10 +191,13 @@ def _bench_paper(a) -> int:
     from .paper import PAPER_EXECUTIONS
     from .reproduce import DEFAULT_CASES
 
-    model, tok = load_model(a.model, trust_remote_code=a.trust_remote_code)
+    from .routing_trace import load_trace
+
+    trace = load_trace(a.trace) if a.trace else None  # replay its routing instead of running the model
+    model, tok = (None, None) if trace is not None else load_model(a.model, trust_remote_code=a.trust_remote_code)
     cases = [c for c in a.cases.split(",") if c] if a.cases else list(DEFAULT_CASES)
     executions = [m for m in a.execution.split(",") if m] if a.execution else list(PAPER_EXECUTIONS)
-    df = reproduce_paper(model, tok, cases, executions=executions, n_prompts=a.prompts,
+    df = reproduce_paper(model, tok, cases, trace=trace, executions=executions, n_prompts=a.prompts,
                          max_new_tokens=a.paper_tokens, progress=not a.json)
     if a.json:
         print(json.dumps({"attrs": df.attrs, "rows": df.to_dict(orient="records")}, indent=1, default=str))

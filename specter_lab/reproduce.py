@@ -2,9 +2,9 @@
 cases at equal memory against the lean baselines.
 
 Every time here is simulated: the A100-40G PCIe 4.0 profile in an execution mode, each case's cost shape at full
-depth, and the routing of the model run (the bundled one unless another is given), *projected* onto that shape:
-each method keeps the artifact's fraction of experts resident. The frames say so in ``attrs`` and
-:func:`paper_header` prints it.
+depth, and the routing of the model run live (the bundled one unless another is given) or of a recorded routing
+trace (``trace=``, :func:`specter_lab.record`), *projected* onto that shape: each method keeps the artifact's
+fraction of experts resident. The frames say so in ``attrs`` and :func:`paper_header` prints it.
 """
 
 from __future__ import annotations
@@ -17,11 +17,13 @@ from tqdm.auto import tqdm
 
 from .engine import Engine
 from .model import inspect_model
+from .replay import replay, skeleton
+from .routing_trace import RoutingTrace
 from .offload.profiles import EXECUTIONS
 from .offload.shapes import get_cost_shape
 from .paper import PAPER_CASES, PAPER_CLAIM, PAPER_EXECUTIONS, PAPER_PROFILE, PROTOCOL, PaperCase, get_case
 from .prompts import heldout_prompts
-from .runs import run_prompts
+from .runs import PromptRuns, run_prompts
 from .strategies import Strategy, get_strategy
 
 __all__ = ["reproduce_paper", "paper_waterfall", "paper_equal_memory", "paper_prompts", "paper_header",
@@ -41,11 +43,9 @@ def paper_prompts(tokenizer, n: int = 3, tokens: int = PROTOCOL.prompt_tokens) -
 
 
 def _check(cases, executions, trace) -> list[PaperCase]:
-    if trace is not None:
-        raise NotImplementedError(
-            "reproduce_paper(trace=...) needs replay of a recorded or imported routing trace through the runtime "
-            "(issue 25, 'record a run's routing once, replay every strategy'), which is not built yet. Run without "
-            "trace= to use the routing of the model you pass (the bundled one), projected onto each case's shape.")
+    if trace is not None and not isinstance(trace, RoutingTrace):
+        raise TypeError(f"trace= must be a sl.RoutingTrace (sl.record(...) or sl.load_trace(path)), got "
+                        f"{type(trace).__name__}; or None to run the model live.")
     cases = [get_case(c) for c in ([cases] if isinstance(cases, (str, PaperCase)) else list(cases))]
     if not cases:
         raise ValueError("cases is empty: give at least one name from sl.paper.PAPER_CASES.")
@@ -64,10 +64,25 @@ class _Bench:
     prompts: list
     max_new_tokens: int
     bar: Any = None
+    trace: RoutingTrace | None = None  # replay this recorded routing instead of running the model
 
     @property
     def num_experts(self) -> int:
-        return inspect_model(self.model).num_experts
+        return inspect_model(self.model if self.trace is None else skeleton(self.trace.config)).num_experts
+
+    def measure(self, strategy: "str | Strategy", case: PaperCase, execution: str, **kw) -> dict[str, float]:
+        """Mean metrics of ``strategy`` over the prompts (live) or the trace's sequences (replayed), with its
+        slots, device bytes and budget bytes."""
+        if self.trace is None:
+            eng = self.engine(strategy, case, execution, **kw)
+            return {**self.run(eng), "budget_bytes": eng.split.budget_bytes}
+        results = replay(self.trace, strategy, hardware=f"{PAPER_PROFILE}@{execution}", cost_shape=case.cost_shape,
+                         **kw)
+        if self.bar is not None:
+            self.bar.update(len(results))
+        m = results[0].metrics
+        return {**PromptRuns([r.metrics for r in results]).means(_KEYS), "slots_per_layer": m["slots_per_layer"],
+                "device_bytes": m["device_bytes"], "budget_bytes": m["budget_bytes"]}
 
     def engine(self, strategy: "str | Strategy", case: PaperCase, execution: str, **kw) -> Engine:
         eng = Engine(self.model, self.tokenizer, strategy, hardware=f"{PAPER_PROFILE}@{execution}",
@@ -80,7 +95,11 @@ class _Bench:
         return {**out, "slots_per_layer": min(eng.split.slots_per_layer), "device_bytes": eng.split.device_bytes}
 
 
-def _setup(model, tokenizer, prompts, n_prompts, max_new_tokens, total, progress) -> _Bench:
+def _setup(model, tokenizer, prompts, n_prompts, max_new_tokens, total, progress, trace=None) -> _Bench:
+    if trace is not None:  # the recorded prompts and lengths
+        bar = tqdm(total=total * len(trace.sequences), desc="paper (replay)", disable=not progress)
+        return _Bench(None, tokenizer, [s.prompt.tolist() for s in trace.sequences],
+                      max(len(s.tokens) for s in trace.sequences), bar, trace)
     prompts = list(prompts) if prompts is not None else paper_prompts(tokenizer, n_prompts)
     if not prompts:
         raise ValueError("prompts is empty: give at least one prompt.")
@@ -88,16 +107,15 @@ def _setup(model, tokenizer, prompts, n_prompts, max_new_tokens, total, progress
     return _Bench(model, tokenizer, prompts, max_new_tokens, bar)
 
 
-def _method_engines(b: _Bench, case: PaperCase, execution: str) -> dict[str, Engine]:
+def _measure_methods(b: _Bench, case: PaperCase, execution: str) -> dict[str, dict]:
     """Each method of the case at its projected resident slots; ``matched`` ones at Specter's device bytes."""
     n_exp = b.num_experts
-    engines: dict[str, Engine] = {}
+    got: dict[str, dict] = {}
     for m in sorted(case.methods, key=lambda m: m.residents is None):  # fixed first: matched needs Specter's
         slots = m.slots_on(n_exp, case.num_experts)
-        size = (dict(cache_slots=slots) if slots is not None
-                else dict(expert_budget=engines["specter"].split.budget_bytes))
-        engines[m.method] = b.engine(m.method, case, execution, k=m.k, **size)
-    return engines
+        size = dict(cache_slots=slots) if slots is not None else dict(expert_budget=got["specter"]["budget_bytes"])
+        got[m.method] = b.measure(m.method, case, execution, k=m.k, **size)
+    return got
 
 
 def reproduce_paper(model, tokenizer, cases: "Sequence[str] | str" = DEFAULT_CASES, trace=None,
@@ -111,16 +129,16 @@ def reproduce_paper(model, tokenizer, cases: "Sequence[str] | str" = DEFAULT_CAS
     Each method runs at the artifact's resident count, projected (:meth:`MethodSetup.slots_on`), its K, on
     ``a100-40g-pcie4@<execution>`` at the case's cost shape at full depth, for ``max_new_tokens`` tokens (EOS does
     not stop a run: the protocol's fixed length) after the first 16 tokens of each of ``n_prompts`` held-out
-    prompts. ``trace=`` is the hook for recorded routing; it raises until routing replay exists (issue 25)."""
+    prompts. With ``trace=`` (a :class:`~specter_lab.RoutingTrace` recorded with ``k_max`` ≥ the cases' K) every
+    method is replayed on the recorded routing instead (its prompts and lengths; ``model`` may be None)."""
     cases = _check(cases, executions, trace)
     b = _setup(model, tokenizer, prompts, n_prompts, max_new_tokens,
-               sum(len(c.methods) for c in cases) * len(executions), progress)
+               sum(len(c.methods) for c in cases) * len(executions), progress, trace)
     rows = []
     with b.bar:
         for case in cases:
             for ex in executions:
-                engines = _method_engines(b, case, ex)
-                got = {name: b.run(eng) for name, eng in engines.items()}
+                got = _measure_methods(b, case, ex)
                 for m in case.methods:
                     rows.append(_row(case, ex, m, got[m.method], got["specter"]))
     df = pd.DataFrame(rows)
@@ -148,15 +166,19 @@ def _ratio(a: float, b: float) -> float:
 
 
 def _attrs(b: _Bench, cases: list[PaperCase], executions) -> dict:
-    n = b.model.config
-    routing = (f"the run model's own routing ({getattr(n, 'model_type', '?')}, {getattr(n, 'num_hidden_layers', '?')} "
-               f"layers x {getattr(n, 'num_experts', '?')} experts, top-{getattr(n, 'num_experts_per_tok', '?')}), "
-               "not recorded DeepSeek/Qwen/Phi routing")
+    if b.trace is not None:
+        routing = f"replayed from a recorded trace: {b.trace.source}"
+    else:
+        n = b.model.config
+        routing = (f"the run model's own routing, live ({getattr(n, 'model_type', '?')}, "
+                   f"{getattr(n, 'num_hidden_layers', '?')} layers x {getattr(n, 'num_experts', '?')} experts, "
+                   f"top-{getattr(n, 'num_experts_per_tok', '?')}), not recorded DeepSeek/Qwen/Phi routing")
     return {"simulated": True, "profile": PAPER_PROFILE, "executions": list(executions),
             "projection": "; ".join(sorted({get_cost_shape(c.cost_shape).label for c in cases})),
             "routing": routing, "slots": "each method's artifact resident count as the same fraction of the run "
-            "model's experts per layer", "prompts": f"{len(b.prompts)} prompts, first {PROTOCOL.prompt_tokens} "
-            f"tokens each", "new_tokens": b.max_new_tokens,
+            "model's experts per layer", "new_tokens": b.max_new_tokens,
+            "prompts": (f"{len(b.prompts)} recorded sequences" if b.trace is not None else
+                        f"{len(b.prompts)} prompts, first {PROTOCOL.prompt_tokens} tokens each"),
             "metrics": "tpot_ms: unbiased; tpot_ms_artifact: (last - first commit)/(N - 1), the artifact's"}
 
 
@@ -198,7 +220,7 @@ def paper_waterfall(model, tokenizer, case: str = "deepseek-v2-lite-high", execu
         raise ValueError(f"case={case.name!r}: the artifact compares it with {list(case.baselines)} only, not "
                          f"Mixtral-Offloading, whose speedup the waterfall takes apart; use one of {with_mo}.")
     mo, spec = case.method("mixtral_offloading"), case.method("specter")
-    b = _setup(model, tokenizer, prompts, n_prompts, max_new_tokens, 7, progress)
+    b = _setup(model, tokenizer, prompts, n_prompts, max_new_tokens, 7, progress, trace)
     n_exp = b.num_experts
     mo_slots, spec_slots = mo.slots_on(n_exp, case.num_experts), spec.slots_on(n_exp, case.num_experts)
     cache: dict[tuple, dict] = {}
@@ -213,8 +235,7 @@ def paper_waterfall(model, tokenizer, case: str = "deepseek-v2-lite-high", execu
                 size = dict(expert_budget=cache[("specter", False, ())]["budget_bytes"])
             else:
                 size = dict(cache_slots=mo_slots)
-            eng = b.engine(get_strategy(strategy).with_options(**opts), case, execution, k=k, **size)
-            cache[key] = {**b.run(eng), "budget_bytes": eng.split.budget_bytes}
+            cache[key] = b.measure(get_strategy(strategy).with_options(**opts), case, execution, k=k, **size)
         return cache[key]
 
     rows, prev = [], None
