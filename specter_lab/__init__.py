@@ -19,6 +19,8 @@ from .engine import Engine, GenerationResult
 from .estimate import Estimate, estimate
 from .errors import BudgetTooSmall, CopyFault, NotExact
 from .fidelity import fidelity
+from .import_routing import import_routing
+from .locality import less_local, lru_hit_curve
 from .model import inspect_model, load_model, tiny_random_model
 from .offload.calibrate import calibrate
 from .offload.hostcal import calibrate_host
@@ -41,6 +43,7 @@ __all__ = [
     "compare", "summarize", "fidelity", "plan", "Plan", "regime_map", "heldout_prompts", "BudgetTooSmall",
     "CopyFault", "NotExact", "viz", "paper", "record", "replay", "RoutingTrace", "load_trace", "TraceError", "bound",
     "BoundResult", "estimate", "Estimate", "HOSTS", "HostCPU", "FORMATS", "WeightPrecision",
+    "import_routing", "lru_hit_curve", "less_local",
 ]
 
 

@@ -39,7 +39,8 @@ from .predict import KGovernor, LookaheadPrefetcher
 from .strategies import Strategy
 from .trace import Trace
 
-__all__ = ["RunParts", "assemble", "make_store", "make_schedule", "miss_rule", "run_clock", "dispatch_implementation"]
+__all__ = ["RunParts", "assemble", "make_store", "make_schedule", "miss_rule", "places_whole_layers",
+           "computes_on_host", "looks_at_the_target", "run_clock", "dispatch_implementation"]
 
 
 @dataclass
@@ -54,6 +55,27 @@ class RunParts:
     loop: Callable[[Decoder, torch.Tensor], list[int]]
     speculation: Speculation | None = None
     attach: bool = True  # False: a replay, whose decoder runs no model
+
+
+def places_whole_layers(st: Strategy) -> bool:
+    """The budget places whole layers on the device (a static split), not slots per layer."""
+    return st.static
+
+
+def computes_on_host(st: Strategy) -> bool:
+    """Some experts run on the host lane (it needs host copies in ``host_dtype`` when that differs)."""
+    return st.miss != "copy" or st.static or bool(st.cpu_share)
+
+
+def uses_gate_predictions(st: Strategy) -> bool:
+    """Gate lookahead: prefetches with the next layer's router applied to this layer's state (recorded by
+    ``sl.record``; an imported trace has none)."""
+    return st.prefetch == "gate"
+
+
+def looks_at_the_target(st: Strategy) -> bool:
+    """The oracle: an off-clock forward of the target per window (a real forward on a measured clock)."""
+    return st.prefetch == "oracle"
 
 
 def miss_rule(st: Strategy, store: ExpertStore) -> MissRule:

@@ -30,7 +30,7 @@ from .bound import trace_bound, x_of_bound
 from .errors import BudgetTooSmall
 from .record import record
 from .routing_trace import RoutingTrace
-from .runs import Cell, DoesNotFit, as_source, run_cells, run_prompts, try_engine
+from .runs import SKIPPED, Cell, DoesNotFit, as_source, run_cells, run_prompts, try_engine
 from .strategies import BASELINES, STRATEGIES, get_strategy
 from .units import parse_budget
 
@@ -85,12 +85,12 @@ def compare(model, tokenizer, strategies: Sequence[str] | None = None, prompts: 
     if all(isinstance(e, DoesNotFit) for e in engines.values()):
         raise ValueError(f"expert_budget={expert_budget!r} is too small for every strategy asked for: "
                          f"{next(iter(engines.values())).reason}")
-    todo = [key for key, e in engines.items() if not isinstance(e, DoesNotFit)]
+    todo = [key for key, e in engines.items() if not isinstance(e, SKIPPED)]
     runs = dict(zip(todo, run_cells(source, [cells[key] for key in todo], executor, progress, "compare")))
     bounds = _bounds(source, hws, budgets, cost_shape)
     rows = []
     for (s, h, b), engine in engines.items():
-        if isinstance(engine, DoesNotFit):
+        if isinstance(engine, SKIPPED):
             rows.append({"strategy": s, "hardware": h, "expert_budget": b, "tpot_ms": float("nan"),
                          "fits": engine.label, "routing": source.label})
             continue

@@ -21,7 +21,8 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-from .assembly import RunParts, assemble, dispatch_implementation, run_clock
+from .assembly import (RunParts, assemble, computes_on_host, dispatch_implementation, looks_at_the_target,
+                       places_whole_layers, run_clock)
 from .budget import BudgetSplit, split_budget, split_slots, split_static
 from .decode import Decoder, Sampling, Speculation, StepInfo, StopGeneration, reference_greedy
 from .decode.exactness import family_speculation_check
@@ -61,6 +62,13 @@ class PlanLike(Protocol):
 # strategy="auto" plans with the function registered here (specter_lab.planner registers sl.plan on import), so
 # the engine never imports the planner that builds engines.
 _AUTO_PLANNER: list[Callable[..., PlanLike]] = []
+
+
+def auto_planner() -> Callable[..., PlanLike]:
+    """The planner ``strategy="auto"`` runs (``sl.plan`` once :mod:`specter_lab.planner` is imported)."""
+    if not _AUTO_PLANNER:
+        raise RuntimeError("strategy='auto' needs a planner: import specter_lab.planner first.")
+    return _AUTO_PLANNER[0]
 
 
 def register_auto_planner(fn: Callable[..., PlanLike]) -> None:
@@ -205,7 +213,7 @@ class Engine:
                              "measures this one: drop cost_shape=, or use a simulated profile to project.")
         if self.clocks.measured:  # dense weights on the GPU, experts in pinned host memory (done here if not yet)
             ensure_offload_layout(model, self.info)
-            if self.strategy.prefetch == "oracle":
+            if looks_at_the_target(self.strategy):
                 warnings.warn(f"strategy={self.strategy.name!r} on hardware='cuda': its look at the target's true "
                               "routing is a real forward on the GPU; it is cut out of the timeline, but its "
                               "prefetches cannot be issued back in time as on the simulated clock, and copies "
@@ -254,10 +262,8 @@ class Engine:
         if isinstance(expert_budget, str):
             parse_budget(expert_budget)  # a malformed size, not "too small for every candidate"
         if strategy == "auto":
-            if not _AUTO_PLANNER:
-                raise RuntimeError("strategy='auto' needs a planner: import specter_lab.planner first.")
             # The caller's draft / k pin the speculative candidates instead of being overridden afterwards.
-            strategy = _AUTO_PLANNER[0](model, tokenizer, hardware, 0.5 if expert_budget is None else expert_budget,
+            strategy = auto_planner()(model, tokenizer, hardware, 0.5 if expert_budget is None else expert_budget,
                                         cost_shape=cost_shape, progress=False, draft=draft, k=k)
         self.plan = strategy
         chosen = strategy.engine_kwargs()
@@ -283,7 +289,7 @@ class Engine:
 
     def _resolve_budget(self, expert_budget, cache_slots) -> BudgetSplit:
         eb, draft, name = self.cost.expert_bytes, self.draft_bytes, self.strategy.name
-        if self.strategy.static:
+        if places_whole_layers(self.strategy):
             if cache_slots is not None:
                 raise ValueError(f"strategy={name!r} places whole layers, not slots: give expert_budget=, "
                                  "not cache_slots=.")
@@ -437,7 +443,7 @@ class Engine:
         """The host lane's weights when they differ from the store's host copies: copies in ``host_dtype``
         (extra host memory: ``metrics['host_copy_bytes']``), made once per engine from the model's experts."""
         st = self.strategy
-        if self.host_dtype is None or (st.miss == "copy" and not st.static and not st.cpu_share):
+        if self.host_dtype is None or not computes_on_host(st):
             return None  # no host execution: no copy
         if self._host_exec is None:
             self._host_exec = [{n: getattr(l.experts, n).detach().to("cpu", self.host_dtype) for n in l.param_names}

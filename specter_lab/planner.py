@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
+from .assembly import uses_gate_predictions
 from .drafts import DraftSpec, as_draft_spec
 from .engine import register_auto_planner
 from .model import inspect_model
@@ -28,7 +29,7 @@ from .prompts import calibration_prompts
 from .quant import QuantSpec
 from .replay import skeleton
 from .routing_trace import RoutingTrace
-from .runs import Cell, DoesNotFit, PromptRuns, as_source, run_cells
+from .runs import SKIPPED, Cell, PromptRuns, as_source, run_cells
 from .strategies import BASELINES, get_strategy
 
 __all__ = ["Plan", "plan", "default_candidates", "regime_map"]
@@ -93,6 +94,8 @@ def default_candidates(num_experts: int, draft=None, k: "int | str | None" = Non
 def _replayable(cand, trace: RoutingTrace) -> bool:
     """Can ``trace`` replay this candidate? (Its own quantized draft, K up to its chains; speculation needs chains.)"""
     _, strategy, opts = cand
+    if uses_gate_predictions(get_strategy(strategy)):
+        return "imported" not in trace.meta  # an imported trace holds no gate-lookahead predictions
     if not get_strategy(strategy).speculative:
         return True
     d, kk = opts.get("draft"), opts.get("k", get_strategy(strategy).k)
@@ -134,14 +137,15 @@ def plan(model, tokenizer, hardware="rtx4090-pcie4", expert_budget=0.5, prompts:
     rows = []
     if trace is not None:  # what this trace cannot replay is a row that says so
         rows += [{"candidate": c[0], "feasible": False, "why": "not replayable from this trace (its draft chains "
-                  f"are {trace.draft or 'absent'}, k_max={trace.k_max}): plan live for it"}
+                  f"are {trace.draft or 'absent'}, k_max={trace.k_max}"
+                  f"{'; imported: no gate predictions' if 'imported' in trace.meta else ''}): plan live for it"}
                  for c in candidates if not _replayable(c, trace)]
         candidates = [c for c in candidates if _replayable(c, trace)]
     cells = [Cell.of(strategy, expert_budget=expert_budget, hardware=hardware, cost_shape=cost_shape, **opts)
              for _, strategy, opts in candidates]
     results = run_cells(source, cells, executor, progress, "plan")
     for (label, strategy, opts), runs in zip(candidates, results):
-        if isinstance(runs, DoesNotFit):  # e.g. the budget cannot hold this draft: not a candidate here
+        if isinstance(runs, SKIPPED):  # e.g. the budget cannot hold this draft: not a candidate here
             rows.append({"candidate": label, "feasible": False, "why": runs.label})
             continue
         rows.append(_row(label, strategy, opts, runs))
@@ -216,7 +220,7 @@ def regime_map(model, tokenizer, prompts, budgets=(0.25, 0.35, 0.5, 0.75, 1.0),
 
 
 def _mean_tpot(runs) -> float:
-    return np.nan if isinstance(runs, DoesNotFit) else runs.mean("tpot_ms")
+    return np.nan if isinstance(runs, SKIPPED) else runs.mean("tpot_ms")
 
 
 register_auto_planner(plan)

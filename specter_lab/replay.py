@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
+from .assembly import uses_gate_predictions
 from .decode import Decoder
 from .engine import Engine, GenerationResult
 from .offload.schedule import ForwardInfo, counts_of, rank_prediction
@@ -25,7 +26,7 @@ from .drafts import as_draft_spec
 from .quant import QuantSpec
 from .routing_trace import RoutedSequence, RoutingTrace, TraceError
 
-__all__ = ["replay", "ReplayDecoder", "skeleton", "ReplayMismatch"]
+__all__ = ["replay", "ReplayDecoder", "skeleton", "ReplayMismatch", "refusal"]
 
 class ReplayMismatch(RuntimeError):
     """The decode loop asked for a forward the trace does not hold (a bug, or a trace of another run)."""
@@ -238,17 +239,28 @@ def _recorded_draft(trace: RoutingTrace, draft) -> "QuantSpec | None":
 
 
 def _check_replayable(eng: Engine, trace: RoutingTrace) -> None:
-    st = eng.strategy
     if trace.num_layers != eng.info.num_layers:
         raise TraceError(f"trace has {trace.num_layers} MoE layers, its config's model {eng.info.num_layers}: "
                          "the config is of another model.")
     trace.validate([l.num_experts for l in eng.info.layers])
+    why = refusal(eng, trace)
+    if why:
+        raise ValueError(why)
+
+
+def refusal(eng: Engine, trace: RoutingTrace) -> str | None:
+    """Why ``trace`` cannot replay ``eng``'s strategy (None: it can)."""
+    st = eng.strategy
+    if uses_gate_predictions(st) and "imported" in trace.meta:
+        return (f"strategy={st.name!r} prefetches with the next layer's router, whose predictions an imported "
+                "trace does not hold: replay another strategy, or record the model with sl.record (it keeps them).")
     if not st.speculative:
-        return
+        return None
     if not trace.speculative:
-        raise ValueError(f"strategy={st.name!r} speculates, but this trace has no draft chains (recorded with "
-                         "k_max=0): record with k_max > 0, or replay a non-speculative strategy.")
+        return (f"strategy={st.name!r} speculates, but this trace has no draft chains (recorded with k_max=0): "
+                "record with k_max > 0, or replay a non-speculative strategy.")
     k_need = (eng.governor or KGovernor()).k_max if st.k == "auto" else st.k
     if k_need > trace.k_max:
-        raise ValueError(f"k={st.k!r} needs chains of {k_need} drafts; this trace holds {trace.k_max}: use "
-                         f"k <= {trace.k_max}, or record with k_max={k_need}.")
+        return (f"k={st.k!r} needs chains of {k_need} drafts; this trace holds {trace.k_max}: use "
+                f"k <= {trace.k_max}, or record with k_max={k_need}.")
+    return None

@@ -21,13 +21,13 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
-from .engine import Engine
+from .engine import Engine, auto_planner
 from .errors import BudgetTooSmall
-from .replay import replay, skeleton
+from .replay import refusal, replay, skeleton
 from .routing_trace import RoutingTrace
 
-__all__ = ["PromptRuns", "DoesNotFit", "run_prompts", "try_engine", "Cell", "LiveSource", "TraceSource",
-           "run_cells", "as_source"]
+__all__ = ["PromptRuns", "DoesNotFit", "NotReplayable", "SKIPPED", "run_prompts", "try_engine", "Cell",
+           "LiveSource", "TraceSource", "run_cells", "as_source"]
 
 
 @dataclass
@@ -51,6 +51,17 @@ class PromptRuns:
 
     def means(self, keys: Iterable[str]) -> dict[str, float]:
         return {k: self.mean(k) for k in keys}
+
+
+@dataclass
+class NotReplayable:
+    """A configuration a routing trace cannot answer (a draft it did not record, K beyond its chains, …)."""
+
+    reason: str
+
+    @property
+    def label(self) -> str:
+        return f"not replayable from this trace: {self.reason}"
 
 
 @dataclass
@@ -138,16 +149,33 @@ class TraceSource:
     def prompts(self) -> list:
         return [s.prompt.tolist() for s in self.trace.sequences]
 
-    def engine(self, cell: Cell) -> "Engine | DoesNotFit":
-        return try_engine(skeleton(self.trace.config), self.tokenizer, cell.strategy, **cell.kwargs)
-
-    def run(self, cell: Cell) -> "PromptRuns | DoesNotFit":
-        t0 = time.perf_counter()
+    def engine(self, cell: Cell) -> "Engine | DoesNotFit | NotReplayable":
+        strategy, kw = self._resolved(cell)
         try:
-            results = replay(self.trace, cell.strategy, tokenizer=self.tokenizer, **cell.kwargs)
-        except BudgetTooSmall as e:
-            return DoesNotFit(str(e), e.minimum_bytes, e.minimum_fraction)
+            eng = try_engine(skeleton(self.trace.config), self.tokenizer, strategy, **kw)
+        except ValueError as e:  # e.g. a draft variant that computes with the cache: the trace cannot hold it
+            return NotReplayable(str(e))
+        why = None if isinstance(eng, DoesNotFit) else refusal(eng, self.trace)
+        return NotReplayable(why) if why else eng
+
+    def run(self, cell: Cell) -> "PromptRuns | DoesNotFit | NotReplayable":
+        t0 = time.perf_counter()
+        skipped = self.engine(cell)
+        if isinstance(skipped, SKIPPED):
+            return skipped
+        strategy, kw = self._resolved(cell)
+        results = replay(self.trace, strategy, tokenizer=self.tokenizer, **kw)
         return PromptRuns([r.metrics for r in results], time.perf_counter() - t0)
+
+    def _resolved(self, cell: Cell) -> tuple[Any, dict[str, Any]]:
+        """``auto`` plans on this trace (a live plan would run the model, which a trace source does not have)."""
+        kw = cell.kwargs
+        if cell.strategy != "auto":
+            return cell.strategy, kw
+        plan = auto_planner()(None, self.tokenizer, kw.get("hardware"), kw.get("expert_budget", 0.5),
+                              cost_shape=kw.get("cost_shape"), progress=False, draft=kw.get("draft"), k=kw.get("k"),
+                              trace=self.trace)
+        return plan, {k: v for k, v in kw.items() if k not in ("draft", "k")}
 
 
 def as_source(model, tokenizer, prompts, max_new_tokens: int, trace: RoutingTrace | None) -> "LiveSource | TraceSource":
@@ -163,6 +191,9 @@ def as_source(model, tokenizer, prompts, max_new_tokens: int, trace: RoutingTrac
     if prompts is not None:
         raise ValueError("prompts= and trace= both given: a trace replays its own recorded prompts; drop prompts=.")
     return TraceSource(trace, tokenizer)
+
+
+SKIPPED = (DoesNotFit, NotReplayable)  # a row that says why, not an exception that ends a table
 
 
 def _run(source, cell: Cell):

@@ -281,4 +281,5 @@ def _routing_frame(raw: list[RoutingRecord]) -> pd.DataFrame:
         "rank": np.concatenate([np.tile(np.arange(a.shape[1]), a.shape[0]) for a in arrays]),
         "source": np.repeat(np.array([r.source for r in raw], dtype=object), sizes),
     }
-    return pd.DataFrame(cols)
+    keep = cols["expert"] >= 0  # -1: a slot an imported trace did not record (no lookup)
+    return pd.DataFrame({name: col[keep] for name, col in cols.items()})

@@ -13,13 +13,15 @@ PKG = Path(__file__).resolve().parents[1] / "specter_lab"
 
 LAYERS = [
     ["errors", "units", "strategies", "quant", "drafts", "prompts", "paper"],  # data and specs: no package imports
-    ["trace", "routing_trace", "budget", "model"],  # records; recorded routing; the budget split; the model adapter
+    # records; recorded routing and its locality; the budget split; the model adapter
+    ["trace", "routing_trace", "locality", "budget", "model"],
     # derived metrics; store, runtime, clocks, costs; forecasts, prefetch, K; a run's trace as trace-event JSON
     ["metrics", "offload", "predict", "perfetto"],
     ["decode", "assembly"],  # the decode loops; strategy → a run's parts (the only reader of its mechanisms)
     ["engine"],  # one model + strategy + budget + clock
     # things that run engines or read traces; published rows; estimates from a config and their anchors
-    ["runs", "fidelity", "analysis", "published", "record", "replay", "bound", "estimate", "consumer"],
+    ["runs", "fidelity", "analysis", "published", "record", "replay", "bound", "estimate", "consumer",
+     "import_routing"],
     ["bench", "planner", "reproduce"],  # comparisons, the planner, the paper's protocol reproduced
     ["viz"],  # notebook views
     ["cli", "__init__"],  # entry points

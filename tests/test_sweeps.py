@@ -68,3 +68,11 @@ def test_sweep_arguments_are_checked(model, recorded):
         sl.compare(None, None, ["lru"], trace="t.npz", progress=False)
     with pytest.raises(ValueError, match="model is None"):
         sl.compare(None, None, ["lru"], PROMPTS, progress=False)
+
+
+def test_what_a_trace_cannot_replay_is_a_row_that_says_why(model):
+    ar_only = sl.record(model, None, PROMPTS[:1], max_new_tokens=4, k_max=0, progress=False)
+    df = sl.compare(None, None, ["lru", "specter", "auto"], trace=ar_only, expert_budget=0.5, progress=False)
+    rows = df.set_index("strategy")
+    assert rows.loc["lru", "fits"] == "yes" and rows.loc["auto", "fits"] == "yes"  # auto plans on the trace
+    assert "no draft chains" in rows.loc["specter", "fits"] and np.isnan(rows.loc["specter", "tpot_ms"])

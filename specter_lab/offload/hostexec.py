@@ -52,7 +52,8 @@ class MissPolicy:
 
     def observe(self, layer: int, routed: np.ndarray) -> None:
         """A forward's routing at ``layer`` (ids of any shape): update the per-expert use rates."""
-        counts = np.bincount(routed.reshape(-1), minlength=self.num_experts[layer]).astype(float)
+        ids = routed.reshape(-1)
+        counts = np.bincount(ids[ids >= 0], minlength=self.num_experts[layer]).astype(float)  # -1: not recorded
         tokens = max(1, routed.shape[0] if routed.ndim > 1 else 1)
         self.rate[layer] = self.decay * self.rate[layer] + (1 - self.decay) * counts / tokens
 

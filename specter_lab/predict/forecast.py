@@ -22,6 +22,8 @@ class WindowForecast:
         s = self.steps if step is None else step
         for layer, idx in routing.items():
             for e in idx.reshape(-1).tolist():
+                if e < 0:  # -1: a slot an imported trace did not record (no lookup, nothing to forecast)
+                    continue
                 self.counts[layer][e] += 1
                 self.first[layer].setdefault(e, s)
         self.steps += 1

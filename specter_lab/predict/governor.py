@@ -198,7 +198,7 @@ def distinct_experts_curve(history: list, n_max: int) -> np.ndarray:
     onehot = np.zeros((H, L, E), dtype=bool)
     for t, tok in enumerate(history):
         for layer, ids in enumerate(tok):
-            onehot[t, layer, ids] = True
+            onehot[t, layer, ids[ids >= 0]] = True  # -1: a slot an imported trace did not record
     curve = np.zeros((n_max + 1, L))
     cur = onehot.copy()  # cur[s] = union of tokens s .. s+n-1
     for n in range(1, n_max + 1):
