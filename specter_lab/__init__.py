@@ -11,7 +11,7 @@ reverse. The notebook views (``sl.viz``) load on first use, so importing specter
 ipywidgets.
 """
 
-from . import planner  # registers sl.plan as the planner behind strategy="auto"
+from . import paper, planner  # planner registers sl.plan as the planner behind strategy="auto"
 from .bench import compare, summarize
 from .bound import BoundResult, bound
 from .drafts import DRAFT_VARIANTS, DraftSpec
@@ -41,7 +41,7 @@ __all__ = [
     "Engine", "GenerationResult", "load_model", "inspect_model", "tiny_random_model", "HardwareProfile", "PROFILES",
     "COST_SHAPES", "CostShape", "calibrate", "calibrate_host", "QuantSpec", "DraftSpec", "DRAFT_VARIANTS", "STRATEGIES", "Strategy",
     "compare", "summarize", "fidelity", "plan", "Plan", "regime_map", "heldout_prompts", "BudgetTooSmall",
-    "CopyFault", "NotExact", "viz", "record", "replay", "RoutingTrace", "load_trace", "TraceError", "bound",
+    "CopyFault", "NotExact", "viz", "paper", "record", "replay", "RoutingTrace", "load_trace", "TraceError", "bound",
     "BoundResult", "estimate", "Estimate", "HOSTS", "HostCPU", "FORMATS", "WeightPrecision",
     "import_routing", "lru_hit_curve", "less_local",
 ]

@@ -11,6 +11,9 @@ strategy field         part built here
 ``k``                  a fixed draft length or the K governor (``predict/governor.py``)
 ``speculative``        the decode loop: autoregressive or speculative (``decode/``)
 ``static``             whole layers preloaded on the device, the rest computed on the host
+``writeback``          the store copies each evicted expert back to the host (``offload/store.py``)
+``single_stream``      the run's clock puts copies on the compute stream (:func:`run_clock`)
+``dispatch``           whose counted expert dispatch the cost model prices (:func:`dispatch_implementation`)
 =====================  ==============================================================================
 
 Adding a mechanism = one class where its kind lives + its name in the strategy's ``Literal`` + one line here.
@@ -37,7 +40,7 @@ from .strategies import Strategy
 from .trace import Trace
 
 __all__ = ["RunParts", "assemble", "make_store", "make_schedule", "miss_rule", "places_whole_layers",
-           "computes_on_host", "looks_at_the_target"]
+           "computes_on_host", "looks_at_the_target", "run_clock", "dispatch_implementation"]
 
 
 @dataclass
@@ -90,12 +93,23 @@ def make_store(st: Strategy, info, slots_per_layer: list[int], clock: Clock, cos
                device="cpu", host=None, materialize: bool = True) -> ExpertStore:
     """The store with the strategy's eviction policy and pool; a static split's device layers preloaded."""
     store = ExpertStore(info, slots_per_layer, clock, cost, make_policy(st.eviction), trace, device, host=host,
-                        pool=st.pool, materialize=materialize)
+                        pool=st.pool, materialize=materialize, writeback=st.writeback)
     if st.static:  # load time, before the prompt: the device layers get every expert once
         for layer, size in enumerate(slots_per_layer):
             for e in range(size):
                 store.load(layer, e, "preload")
     return store
+
+
+def run_clock(st: Strategy, clocks, device=None, trace_level: str = "full") -> Clock:
+    """One run's clock from the engine's clock factory: copies on their own stream, or on the compute stream
+    (``single_stream``: no overlap, as Mixtral-Offloading runs)."""
+    return clocks.make(device, trace_level, single_stream=st.single_stream)
+
+
+def dispatch_implementation(st: Strategy) -> str:
+    """The expert dispatch whose counted aten ops and host syncs price the run (``dispatch``)."""
+    return st.dispatch
 
 
 def make_schedule(st: Strategy, info, store: ExpertStore, draft: DraftSource | None = None,

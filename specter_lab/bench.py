@@ -24,6 +24,7 @@ from .offload.shapes import get_cost_shape
 from .prompts import heldout_prompts
 from .consumer import consumer_anchors
 from .published import published
+from .reproduce import paper_equal_memory, paper_header, paper_prompts, paper_waterfall, reproduce_paper
 from .quant import QuantSpec
 from .bound import trace_bound, x_of_bound
 from .errors import BudgetTooSmall
@@ -34,11 +35,12 @@ from .strategies import BASELINES, STRATEGIES, get_strategy
 from .units import parse_budget
 
 __all__ = ["compare", "fidelity", "summarize", "heldout_prompts", "ablations", "k_sweep", "cpu_overhead",
-           "BASELINES", "COMPARE_COLUMNS", "ABLATIONS", "published", "consumer_anchors"]
+           "BASELINES", "COMPARE_COLUMNS", "ABLATIONS", "published", "consumer_anchors", "reproduce_paper",
+           "paper_waterfall", "paper_equal_memory", "paper_header", "paper_prompts"]
 
-COMPARE_COLUMNS = ["strategy", "hardware", "prompt", "expert_budget", "tpot_ms", "acceptance_rate", "recall",
-                   "precision", "hit_rate", "h2d_bytes_per_token", "stall_ms_per_token", "mean_accepted",
-                   "slots_per_layer", "draft_bytes", "device_bytes", "budget_bytes", "new_tokens", "clock",
+COMPARE_COLUMNS = ["strategy", "hardware", "prompt", "expert_budget", "tpot_ms", "tpot_ms_artifact",
+                   "acceptance_rate", "recall", "precision", "hit_rate", "h2d_bytes_per_token", "stall_ms_per_token",
+                   "mean_accepted", "slots_per_layer", "draft_bytes", "device_bytes", "budget_bytes", "new_tokens", "clock",
                    "projected", "cost_shape", "execution", "projection", "host_experts_per_token", "plan", "fits",
                    "routing", "bound_tpot_ms", "x_of_bound", "wall_s"]
 

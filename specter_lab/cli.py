@@ -112,6 +112,8 @@ def cmd_bench(a) -> int:
 
     if a.published:
         return _bench_published(a)
+    if a.paper:
+        return _bench_paper(a)
     if a.consumer:
         return _bench_consumer(a)
     from .model import load_model
@@ -180,6 +182,34 @@ def _bench_note(hardware, cost_shape) -> str:
     modes = ", ".join("cuda (measured)" if c.measured else c.profile.clock_label for c in clocks)
     shape = get_cost_shape(cost_shape)
     return f"simulated clock [{modes}] · " + (f"projected as {shape.label}" if shape else "not projected (the model as it is)")
+
+
+def _bench_paper(a) -> int:
+    """``bench --paper``: Specter's headline under the artifact's protocol (sl.bench.reproduce_paper)."""
+    from .bench import paper_header, reproduce_paper
+    from .model import load_model
+    from .paper import PAPER_EXECUTIONS
+    from .reproduce import DEFAULT_CASES
+
+    from .routing_trace import load_trace
+
+    trace = load_trace(a.trace) if a.trace else None  # replay its routing instead of running the model
+    model, tok = (None, None) if trace is not None else load_model(a.model, trust_remote_code=a.trust_remote_code)
+    cases = [c for c in a.cases.split(",") if c] if a.cases else list(DEFAULT_CASES)
+    executions = [m for m in a.execution.split(",") if m] if a.execution else list(PAPER_EXECUTIONS)
+    df = reproduce_paper(model, tok, cases, trace=trace, executions=executions, n_prompts=a.prompts,
+                         max_new_tokens=a.paper_tokens, progress=not a.json)
+    if a.json:
+        print(json.dumps({"attrs": df.attrs, "rows": df.to_dict(orient="records")}, indent=1, default=str))
+        return 0
+    print(f"specter-lab bench --paper · model {a.model}")
+    print(paper_header(df))
+    cols = ["case", "execution", "method", "residents", "slots_per_layer", "k", "tpot_ms", "tpot_ms_artifact",
+            "speedup", "speedup_artifact", "paper_mean", "paper_max", "hit_rate", "acceptance_rate"]
+    print(_fmt(df[cols]))
+    print("speedup = baseline TPOT / specter TPOT (unbiased); speedup_artifact = the same under the artifact's "
+          "metric. docs/paper.md says what differs from the artifact.")
+    return 0
 
 
 def _bench_published(a) -> int:
@@ -381,6 +411,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="comma-separated execution modes (eager,compiled): every profile in each")
     b.add_argument("--published", action="store_true",
                    help="only the published batch-1 table vs the simulator (sl.bench.published())")
+    b.add_argument("--paper", action="store_true",
+                   help="only Specter's headline under the artifact's protocol (sl.bench.reproduce_paper)")
+    b.add_argument("--cases", default=None, help="with --paper: comma-separated cases in sl.paper.PAPER_CASES "
+                   "(default: the two DeepSeek-V2-Lite ones)")
+    b.add_argument("--paper-tokens", type=int, default=128, help="with --paper: tokens per run (the protocol's 128)")
     b.add_argument("--consumer", action="store_true",
                    help="only the published consumer-machine offloaded rows vs the estimator "
                         "(sl.bench.consumer_anchors())")

@@ -21,7 +21,8 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-from .assembly import RunParts, assemble, computes_on_host, looks_at_the_target, places_whole_layers
+from .assembly import (RunParts, assemble, computes_on_host, dispatch_implementation, looks_at_the_target,
+                       places_whole_layers, run_clock)
 from .budget import BudgetSplit, split_budget, split_slots, split_static
 from .decode import Decoder, Sampling, Speculation, StepInfo, StopGeneration, reference_greedy
 from .decode.exactness import family_speculation_check
@@ -223,7 +224,8 @@ class Engine:
         # On the CUDA clock bytes are the real ones (the model's dtype); simulated runs price the deployment dtype.
         first = self.info.layers[0]
         wbytes = getattr(first.experts, first.param_names[0]).element_size() if self.clocks.measured else 2.0
-        self.cost: CostModel = build_cost_model(self.info, self.profile, self.cost_shape, weight_bytes=wbytes)
+        self.cost: CostModel = build_cost_model(self.info, self.profile, self.cost_shape, weight_bytes=wbytes,
+                                                implementation=dispatch_implementation(self.strategy))
         self.model = model
         self.tokenizer = tokenizer
         self._budget_given = cache_slots is None
@@ -396,7 +398,7 @@ class Engine:
                              "distribution, not its tokens (use do_sample=False, or verify_lossless=False).")
         ids = self.encode(prompt)
         st = self.strategy
-        clock = self.clocks.make(self.device, self.trace_level)
+        clock = run_clock(st, self.clocks, self.device, self.trace_level)
         trace = Trace(meta=self._meta(clock), record_routing=self.record_routing, level=self.trace_level)
         if st.k == "auto" and self.governor is None:
             # One governor per engine: what it learns about acceptance by depth and copy exposure carries over

@@ -17,18 +17,20 @@ from dataclasses import dataclass, fields, replace
 from typing import Literal, get_args
 
 __all__ = ["Strategy", "STRATEGIES", "BASELINES", "get_strategy", "Prefetch", "Eviction", "Miss", "Pool",
-           "Chunking", "PREFETCH", "EVICTION", "MISS", "POOL"]
+           "Chunking", "Dispatch", "PREFETCH", "EVICTION", "MISS", "POOL", "DISPATCH"]
 
 Prefetch = Literal["none", "gate", "draft", "oracle"]
 Eviction = Literal["lru", "lfu", "forecast"]
 Miss = Literal["copy", "host", "auto"]
 Pool = Literal["layer", "global"]
+Dispatch = Literal["specter", "mixtral_offloading"]
 Chunking = "Literal['adaptive', 'budgeted'] | tuple[float, ...]"
 
 PREFETCH: tuple[str, ...] = get_args(Prefetch)
 EVICTION: tuple[str, ...] = get_args(Eviction)
 MISS: tuple[str, ...] = get_args(Miss)
 POOL: tuple[str, ...] = get_args(Pool)
+DISPATCH: tuple[str, ...] = get_args(Dispatch)
 CHUNKING_NAMES = ("adaptive", "budgeted")
 
 
@@ -63,6 +65,12 @@ class Strategy:
       window; with host execution the one-offs are computed on the host during verification instead.
     * ``static``      – no cache: the last layers that fit keep all their experts on the device (loaded before
       the prompt), the first ``N`` layers compute every expert on the host (llama.cpp's ``--n-cpu-moe N``).
+    * ``writeback``   – every miss that evicts also copies the evicted expert back to the host (device→host),
+      as Mixtral-Offloading's cache does: two copies on the link per miss.
+    * ``single_stream`` – copies run on the compute stream: no copy overlaps any compute.
+    * ``dispatch``    – whose expert dispatch the cost model prices (its aten ops and host syncs are counted,
+      :mod:`specter_lab.offload.hostops`): ``specter`` (this runtime: one routing read-back per layer) or
+      ``mixtral_offloading`` (the artifact's: 3 syncs per expert, unfused MLPs).
     """
 
     name: str
@@ -79,13 +87,17 @@ class Strategy:
     cpu_share: float = 0.0  # share of misses computed on the host instead of copied (miss="copy" only)
     static: bool = False  # whole layers on the device or on the host, decided once (llama.cpp --n-cpu-moe)
     reuse: int = 1  # prefetch an expert only if the window's forecast routes it at least this many times
+    writeback: bool = False  # copy each evicted expert back to the host (Mixtral-Offloading's swap)
+    single_stream: bool = False  # copies on the compute stream (no overlap)
+    dispatch: Dispatch = "specter"  # whose counted expert dispatch (aten ops, host syncs) prices the run
     description: str = ""
 
     def __post_init__(self) -> None:
-        for name in ("speculative", "protect", "keep", "shared_slots", "static"):
+        for name in ("speculative", "protect", "keep", "shared_slots", "static", "writeback", "single_stream"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"Strategy {self.name!r}: {name}={getattr(self, name)!r} must be True or False.")
-        for name, allowed in (("prefetch", PREFETCH), ("eviction", EVICTION), ("miss", MISS), ("pool", POOL)):
+        for name, allowed in (("prefetch", PREFETCH), ("eviction", EVICTION), ("miss", MISS), ("pool", POOL),
+                              ("dispatch", DISPATCH)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"Strategy {self.name!r}: {name}={getattr(self, name)!r} is unknown; use one of "
                                  f"{list(allowed)}.")
@@ -121,7 +133,12 @@ STRATEGIES: dict[str, Strategy] = {
     for s in [
         Strategy("on_demand", eviction="lru", keep=False, description="plain offloading: load each routed expert "
                  "when asked, keep nothing (accelerate-style)"),
-        Strategy("lru", eviction="lru", description="per-layer LRU expert cache, no prediction (mixtral-offloading)"),
+        Strategy("lru", eviction="lru", description="per-layer LRU expert cache, no prediction (mixtral-offloading's "
+                 "policy, run lean: immutable host copies, a copy stream, one sync per layer)"),
+        Strategy("mixtral_offloading", eviction="lru", writeback=True, single_stream=True,
+                 dispatch="mixtral_offloading", description="Mixtral-Offloading as Specter's artifact runs it: per-"
+                 "layer LRU, every miss also writes the evicted expert back to the host, copies and experts on one "
+                 "stream, its DeepSeek dispatch (~19 host syncs per layer at top-6, unfused expert MLPs)"),
         Strategy("global_lru", eviction="lru", pool="global", description="one LRU over a slot pool shared by "
                  "every layer, misses copied (llama.cpp --moe-cache-mib; cpu_share= computes a share of misses on "
                  "the host, --moe-cache-cpu-share)"),
@@ -157,7 +174,8 @@ STRATEGIES: dict[str, Strategy] = {
 }
 
 
-# What the paper's method is compared with: every strategy that is not Specter, its extension or a bound.
+# What the paper's method is compared with at equal memory: every strategy that is not Specter, its extension or
+# a bound, nor a replica of an artifact's implementation costs (mixtral_offloading: see specter_lab.paper).
 BASELINES = ("on_demand", "lru", "global_lru", "gate_lookahead", "spec_lru", "specmoeoff", "fiddler", "host_lru",
              "static_split")
 

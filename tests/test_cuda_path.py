@@ -107,7 +107,8 @@ def _cuda_engine(model, strategy, trace="full", **kw):
     return eng
 
 
-@pytest.mark.parametrize("strategy", ["lru", "specter", "fiddler", "specter_host", "specter_plus"])
+@pytest.mark.parametrize("strategy", ["lru", "mixtral_offloading", "specter", "fiddler", "specter_host",
+                                      "specter_plus"])
 def test_cuda_path_is_lossless_and_placed(model, ref, fake_cuda, strategy):
     eng = _cuda_engine(model, strategy)
     assert fake_cuda.placed == ["place"], "a CPU-loaded model must be placed for offloading, not run as is"
@@ -116,6 +117,14 @@ def test_cuda_path_is_lossless_and_placed(model, ref, fake_cuda, strategy):
     assert r.token_ids == ref
     assert r.trace.meta["clock"] == "cuda:FakeGPU" and not r.trace.meta["simulated"]
     assert fake_cuda.syncs >= 1  # copies in flight land before the trace is read
+
+
+def test_mixtral_offloading_copies_on_the_compute_stream(model, fake_cuda):
+    """The artifact's Mixtral-Offloading has no copy stream: its clock's copies go on the compute stream."""
+    for strategy, single in (("mixtral_offloading", True), ("lru", False)):
+        run = _cuda_engine(model, strategy).prepare(IDS, max_new_tokens=4)
+        assert (run.clock.copy_stream is fake_cuda.default) == single
+        run.execute()
 
 
 def _per_token(cuda: FakeCuda, eng, what) -> float:

@@ -12,7 +12,7 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parents[1] / "specter_lab"
 
 LAYERS = [
-    ["errors", "units", "strategies", "quant", "drafts", "prompts"],  # data and specs: no package imports
+    ["errors", "units", "strategies", "quant", "drafts", "prompts", "paper"],  # data and specs: no package imports
     # records; recorded routing and its locality; the budget split; the model adapter
     ["trace", "routing_trace", "locality", "budget", "model"],
     # derived metrics; store, runtime, clocks, costs; forecasts, prefetch, K; a run's trace as trace-event JSON
@@ -22,7 +22,7 @@ LAYERS = [
     # things that run engines or read traces; published rows; estimates from a config and their anchors
     ["runs", "fidelity", "analysis", "published", "record", "replay", "bound", "estimate", "consumer",
      "import_routing"],
-    ["bench", "planner"],  # comparisons and the planner
+    ["bench", "planner", "reproduce"],  # comparisons, the planner, the paper's protocol reproduced
     ["viz"],  # notebook views
     ["cli", "__init__"],  # entry points
 ]

@@ -39,7 +39,7 @@ def test_fewer_slots_than_top_k_streams(family_models, family):
     model = family_models[family]
     ids = PROMPTS[0]
     ref = hf_greedy(model, ids, 16)
-    for strategy in ("lru", "specter", "gate_lookahead"):
+    for strategy in ("lru", "mixtral_offloading", "specter", "gate_lookahead"):
         r = sl.Engine(model, None, strategy, cache_slots=1).generate(ids, max_new_tokens=16)
         assert r.token_ids == ref
 

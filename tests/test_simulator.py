@@ -6,7 +6,7 @@ from dataclasses import replace
 import pytest
 
 import specter_lab as sl
-from specter_lab.offload.cost import build_cost_model, piece_time
+from specter_lab.offload.cost import build_cost_model, piece_time, sync_time
 from specter_lab.offload.hostops import op_counts
 from specter_lab.offload.profiles import HOST_OP_COST, KERNEL_TIME, PROFILES, get_profile
 from specter_lab.offload.shapes import get_cost_shape
@@ -33,10 +33,13 @@ def test_host_time_scales_with_op_count():
     info = sl.inspect_model(sl.load_model("tiny")[0])
     cost = build_cost_model(info, p)
     ops = cost.ops.moe_layer[0] + cost.ops.experts_fixed[0]
-    assert cost.dense_layer_time(1, 8) == pytest.approx(ops * p.host_op_cost)
+    # plus its counted host syncs (the routing read-back), each priced as one sync_time
+    syncs = (cost.ops.syncs["moe_layer"] + cost.ops.syncs["experts_fixed"]) * sync_time(p)
+    assert syncs > 0
+    assert cost.dense_layer_time(1, 8) == pytest.approx(ops * p.host_op_cost + syncs)
     doubled = replace(cost, ops=replace(cost.ops, moe_layer=tuple(2 * c for c in cost.ops.moe_layer),
                                         experts_fixed=tuple(2 * c for c in cost.ops.experts_fixed)))
-    assert doubled.dense_layer_time(1, 8) == pytest.approx(2 * cost.dense_layer_time(1, 8))
+    assert doubled.dense_layer_time(1, 8) == pytest.approx(2 * ops * p.host_op_cost + syncs)
 
 
 def test_compiled_is_cheaper_than_eager_and_tokens_do_not_change(bundled):

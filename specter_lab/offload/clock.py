@@ -113,8 +113,11 @@ class SimClock:
     readable_midrun = True
     stamps_free = True
 
-    def __init__(self, profile) -> None:
+    def __init__(self, profile, single_stream: bool = False) -> None:
         self.profile = profile
+        # single_stream: copies go on the compute stream (Mixtral-Offloading): a copy waits for the compute
+        # issued before it, and compute issued after it waits for the copy (no overlap at all)
+        self.single_stream = single_stream
         self.compute_t = 0.0
         self.copy_t = 0.0
         self.host_t = 0.0  # the host CPU's own timeline: experts computed there (host execution)
@@ -153,7 +156,11 @@ class SimClock:
              issue_at: Handle | None = None) -> Span:
         fn()
         start = max([self.copy_t, self.compute_t if issue_at is None else issue_at, *[a for a in after if a is not None]])
+        if self.single_stream:
+            start = max(start, self.compute_t)
         self.copy_t = start + duration
+        if self.single_stream:
+            self.compute_t = self.copy_t
         return Span(start, self.copy_t)
 
     def compute(self, duration: float, fn: Callable[[], Any] | None = None, after: Iterable[Handle] = ()) -> tuple[Span, Any]:
@@ -200,12 +207,14 @@ class CudaClock:
     readable_midrun = False  # reading an event's time needs a sync
     stamps_free = False  # each stamp records an event on the stream
 
-    def __init__(self, device: torch.device | None = None, timing: bool = True) -> None:
+    def __init__(self, device: torch.device | None = None, timing: bool = True, single_stream: bool = False) -> None:
         if not torch.cuda.is_available():
             raise RuntimeError("CudaClock needs CUDA; use a simulated hardware profile on this machine.")
         self.device = device or torch.device("cuda")
         self.timing = timing
-        self.copy_stream = torch.cuda.Stream(device=self.device)
+        # single_stream: copies on the compute stream itself (Mixtral-Offloading), so nothing overlaps
+        self.copy_stream = (torch.cuda.current_stream(self.device) if single_stream
+                            else torch.cuda.Stream(device=self.device))
         self._pool = None  # one host worker thread, started on first host job (matmuls release the GIL)
         self.base = self._event()
         self.label = f"cuda:{torch.cuda.get_device_name(self.device)}"
@@ -307,11 +316,12 @@ class ClockFactory:
     profile: HardwareProfile
     measured: bool
 
-    def make(self, device: torch.device | None = None, trace_level: str = "full") -> Clock:
-        """A fresh clock for one run."""
+    def make(self, device: torch.device | None = None, trace_level: str = "full",
+             single_stream: bool = False) -> Clock:
+        """A fresh clock for one run (``single_stream``: copies on the compute stream, no overlap)."""
         if self.measured:
-            return CudaClock(device, timing=trace_level == "full")
-        return SimClock(self.profile)
+            return CudaClock(device, timing=trace_level == "full", single_stream=single_stream)
+        return SimClock(self.profile, single_stream=single_stream)
 
 
 def make_clock(hardware: "str | HardwareProfile | None") -> ClockFactory:

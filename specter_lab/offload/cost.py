@@ -6,7 +6,8 @@ Each priced piece of a forward (the non-expert part of a MoE layer, one routed e
     device time = kernels · kernel_time + max(flops / peak_flops, bytes_read / hbm_bandwidth)
     host time   = aten ops · host_op_cost          (execution="eager"; 0 when "compiled")
 
-with the aten ops and kernels *counted* for the model's family (:mod:`specter_lab.offload.hostops`), not assumed.
+with the aten ops and kernels *counted* for the model's family (:mod:`specter_lab.offload.hostops`), not assumed,
+plus ``syncs · sync_time`` for the host synchronisations counted in the same piece (:func:`sync_time`).
 Why a max per piece: eager PyTorch enqueues kernels asynchronously, so host and device overlap within a piece,
 but the runtime reads each layer's routing back to the host (a sync per layer), so they cannot drift further
 apart than a layer. ``compiled`` fuses pointwise work (kernels = 2 per matmul) and dispatches from a graph.
@@ -25,20 +26,29 @@ from .hostops import OpCounts, op_counts
 from .profiles import HardwareProfile
 from .shapes import CostShape, get_cost_shape
 
-__all__ = ["CostModel", "build_cost_model", "piece_time"]
+__all__ = ["CostModel", "build_cost_model", "piece_time", "sync_time"]
 
 Count = tuple[float, float, float]  # (aten ops, kernels, matmuls)
 
 
-def piece_time(profile: HardwareProfile, flops: float, nbytes: float, count: Count) -> float:
-    """max(device, host) of one forward piece with ``count`` = (aten ops, kernels, matmuls) dispatched."""
+def sync_time(profile: HardwareProfile) -> float:
+    """What one host synchronisation adds to a piece: the host waits for the device's queue to drain, then the
+    device idles until the host issues its next kernel. Priced as one launch gap plus one kernel's time (an
+    assumption: no published per-sync figure exists for these systems; it is the same in both execution modes,
+    since a data-dependent read-back breaks a graph as it breaks eager overlap)."""
+    return profile.launch_overhead + profile.kernel_time
+
+
+def piece_time(profile: HardwareProfile, flops: float, nbytes: float, count: Count, syncs: float = 0.0) -> float:
+    """max(device, host) of one forward piece with ``count`` = (aten ops, kernels, matmuls) dispatched, plus
+    ``syncs`` host synchronisations (:func:`sync_time` each)."""
     ops, kernels, matmuls = (max(0.0, c) for c in count)
     if profile.execution == "compiled":
         kernels, host = max(1.0, 2.0 * matmuls), 0.0
     else:
         host = ops * profile.host_op_cost
     device = kernels * profile.kernel_time + max(flops / profile.peak_flops, nbytes / profile.hbm_bandwidth)
-    return max(device, host)
+    return max(device, host) + max(0.0, syncs) * sync_time(profile)
 
 
 @dataclass
@@ -100,8 +110,16 @@ class CostModel:
             return tuple(h + self.dense_layers * d for h, d in zip(self.ops.head, self.ops.dense_layer))
         raise KeyError(part)
 
-    def _op(self, flops: float, nbytes: float, count: Count) -> float:
-        return piece_time(self.profile, flops, nbytes, count)
+    def _syncs(self, part: str) -> float:
+        """Host synchronisations counted in one piece (0 without op counts)."""
+        if self.ops is None or not self.ops.syncs:
+            return 0.0
+        s = self.ops.syncs
+        return {"moe_layer": s["moe_layer"] + s["experts_fixed"], "expert": s["per_expert"],
+                "head": s["head"] + self.dense_layers * s["dense_layer"]}[part]
+
+    def _op(self, flops: float, nbytes: float, count: Count, part: str | None = None) -> float:
+        return piece_time(self.profile, flops, nbytes, count, self._syncs(part) if part else 0.0)
 
     def copy_time(self, nbytes: float) -> float:
         return self.depth_scale * (self.profile.copy_latency + nbytes / self.profile.pcie_bandwidth)
@@ -117,7 +135,7 @@ class CostModel:
             nbytes = self.expert_bytes if weight_bytes is None else weight_bytes
             t = self._memo[key] = self.depth_scale * self._op(2.0 * self.expert_params * n_tokens,
                                                               nbytes + 4 * self.hidden * n_tokens,
-                                                              self._count("expert"))
+                                                              self._count("expert"), "expert")
         return t
 
     def host_expert_time(self, n_tokens: int, weight_bytes: float | None = None) -> float:
@@ -139,13 +157,13 @@ class CostModel:
         if t is None:
             flops = 2.0 * self.dense_params * n_tokens + 4.0 * n_tokens * context * self.hidden
             nbytes = self.dense_params * self.weight_bytes + context * self.kv_bytes_per_token_per_layer
-            t = self._memo[key] = self.depth_scale * self._op(flops, nbytes, self._count("moe_layer"))
+            t = self._memo[key] = self.depth_scale * self._op(flops, nbytes, self._count("moe_layer"), "moe_layer")
         return t
 
     def head_time(self, n_tokens: int) -> float:
         """LM head (+ final norm, embeddings, the decode step and any dense layers) for n tokens."""
         params = (self.head_params + self.extra_dense_params) * self.head_scale
-        return self._op(2.0 * params * n_tokens, params * self.weight_bytes, self._count("head"))
+        return self._op(2.0 * params * n_tokens, params * self.weight_bytes, self._count("head"), "head")
 
     def state_copy_time(self, nbytes: float) -> float:
         """A device-to-device copy of ``nbytes`` (a recurrent-state checkpoint or its restore): read + write."""

@@ -9,15 +9,20 @@ and on the experts implementation, not on the width, so a tiny random model of t
 are counted once per (family, implementation, top-k) and cached for the process.
 
 Implementations counted: transformers' own (``eager``, ``grouped_mm``, ``batched_mm``: the HF decode loop, as
-``generate`` runs it) and ``specter`` (this package's runtime: HF's attention and router, then the runtime's own
-per-expert code, :func:`~specter_lab.offload.experts.expert_apply` and ``combine``, counted as it runs).
+``generate`` runs it), ``specter`` (this package's runtime: HF's attention and router, then the runtime's own
+per-expert code, :func:`~specter_lab.offload.experts.expert_apply` and ``combine``, counted as it runs) and
+``mixtral_offloading`` (the DeepSeek dispatch Specter's artifact runs its Mixtral-Offloading baseline with).
+
+Host synchronisations are counted beside the ops: every op that makes the host wait for the device on CUDA
+(``.item()`` / a tensor's truth value, ``nonzero`` and ``torch.where(mask)``, and a read-back to the host:
+``.cpu()``, ``.numpy()``, ``.tolist()``), so the cost model can price each one (it breaks host/device overlap).
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from typing import Callable, Iterator
 
@@ -28,7 +33,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = ["CountOps", "CountSyncs", "SYNCS", "OpCounts", "RegionCount", "count_ops", "count_model", "counting_model", "op_counts", "IMPLEMENTATIONS", "FAMILIES"]
 
-IMPLEMENTATIONS = ("eager", "grouped_mm", "grouped_mm_fallback", "batched_mm", "deepseek_remote", "specter")
+IMPLEMENTATIONS = ("eager", "grouped_mm", "grouped_mm_fallback", "batched_mm", "deepseek_remote", "specter",
+                   "mixtral_offloading")
+
 # Matmul-like ops: one kernel each even when compiled (pointwise work around them fuses).
 _MATMULS = {"mm", "addmm", "bmm", "baddbmm", "_grouped_mm", "matmul", "linear", "_weight_int4pack_mm",
             "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
@@ -43,6 +50,7 @@ class RegionCount:
     ops: int = 0
     kernels: int = 0
     matmuls: int = 0
+    syncs: int = 0  # host synchronisations the code asked for (:class:`_CountSyncsInto`)
 
     def add(self, func) -> None:
         self.ops += 1
@@ -96,6 +104,30 @@ class CountOps(TorchDispatchMode):
         self.funcs[func] += 1
         return func(*args, **(kwargs or {}))
 
+    def sync(self) -> None:
+        """One host synchronisation, counted in the current region."""
+        region = self._stack[-1] if self._stack else "head"
+        self.regions.setdefault(region, RegionCount()).syncs += 1
+
+
+_NONZERO = {torch.nonzero, torch.Tensor.nonzero, torch.argwhere, torch.Tensor.argwhere}
+
+
+class _CountSyncsInto(TorchFunctionMode):
+    """Counts the syncs the code asks for into a :class:`CountOps`' regions: :data:`SYNCS` and the ops whose
+    output size depends on the data (``nonzero``, one-argument ``torch.where``). Counted at the Python level,
+    where the model's code calls them: the aten ops under them differ between CPU and CUDA (on the CPU
+    ``one_hot`` checks its range with two read-backs that CUDA skips)."""
+
+    def __init__(self, ops: CountOps) -> None:
+        super().__init__()
+        self.ops = ops
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in SYNCS or func in _NONZERO or (func is torch.where and len(args) == 1 and not kwargs):
+            self.ops.sync()
+        return func(*args, **(kwargs or {}))
+
 
 @dataclass(frozen=True)
 class OpCounts:
@@ -111,6 +143,9 @@ class OpCounts:
     dense_layer: tuple[float, float, float]  # per dense (non-MoE) decoder layer
     head: tuple[float, float, float]  # per forward: embeddings, final norm, LM head, decode loop step
     top_k: int  # experts per token in the counted model
+    # host synchronisations per part, same keys as the triples: moe_layer, experts_fixed, per_expert,
+    # dense_layer, head
+    syncs: dict = field(default_factory=dict)
 
     def experts_block(self, n_experts: float) -> tuple[float, float, float]:
         return tuple(f + n_experts * p for f, p in zip(self.experts_fixed, self.per_expert))
@@ -243,6 +278,30 @@ def _remote_moe_infer(self, x, topk_ids, topk_weight):
             .sum(dim=1).type(new_x.dtype))
 
 
+def _mixtral_offloading_experts(self, hidden_states, top_k_index, top_k_weights):
+    """Ops-equivalent replica of the DeepSeek dispatch Specter's artifact runs Mixtral-Offloading with
+    (``baselines/mixtral_offloading/legacy_dispatch.py@c0325dc``, the author's ``SparseMoeWrapperDeepseekv2``),
+    written here for counting only: a one-hot mask, a ``nonzero`` over it, then per hit expert ``.item()`` and
+    ``torch.where(mask)``; the cache's ``load_experts`` takes each id by ``.item()`` again; each expert is an
+    unfused MLP (gate, up, down linears, act · mul) scaled by its routing weight and ``index_add_``-ed."""
+    import torch.nn.functional as F
+
+    final = torch.zeros_like(hidden_states)
+    mask = F.one_hot(top_k_index, num_classes=self.num_experts).permute(2, 1, 0)
+    hit = torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero()
+    where = {}
+    for idx in hit:
+        e = idx.item()
+        where[e] = torch.where(mask[e].squeeze(0))
+    for e in [i.item() for i in hit]:  # load_experts(*((layer, e.item()) for e in hit), unordered=True)
+        pos, rows = where[e]
+        x = hidden_states[None, rows].reshape(-1, hidden_states.shape[-1])
+        gate_w, up_w, down_w = self._remote_weights[e]
+        out = F.linear(self.act_fn(F.linear(x, gate_w)) * F.linear(x, up_w), down_w) * top_k_weights[rows, pos, None]
+        final.index_add_(0, rows, out.to(hidden_states.dtype))
+    return final
+
+
 def _set_implementation(model: nn.Module, implementation: str) -> None:
     """Select the experts implementation to count. ``grouped_mm_fallback`` is transformers' grouped_mm on a GPU
     where ``torch._grouped_mm`` is unavailable (e.g. an A100 with torch <= 2.8: one ``.tolist()`` of the offsets,
@@ -251,7 +310,8 @@ def _set_implementation(model: nn.Module, implementation: str) -> None:
         raise ValueError(f"implementation={implementation!r} is unknown; use one of {list(IMPLEMENTATIONS)}.")
     from transformers.integrations import moe
 
-    custom = {"specter": _specter_experts, "deepseek_remote": _remote_moe_infer}
+    custom = {"specter": _specter_experts, "deepseek_remote": _remote_moe_infer,
+              "mixtral_offloading": _mixtral_offloading_experts}
     if implementation in custom:
         moe.ExpertsInterface.register(f"{implementation}_count", custom[implementation])
         model.set_experts_implementation(f"{implementation}_count")
@@ -260,7 +320,7 @@ def _set_implementation(model: nn.Module, implementation: str) -> None:
 
             for l in inspect_model(model).layers:
                 l.experts._slot_views = _slot_views(l.experts)
-        if implementation == "deepseek_remote":
+        if implementation in ("deepseek_remote", "mixtral_offloading"):
             from ..model.inspect import inspect_model
 
             for l in inspect_model(model).layers:
@@ -297,13 +357,14 @@ def _decode_counts(model: nn.Module, new_tokens: int = 4) -> dict[str, RegionCou
     runs = []
     for n in (2, 2 + new_tokens):
         mode = CountOps()
-        with torch.no_grad(), _regions(model, mode), mode:
+        with torch.no_grad(), _regions(model, mode), mode, _CountSyncsInto(mode):
             model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
         runs.append(mode.regions)
     out = {}
     for name in set(runs[0]) | set(runs[1]):
         a, b = runs[0].get(name, RegionCount()), runs[1].get(name, RegionCount())
-        out[name] = RegionCount(*[(getattr(b, f) - getattr(a, f)) / new_tokens for f in ("ops", "kernels", "matmuls")])
+        out[name] = RegionCount(*[(getattr(b, f) - getattr(a, f)) / new_tokens
+                                  for f in ("ops", "kernels", "matmuls", "syncs")])
     return out
 
 
@@ -334,9 +395,14 @@ def count_ops(family: str, implementation: str = "eager", top_k: int = 4, n_expe
     ex_hi, ex_lo = _triple(hi.get("experts"), 2), _triple(lo.get("experts"), 2)
     per_expert = tuple(max(0.0, (a - b) / (top_k - other)) for a, b in zip(ex_hi, ex_lo))
     fixed = tuple(max(0.0, a - top_k * p) for a, p in zip(ex_hi, per_expert))
+    sy = lambda counted, region, per=1.0: (counted.get(region) or RegionCount()).syncs / per
+    sync_slope = max(0.0, (sy(hi, "experts", 2) - sy(lo, "experts", 2)) / (top_k - other))
+    syncs = {"moe_layer": sy(hi, "moe_layer", 2), "per_expert": sync_slope,
+             "experts_fixed": max(0.0, sy(hi, "experts", 2) - top_k * sync_slope),
+             "dense_layer": sy(hi, "dense_layer", max(1, dense_first)), "head": sy(hi, "head")}
     return OpCounts(family, implementation, moe_layer=_triple(hi.get("moe_layer"), 2), experts_fixed=fixed,
                     per_expert=per_expert, dense_layer=_triple(hi.get("dense_layer"), max(1, dense_first)),
-                    head=_triple(hi.get("head")), top_k=top_k)
+                    head=_triple(hi.get("head")), top_k=top_k, syncs=syncs)
 
 
 @lru_cache(maxsize=None)

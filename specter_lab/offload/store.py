@@ -93,8 +93,13 @@ class ExpertStore:
 
     def __init__(self, info, slots_per_layer: list[int], clock, cost, policy: EvictionPolicy, trace,
                  device: torch.device | str = "cpu", host: list[dict[str, torch.Tensor]] | None = None,
-                 pool: str = "layer", materialize: bool = True) -> None:
+                 pool: str = "layer", materialize: bool = True, writeback: bool = False) -> None:
         self.info = info
+        # Mixtral-Offloading's swap: an evicted expert is copied back to the host before its slot is reused
+        # (upstream keeps only as many host copies as experts offloaded); here into a scratch buffer, since the
+        # host copies stay immutable, so the bytes cross the link as they would there
+        self.writeback = writeback
+        self._wb_buffers: dict[int, dict[str, torch.Tensor]] = {}
         self.clock = clock
         self.cost = cost
         self.policy = policy
@@ -244,6 +249,8 @@ class ExpertStore:
         if slot is None:
             return None
         after = [s.last_use[slot], s.ready[slot]]  # never overwrite a slot still being read or written
+        if self.writeback and s.expert[slot] >= 0:
+            after = [self._write_back(layer, slot, after, issue_at)]
         self.evict(layer, slot)
         span = self._copy(layer, expert, slot, after, issue_at)
         s.expert[slot] = expert
@@ -271,6 +278,26 @@ class ExpertStore:
                                    issue_at=issue_at)
         except Exception as exc:  # the slot stays empty: nothing stale can be marked ready
             raise CopyFault(f"copy of layer {layer} expert {expert} into slot {slot} failed: {exc}") from exc
+
+    def _write_back(self, layer: int, slot: int, after, issue_at) -> Handle:
+        """Copy the expert in ``slot`` device→host (a real copy into a scratch buffer; nothing without tensors),
+        on the copy lane before the load that replaces it; recorded as a ``writeback`` transfer. Returns when it
+        ends."""
+        buf = self._wb_buffers.get(layer)
+        if buf is None:
+            pin = self.device.type == "cuda"
+            buf = self._wb_buffers[layer] = {n: _host_copy(torch.empty_like(t[0], device="cpu"), pin)
+                                             for n, t in self.host[layer].items()}
+        src = self.weights(layer, slot)
+
+        def do_copy() -> None:
+            for name, t in buf.items():
+                t.copy_(src[name], non_blocking=True)
+
+        span = self.clock.copy(self.cost.copy_time(self.cost.expert_bytes), do_copy, after=after, issue_at=issue_at)
+        self.trace.transfer(layer, self.slots[layer].expert[slot], slot, self.cost.expert_bytes, span.start,
+                            span.end, "writeback")
+        return span.end
 
     def prefetch(self, layer: int, expert: int, protected: Iterable[int] = (), issue_at: Handle | None = None) -> bool:
         """Start an asynchronous copy unless already resident. False when no slot may be evicted."""

@@ -15,7 +15,7 @@ from .layout import base_layout
 from .style import COPY_COLORS, STALL_COLOR
 
 __all__ = ["compare_figure", "fidelity_figure", "speedup_figure", "cost_figure", "regime_figure", "tuner_figure",
-           "table_clock"]
+           "table_clock", "waterfall_figure"]
 
 
 def table_clock(df: pd.DataFrame) -> str:
@@ -213,3 +213,53 @@ def tuner_figure(table: pd.DataFrame | None, clock: str = "simulated") -> go.Fig
     fig.update_yaxes(rangemode="tozero", row=1, col=1)
     fig.update_yaxes(range=[0, 1.05], tickformat=".0%", row=1, col=2)
     return fig
+
+
+def waterfall_figure(df: pd.DataFrame, claim: tuple[float, float] = (1.50, 1.88)) -> go.Figure:
+    """What Specter's speedup over the artifact's Mixtral-Offloading is made of (``sl.bench.paper_waterfall``):
+    the headline under the artifact's protocol, then one bar per difference switched off (its change in
+    speedup), a total where only the method is left (Specter against lean LRU at equal memory), the change from
+    dropping its prefetch, and what speculation alone gives. Dashed lines: 1× and the paper's mean / max."""
+    if df.empty:
+        raise ValueError("waterfall_figure: the table is empty")
+    s = df.speedup.tolist()
+    x = list(df.step)
+    measure = ["absolute"] + ["relative"] * (len(s) - 1)
+    y = [s[0]] + [b - a for a, b in zip(s, s[1:])]
+    # a running total where only the method is left (after 'memory split'), and at the end
+    split = next((i for i, t in enumerate(df.step) if t.startswith("memory split")), None)
+    if split is not None:
+        x.insert(split + 1, "specter vs lean LRU, equal memory")
+        measure.insert(split + 1, "total")
+        y.insert(split + 1, 0.0)
+    x.append("speculation alone (no prefetch)")
+    measure.append("total")
+    y.append(0.0)
+    fig = go.Figure(go.Waterfall(
+        x=x, y=y, measure=measure, textposition="outside", cliponaxis=False,
+        text=[f"{v:.2f}×" if m != "relative" else f"{v:+.2f}" for v, m in zip(_running(y, measure), measure)],
+        increasing=dict(marker=dict(color="#1b7837")), decreasing=dict(marker=dict(color="#b2182b")),
+        totals=dict(marker=dict(color="#4d4d4d")), connector=dict(line=dict(color="#999", width=1)),
+        hovertemplate="%{x}<br>speedup %{y:.3f}<extra></extra>"))
+    fig.add_hline(y=1.0, line=dict(color="#444", dash="dash", width=1))
+    for v, name in zip(claim, ("paper mean", "paper max")):
+        fig.add_hline(y=v, line=dict(color="#2166ac", dash="dot", width=1), annotation_text=f"{name} {v:.2f}×",
+                      annotation_position="top right", annotation_font=dict(size=10, color="#2166ac"))
+    a = df.attrs
+    sub = (f"{a.get('case', '?')} · {a.get('profile', '?')} {a.get('execution', '')} · simulated, projected "
+           "(routing of the run model) · one difference off at a time, in this order")
+    _base_layout(fig, f"What Specter's speedup over the artifact's Mixtral-Offloading is made of<br><sup>{sub}"
+                      "</sup>", plot_height=320, legend="right", top=90)
+    fig.update_yaxes(title_text="speedup of specter (×)", rangemode="tozero")
+    fig.update_xaxes(tickangle=-25, tickfont=dict(size=10))
+    fig.update_layout(showlegend=False)
+    return fig
+
+
+def _running(y: list[float], measure: list[str]) -> list[float]:
+    """The value each waterfall bar shows: the change for a relative bar, the running total otherwise."""
+    out, total = [], 0.0
+    for v, m in zip(y, measure):
+        total = v if m == "absolute" else total + (v if m == "relative" else 0.0)
+        out.append(v if m == "relative" else total)
+    return out
