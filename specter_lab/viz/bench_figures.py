@@ -248,7 +248,7 @@ def waterfall_figure(df: pd.DataFrame, claim: tuple[float, float] = (1.50, 1.88)
     a = df.attrs
     sub = (f"{a.get('case', '?')} · {a.get('profile', '?')} {a.get('execution', '')} · simulated, projected "
            "(routing of the run model) · one difference off at a time, in this order")
-    _base_layout(fig, f"What Specter's speedup over the artifact's Mixtral-Offloading is made of<br><sup>{sub}"
+    base_layout(fig, f"What Specter's speedup over the artifact's Mixtral-Offloading is made of<br><sup>{sub}"
                       "</sup>", plot_height=320, legend="right", top=90)
     fig.update_yaxes(title_text="speedup of specter (×)", rangemode="tozero")
     fig.update_xaxes(tickangle=-25, tickfont=dict(size=10))
