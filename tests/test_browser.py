@@ -278,10 +278,11 @@ def test_quantization_tuner(page: Page) -> None:
 
 def static_figure_cells(notebook: str) -> int:
     """How many code cells of ``notebook`` end in an expression that draws a static plotly figure
-    (``figures.*_figure(...)``, ``sl.viz.*_figure(...)``): what the page must show as plain figures."""
+    (``figures.*_figure(...)``, ``sl.viz.*_figure(...)``, ``sl.viz.bench_figures.*_figure(...)``): what the page
+    must show as plain figures."""
     cells = json.loads((REPO / "notebooks" / notebook).read_text())["cells"]
     last = ["".join(c["source"]).rstrip().splitlines()[-1] for c in cells if c["cell_type"] == "code" and c["source"]]
-    return sum(bool(re.match(r"^(figures|sl\.viz|viz)\.\w+_figure\(", line)) for line in last)
+    return sum(bool(re.match(r"^(figures|sl\.viz|viz)(\.\w+)*\.\w+_figure\(", line)) for line in last)
 
 
 LIVE = "sl.viz.live("
