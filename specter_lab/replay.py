@@ -93,21 +93,9 @@ class ReplayDecoder(Decoder):
                  keep_cache: bool = True, rewindable: bool = False) -> None:
         if sampling.do_sample:
             raise ValueError("do_sample=True: a replay is greedy (sampled tokens are not recorded); run it live.")
+        super().__init__(None, runtime, sampling, eos, max_new_tokens, callback, keep_cache, rewindable,
+                         kv=_Positions())
         self.seq = seq
-        self.model = None
-        self.rt = runtime
-        self.clock = runtime.clock
-        self.trace = runtime.trace
-        self.sampling = sampling
-        self.eos = set(eos)
-        self.max_new = max_new_tokens
-        self.callback = callback
-        self.keep_cache = keep_cache
-        self.kv = _Positions()
-        self.out: list[int] = []
-        self.device = "cpu"
-        self.gen = None
-        self.step = 0
         self._top_k = [l.top_k for l in runtime.info.layers]
 
     def forward(self, ids, mode: str, phase: str, keep: int = 0):

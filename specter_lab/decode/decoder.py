@@ -41,7 +41,7 @@ class Decoder:
 
     def __init__(self, model, runtime, sampling: Sampling, eos: list[int], max_new_tokens: int,
                  callback: Callable[[StepInfo], None] | None = None, keep_cache: bool = True,
-                 rewindable: bool = False) -> None:
+                 rewindable: bool = False, kv=None) -> None:
         self.model = model
         self.rt = runtime
         self.clock = runtime.clock
@@ -51,7 +51,8 @@ class Decoder:
         self.max_new = max_new_tokens
         self.callback = callback
         self.keep_cache = keep_cache  # False (on_demand): nothing stays resident between steps
-        self.kv = SequenceCache(model, rewindable)  # rewindable: speculative runs go back after a window
+        # rewindable: speculative runs go back after a window (``kv``: another cache, e.g. a replay's positions)
+        self.kv = kv if kv is not None else SequenceCache(model, rewindable)
         self.out: list[int] = []
         self.device = runtime.store.device
         self.gen = sampling.generator()
