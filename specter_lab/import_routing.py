@@ -34,7 +34,6 @@ What is exact and what is modeled:
 from __future__ import annotations
 
 import json
-import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -44,7 +43,7 @@ import numpy as np
 from .locality import replace_experts
 from .model import inspect_model
 from .replay import skeleton
-from .routing_trace import RoutedSequence, RoutingTrace, TraceError
+from .routing_trace import RoutedSequence, RoutingTrace, TraceError, read_npz
 
 __all__ = ["import_routing", "ModeledDraft", "MEASURED_DRAFT", "DraftFidelity", "PHASES"]
 
@@ -192,13 +191,9 @@ def _read_source(source) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         if not path.is_file():
             raise FileNotFoundError(f"source={str(source)!r}: no such file; give an .npz holding 'experts' "
                                     "[tokens, layers, top_k], or the array itself.")
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                data = {name: z[name] for name in z.files}
-        except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError) as exc:
-            raise TraceError(f"source {str(path)!r} is not a readable .npz (truncated or corrupt, or holds "
-                             f"pickled objects: {exc}). Save it again with np.savez(path, experts=ids) and, for "
-                             "phases, a string array (np.array(['prefill', 'decode'])).") from None
+        data = read_npz(path, "is not a readable .npz",
+                        "Save it again with np.savez(path, experts=ids) and, for phases, a string array "
+                        "(np.array(['prefill', 'decode'])).")
         if "experts" not in data:
             raise TraceError(f"source {str(path)!r} has no 'experts' array (it holds {sorted(data)}); save the "
                              "routing as experts=[tokens, layers, top_k] ids.")

@@ -151,12 +151,7 @@ def load_trace(path: "str | Path") -> RoutingTrace:
     if not path.is_file():
         raise FileNotFoundError(f"trace file {str(path)!r} does not exist: record one with "
                                 "sl.record(...).save(path) or `specter-lab trace record`.")
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            data = {name: z[name] for name in z.files}
-    except (zipfile.BadZipFile, ValueError, OSError, EOFError) as exc:
-        raise TraceError(f"{str(path)!r} is not a readable routing trace (truncated or corrupt: {exc}). "
-                         "Record it again.") from None
+    data = read_npz(path, "is not a readable routing trace", "Record it again.")
     if "header" not in data:
         raise TraceError(f"{str(path)!r} has no header: not a specter_lab routing trace.")
     try:
@@ -177,6 +172,17 @@ def load_trace(path: "str | Path") -> RoutingTrace:
     trace = RoutingTrace(header.get("config") or {}, seqs, int(header.get("k_max", 0)), header.get("draft"),
                          header.get("source", ""), header.get("meta") or {})
     return trace.validate()
+
+
+def read_npz(path: Path, what: str, fix: str) -> dict[str, np.ndarray]:
+    """Every array of an ``.npz``, without pickle; a truncated, corrupt or pickled file is a :class:`TraceError`
+    that says ``{path} {what} (...). {fix}``."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {name: z[name] for name in z.files}
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError) as exc:
+        raise TraceError(f"{str(path)!r} {what} (truncated or corrupt, or holds pickled objects: {exc}). "
+                         f"{fix}") from None
 
 
 def _check_ids(a, name: str, ndim: int, shape: tuple | None = None) -> None:
