@@ -399,7 +399,8 @@ class Engine:
         ids = self.encode(prompt)
         st = self.strategy
         clock = run_clock(st, self.clocks, self.device, self.trace_level)
-        trace = Trace(meta=self._meta(clock), record_routing=self.record_routing, level=self.trace_level)
+        trace = Trace(meta=self._meta(clock), record_routing=self.record_routing, level=self.trace_level,
+                      numeric=clock.readable_midrun)
         if st.k == "auto" and self.governor is None:
             # One governor per engine: what it learns about acceptance by depth and copy exposure carries over
             # from one generate() to the next (a 48-token run is mostly learning otherwise).

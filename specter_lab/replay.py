@@ -175,21 +175,23 @@ def skeleton(config: "dict[str, Any]"):
 
 
 def replay(trace: RoutingTrace, strategy="lru", *, tokenizer=None, sequences: "Sequence[int] | None" = None,
-           draft: "QuantSpec | None" = None, callback: Callable | None = None,
+           draft: "QuantSpec | None" = None, callback: Callable | None = None, trace_level: str = "full",
            **engine_options) -> list[GenerationResult]:
     """Replay ``strategy`` on every recorded sequence (or those in ``sequences``): one
     :class:`~specter_lab.engine.GenerationResult` each, with the live run's trace records and metrics.
 
     ``engine_options`` are the Engine's (``expert_budget``, ``cache_slots``, ``hardware`` — a simulated profile —,
     ``cost_shape``, ``k``, ``eviction``, …). Speculative strategies need a trace with draft chains, replay the
-    draft it was recorded with, and K ≤ the trace's ``k_max``."""
+    draft it was recorded with, and K ≤ the trace's ``k_max``. ``trace_level``: the Engine's ``trace=``;
+    ``"steps"`` keeps no per-op record (the metrics are the same: what a sweep runs)."""
     if not isinstance(trace, RoutingTrace):
         raise TypeError(f"trace must be a sl.RoutingTrace (sl.record(...) or sl.load_trace(path)), got "
                         f"{type(trace).__name__}.")
     if engine_options.get("hardware") == "cuda":
         raise ValueError("hardware='cuda' measures a live run; a replay prices on a simulated profile: give one.")
     model = skeleton(trace.config)
-    eng = Engine(model, tokenizer, strategy, draft=_recorded_draft(trace, draft), **engine_options)
+    eng = Engine(model, tokenizer, strategy, draft=_recorded_draft(trace, draft), trace=trace_level,
+                 **engine_options)
     _check_replayable(eng, trace)
     picked = range(len(trace.sequences)) if sequences is None else list(sequences)
     results = []

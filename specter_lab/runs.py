@@ -122,7 +122,8 @@ class LiveSource:
     label: str = "live"
 
     def engine(self, cell: Cell) -> "Engine | DoesNotFit":
-        return try_engine(self.model, self.tokenizer, cell.strategy, **cell.kwargs)
+        # a sweep reads metrics only: no per-op records (the metrics are the same at every trace level)
+        return try_engine(self.model, self.tokenizer, cell.strategy, **{"trace": "steps", **cell.kwargs})
 
     def run(self, cell: Cell) -> "PromptRuns | DoesNotFit":
         eng = self.engine(cell)
@@ -164,7 +165,7 @@ class TraceSource:
         if isinstance(skipped, SKIPPED):
             return skipped
         strategy, kw = self._resolved(cell)
-        results = replay(self.trace, strategy, tokenizer=self.tokenizer, **kw)
+        results = replay(self.trace, strategy, tokenizer=self.tokenizer, trace_level="steps", **kw)
         return PromptRuns([r.metrics for r in results], time.perf_counter() - t0)
 
     def _resolved(self, cell: Cell) -> tuple[Any, dict[str, Any]]:

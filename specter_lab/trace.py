@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .tally import Tally
+
 __all__ = ["Trace", "StepRecord", "TokenRecord", "RoutingRecord", "ForecastRecord", "CacheEvent", "Transfer",
            "ComputeSpan", "COLUMNS", "TRACE_LEVELS"]
 
@@ -130,8 +132,10 @@ TRACE_LEVELS = ("full", "steps")
 class Trace:
     """Append-only records of one run. ``meta`` says which clock produced the times and what was priced.
 
-    ``level="full"`` records everything; ``level="steps"`` only steps and tokens (enough for TPOT and
-    acceptance: what a speed run pays for), the per-op records stay empty."""
+    ``level="full"`` records everything; ``level="steps"`` only steps and tokens (what a speed run or a sweep
+    pays for), the per-op records stay empty. The :class:`~specter_lab.tally.Tally` that the metrics read is
+    kept at both levels, so a run's metrics do not depend on its level. ``numeric``: the clock's handles are
+    numbers (the simulated clock), summed as they come."""
 
     meta: dict[str, Any] = field(default_factory=dict)
     steps: list[StepRecord] = field(default_factory=list)
@@ -143,6 +147,8 @@ class Trace:
     compute: list[ComputeSpan] = field(default_factory=list)
     record_routing: bool = True
     level: str = "full"
+    numeric: bool = True
+    tally: Tally | None = None
     step: int = 0  # the step being recorded (begin_step)
     _copies: int = 0  # transfer ids handed out
     _finalized: bool = False
@@ -155,12 +161,16 @@ class Trace:
         if self.level not in TRACE_LEVELS:
             raise ValueError(f"trace={self.level!r}: use one of {TRACE_LEVELS}.")
         self.full = self.level == "full"
+        if self.tally is None:
+            self.tally = Tally(self.numeric, timed=self.numeric or self.full)
 
     # ----------------------------------------------------------- recording (hot path)
     def begin_step(self, step: int) -> None:
         self.step = step
+        self.tally.step(step)
 
     def cache(self, layer: int, expert: int, event: str, t: Handle) -> None:
+        self.tally.cache(event)
         if self.full:
             self.cache_events.append(CacheEvent(self.step, layer, expert, event, t))
 
@@ -169,23 +179,28 @@ class Trace:
         """Record a copy; returns its id (counted even when not recorded, so ids stay unique)."""
         tid = self._copies
         self._copies += 1
+        self.tally.transfer(nbytes, reason)
         if self.full:
             self.transfers.append(Transfer(tid, self.step, layer, expert, slot, nbytes, start, end, reason))
         return tid
 
     def span(self, phase: str, layer: int, expert: int, span, copy_id: int | None = None,
              lane: str = "device") -> None:
+        self.tally.span(phase, lane, span.start, span.end, span.stall_from)
         if self.full:
             self.compute.append(ComputeSpan(self.step, phase, layer, expert, span.start, span.end,
                                             span.stall_from, copy_id, lane))
 
     def routed(self, source: str, layer: int, pos0: int, index_array) -> None:
+        if source == "target":
+            self.tally.routed(layer, index_array.ravel().tolist())
         if self.record_routing and self.full:
             # A list, not the numpy view: views of tiny tensors pin small heap blocks between the KV-cache
             # reallocations and fragment the heap (measured by scripts/long_run.py).
             self.routing_raw.append(RoutingRecord(self.step, source, layer, pos0, index_array.tolist()))
 
     def forecast_count(self, layer: int, expert: int, count: int) -> None:
+        self.tally.named(layer, expert)
         if self.full:
             self.forecast.append(ForecastRecord(self.step, layer, expert, count))
 
@@ -196,6 +211,11 @@ class Trace:
                   committed: int = 1, recomputed: int = 0) -> None:
         self.steps.append(StepRecord(self.step, kind, start, end, drafted, accepted, committed, recomputed))
 
+    @property
+    def copies(self) -> int:
+        """Copies recorded so far (at every level: ids are handed out either way)."""
+        return self._copies
+
     # ----------------------------------------------------------- resolving
     def finalize(self, clock) -> "Trace":
         """Turn clock handles into ms (synchronising a CUDA clock once). Idempotent."""
@@ -203,6 +223,7 @@ class Trace:
             return self
         clock.synchronize()
         ms = _cutting(clock.to_ms, [(clock.to_ms(a), clock.to_ms(b)) for a, b in self.excluded])
+        self.tally.finalize(ms)
         for name, cols in _TIMES.items():
             for rec in self._records(name):
                 for c in cols:
@@ -231,7 +252,8 @@ class Trace:
         if self._finalized:
             return {**self.frames(), "meta": dict(self.meta)}
         wanted = set(_RECORDS) | {"routing"} if kinds is None else set(kinds)
-        copy = Trace(meta=dict(self.meta), record_routing=self.record_routing, level=self.level)
+        copy = Trace(meta=dict(self.meta), record_routing=self.record_routing, level=self.level,
+                     numeric=self.numeric)
         for name, attr, recs in (("steps", "steps", self.steps), ("tokens", "tokens", self.tokens),
                                  ("cache", "cache_events", self.cache_events),
                                  ("transfers", "transfers", self.transfers), ("compute", "compute", self.compute)):

@@ -92,7 +92,7 @@ def speculative(dec: Decoder, prompt: torch.Tensor, spec: Speculation) -> list[i
     while not dec.done():
         dec.begin_step()
         t0 = dec.clock.now()
-        marks = (len(dec.trace.transfers), len(dec.trace.compute))
+        marks = (dec.trace.copies, len(dec.trace.tally.stalls))
         window = draft_window(dec, spec)
         rewind(dec, window, window.n)
         forecast = spec.source.forecast(dec, spec, window)
@@ -231,6 +231,6 @@ def _outcome(dec: Decoder, w: DraftWindow, v: Verdict, marks: tuple[int, int]) -
     cost, trace = dec.rt.cost, dec.trace
     stall = None
     if dec.clock.readable_midrun:  # CUDA event times are not readable mid-run without a sync
-        stall = sum(c.start - c.stall for c in trace.compute[marks[1]:] if c.stall is not None)
-    return WindowOutcome(v.accepted, len(w.drafts), v.routing, len(trace.transfers) - marks[0], stall,
+        stall = sum(trace.tally.stalls[marks[1]:])
+    return WindowOutcome(v.accepted, len(w.drafts), v.routing, trace.copies - marks[0], stall,
                          cost.copy_time(cost.expert_bytes))

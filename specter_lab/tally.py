@@ -1,0 +1,130 @@
+"""What a run's metrics need, counted as the run records: the same at every trace level.
+
+A sweep (compare, plan, the regime map, bench on a trace) reads a run's metrics, never its per-op frames, so it
+runs with ``trace="steps"`` and pays for no per-op record; the metrics must not change with the level. The
+:class:`Tally` is kept by :class:`~specter_lab.trace.Trace` beside its records: cache events and link bytes as
+counters, op durations as sums, and the forecast's recall as set sizes closed step by step.
+:mod:`specter_lab.metrics` reads it, plus the step and token records (kept at every level).
+
+Durations: on a clock whose handles are numbers (the simulated clock: ``readable_midrun``) each duration is
+added as the op is recorded; on a real clock the handle pairs are kept and resolved once the run is over
+(``trace="full"`` only: a speed run's untimed events carry no time, and its sums are NaN).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+__all__ = ["Tally", "Durations"]
+
+Handle = Any
+
+
+@dataclass
+class Durations:
+    """Σ (end − start) of one kind of op, in seconds on a numeric clock, else pairs resolved at :meth:`ms`."""
+
+    numeric: bool
+    timed: bool = True
+    seconds: float = 0.0
+    pairs: list = field(default_factory=list)
+
+    def add(self, start: Handle, end: Handle) -> None:
+        if self.numeric:
+            self.seconds += end - start
+        elif self.timed:
+            self.pairs.append((start, end))
+
+    def ms(self, to_ms: Callable[[Handle], float]) -> float:
+        """The total in milliseconds (``to_ms`` resolves a handle; NaN where the ops carried no time)."""
+        if self.numeric:
+            return 1e3 * self.seconds
+        if not self.timed:
+            return float("nan")
+        return sum(to_ms(b) - to_ms(a) for a, b in self.pairs)
+
+
+@dataclass
+class Tally:
+    """Counters and sums of one run. Decode-phase quantities skip step 0 (the prefill), as TPOT does.
+
+    * ``events[(event, decode)]`` – cache events (hit, miss, host, prefetch, prefetch_used, …);
+    * ``link[reason]`` – bytes copied in decode steps, by reason (demand, prefetch, writeback, …);
+    * ``time[kind]`` – decode-step durations: ``stall`` (waits on copies), ``draft`` (draft spans), ``host``
+      (the host lane), ``recompute``, ``snapshot``;
+    * ``stalls`` – every non-zero stall in seconds, in order (numeric clocks): a decode loop sums a window's
+      slice mid-run (the K governor);
+    * ``forecast`` – (|U|, |P|, |P ∩ U|) summed over steps that had a forecast: U the distinct (layer, expert)
+      the target used, P those the forecast named (recall and precision are their ratios).
+    """
+
+    numeric: bool = True
+    timed: bool = True
+    events: Counter = field(default_factory=Counter)
+    link: Counter = field(default_factory=Counter)
+    time: dict[str, Durations] = field(default_factory=dict)
+    stalls: list[float] = field(default_factory=list)
+    forecast: list[int] = field(default_factory=lambda: [0, 0, 0])
+    ms: dict[str, float] = field(default_factory=dict)  # time's totals in ms, once finalized
+    _step: int = 0
+    _used: set = field(default_factory=set)
+    _named: set = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.time = {k: Durations(self.numeric, self.timed) for k in ("stall", "draft", "host", "recompute",
+                                                                       "snapshot")}
+
+    # ------------------------------------------------------------- recording
+    def step(self, step: int) -> None:
+        """A new step begins: close the forecast sets of the last one."""
+        self.close_step()
+        self._step = step
+
+    def cache(self, event: str) -> None:
+        self.events[event, self._step >= 1] += 1
+
+    def transfer(self, nbytes: int, reason: str) -> None:
+        if self._step >= 1:
+            self.link[reason] += nbytes
+
+    def span(self, phase: str, lane: str, start: Handle, end: Handle, ready: Handle | None) -> None:
+        if ready is not None and self.numeric and start != ready:
+            self.stalls.append(start - ready)
+        if self._step < 1:
+            return
+        if ready is not None:
+            self.time["stall"].add(ready, start)
+        if lane == "host":
+            self.time["host"].add(start, end)
+        if phase in ("draft", "recompute", "snapshot"):
+            self.time[phase].add(start, end)
+
+    def routed(self, layer: int, ids: list) -> None:
+        """The target's top-k ids of one layer (a flat list; -1: not recorded)."""
+        self._used.update((layer, e) for e in ids if e >= 0)
+
+    def named(self, layer: int, expert: int) -> None:
+        self._named.add((layer, expert))
+
+    def close_step(self) -> None:
+        if self._named:
+            f = self.forecast
+            f[0] += len(self._used)
+            f[1] += len(self._named)
+            f[2] += len(self._used & self._named)
+        self._used, self._named = set(), set()
+
+    def finalize(self, to_ms: Callable[[Handle], float]) -> None:
+        """The run is over: close the last step and resolve every duration to milliseconds (``ms``)."""
+        self.close_step()
+        self.ms = {kind: d.ms(to_ms) for kind, d in self.time.items()}
+
+    # ------------------------------------------------------------- reading
+    def count(self, event: str, decode_only: bool = False) -> int:
+        return self.events[event, True] + (0 if decode_only else self.events[event, False])
+
+    def recall_precision(self) -> tuple[float, float]:
+        used, named, both = self.forecast
+        return (both / used if used else float("nan"), both / named if named else float("nan"))
