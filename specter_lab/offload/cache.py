@@ -46,6 +46,9 @@ class EvictionPolicy:
 
     def victim(self, layer: int, candidates: Sequence[tuple[int, int]]) -> int:
         """``candidates`` = [(slot, expert)]; returns the slot to evict."""
+        if self.by_recency:  # the same order as score()'s 1-tuples, without building them
+            last = self.last_use
+            return min(candidates, key=lambda se: last.get((layer, se[1]), -1))[0]
         return min(candidates, key=lambda se: self.score(layer, se[1]))[0]
 
 

@@ -27,7 +27,7 @@ __all__ = ["Clock", "Handle", "Span", "Done", "SimClock", "CudaClock", "ClockFac
 Handle = Any  # float seconds (SimClock) or torch.cuda.Event (CudaClock); the one alias (trace.py imports it)
 
 
-@dataclass
+@dataclass(slots=True)
 class Span:
     start: Handle
     end: Handle
@@ -155,7 +155,12 @@ class SimClock:
     def copy(self, duration: float, fn: Callable[[], None], after: Iterable[Handle] = (),
              issue_at: Handle | None = None) -> Span:
         fn()
-        start = max([self.copy_t, self.compute_t if issue_at is None else issue_at, *[a for a in after if a is not None]])
+        start = self.compute_t if issue_at is None else issue_at
+        if self.copy_t > start:
+            start = self.copy_t
+        for a in after:
+            if a is not None and a > start:
+                start = a
         if self.single_stream:
             start = max(start, self.compute_t)
         self.copy_t = start + duration
@@ -164,8 +169,10 @@ class SimClock:
         return Span(start, self.copy_t)
 
     def compute(self, duration: float, fn: Callable[[], Any] | None = None, after: Iterable[Handle] = ()) -> tuple[Span, Any]:
-        ready = self.compute_t
-        start = max([ready, *[a for a in after if a is not None]])
+        ready = start = self.compute_t
+        for a in after:  # a loop, not max([...]): this runs for every op of a replay
+            if a is not None and a > start:
+                start = a
         out = fn() if fn is not None else None
         self.compute_t = start + duration
         return Span(start, self.compute_t, ready), out

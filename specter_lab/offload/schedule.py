@@ -73,6 +73,10 @@ class ExpertMath(Protocol):
 
 def rank_prediction(ids: np.ndarray) -> list[tuple[int, int]]:
     """(expert, tokens) of a predicted routing ``[T, k]``, most routed first, ties in ascending expert order."""
+    if ids.shape[0] == 1:  # one token: k distinct ids, one each (no np.unique: this runs per layer of a replay)
+        row = sorted(ids[0].tolist())
+        if len(set(row)) == len(row):
+            return [(e, 1) for e in row]
     uniq, counts = np.unique(ids, return_counts=True)
     order = np.argsort(-counts, kind="stable")
     return [(int(uniq[i]), int(counts[i])) for i in order]
@@ -81,7 +85,7 @@ def rank_prediction(ids: np.ndarray) -> list[tuple[int, int]]:
 def counts_of(idx: np.ndarray) -> dict[int, int]:
     """Routed tokens per expert of a layer's top-k ids ``[T, k]``, in ascending expert order (-1: not recorded)."""
     if idx.shape[0] == 1:  # one token (decode, a draft step): k distinct ids, no counting needed
-        row = sorted(int(e) for e in idx[0] if e >= 0)
+        row = sorted(e for e in idx[0].tolist() if e >= 0)
         if len(set(row)) == len(row):
             return dict.fromkeys(row, 1)
     ids, n = np.unique(idx[idx >= 0], return_counts=True)
@@ -147,8 +151,9 @@ class LayerSchedule:
         self._dense_span(fwd, layer, n_tokens, fwd.phase)
         now = self._stamp()
         ids = list(counts)
-        resident = [e for e in ids if store.lookup(layer, e) is not None]
-        missing = [e for e in ids if store.lookup(layer, e) is None]
+        where = store.slots[layer].where
+        resident = [e for e in ids if e in where]
+        missing = [e for e in ids if e not in where]
         for e in resident:
             self.trace.cache(layer, e, "hit", now)
         for e in missing:
@@ -173,8 +178,8 @@ class LayerSchedule:
     def _compute(self, fwd, layer: int, e: int, n: int, slot: int, math):
         store = self.store
         fn = math.device(e, store.weights(layer, slot)) if math is not None else None
-        span, out = self.clock.compute(self.cost.expert_time(n), fn, after=[store.ready(layer, slot)])
-        self.trace.span(fwd.phase, layer, e, span, copy_id=store.copy_id(layer, slot))
+        span, out = self.clock.compute(self.cost.expert_time(n), fn, after=(store.ready(layer, slot),))
+        self.trace.span(fwd.phase, layer, e, span, copy_id=store.copy_id(layer, slot) if self.trace.full else None)
         store.mark_used(layer, slot, span.end)
         return out
 
@@ -304,13 +309,14 @@ class LayerSchedule:
         ``distinct``: expected distinct experts per layer (the K governor's measured curve). Without it every
         token is assumed to bring top_k new experts, which overstates long windows: consecutive tokens share."""
         c = self.cost
+        dense = c.dense_layer_time(n_tokens, context)
+        d = [] if distinct is None else [float(x) for x in distinct]  # Python floats: the K governor asks often
         per_layer = []
         for i, l in enumerate(self.info.layers):
             n_exp = min(l.num_experts, l.top_k * n_tokens)
-            if distinct is not None and i < len(distinct):
-                n_exp = max(1.0, min(float(n_exp), float(distinct[i])))
-            per_layer.append(c.dense_layer_time(n_tokens, context)
-                             + n_exp * c.expert_time(max(1, int(l.top_k * n_tokens / n_exp))))
+            if i < len(d):
+                n_exp = max(1.0, min(float(n_exp), d[i]))
+            per_layer.append(dense + n_exp * c.expert_time(max(1, int(l.top_k * n_tokens / n_exp))))
         return sum(per_layer) + c.head_time(n_tokens)
 
 

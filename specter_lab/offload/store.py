@@ -182,9 +182,8 @@ class ExpertStore:
     # ------------------------------------------------------------------ loading
     def _choose_slot(self, layer: int, protected: Iterable[int]) -> int | None:
         s = self.slots[layer]
-        for i, e in enumerate(s.expert):
-            if e < 0:
-                return i
+        if -1 in s.expert:  # an empty slot (experts are >= 0, empty is -1)
+            return s.expert.index(-1)
         protected = set(protected)
         if self.pool == "global":
             return self._take_global(layer, protected)

@@ -136,14 +136,26 @@ class LookaheadPrefetcher:
         t_copy = cost.copy_time(cost.expert_bytes)
         per_layer_verify = cost.dense_layer_time(self.k + 1, 0)
         issued = 0
+        last_deadline = draft_end + (len(forecast.counts) - 1) * per_layer_verify
+        more_likely: dict[tuple[int, int], set[int]] = {}  # (layer, count) → the layer's experts forecast as often
+        # a per-layer pool where every resident is more likely than c holds no slot for c' <= c either (what a
+        # prefetch puts in is more likely too): skip the layer's later candidates (a global pool lends across
+        # layers, so there it is asked each time)
+        full: set[int] = set()
         for c, layer, e in self._ranked(forecast):
+            if copy_t + t_copy > last_deadline:
+                break  # nothing more can arrive in time for any layer (copy_t only grows)
             deadline = draft_end + layer * per_layer_verify
-            if copy_t + t_copy > deadline:
+            if copy_t + t_copy > deadline or layer in full:
                 continue  # would not arrive in time: a demand load later costs the same and evicts nothing early
-            more_likely = {x for x, cx in forecast.counts[layer].items() if cx >= c}
-            if store.prefetch(layer, e, protected=more_likely, issue_at=issue_at):
+            keep = more_likely.get((layer, c))
+            if keep is None:
+                keep = more_likely[layer, c] = {x for x, cx in forecast.counts[layer].items() if cx >= c}
+            if store.prefetch(layer, e, protected=keep, issue_at=issue_at):
                 issued += cost.expert_bytes
                 copy_t += t_copy
+            elif store.pool == "layer":
+                full.add(layer)
         self.bytes_issued += issued
         self.next_boundary = steps_done + 1
         return issued
