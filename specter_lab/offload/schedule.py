@@ -113,6 +113,7 @@ class LayerSchedule:
         self.hooks: dict[str, list[Callable]] = {name: [] for name in HOOK_POINTS}
         self._stamp = stamper(clock, trace.full)
         self._protect: dict[int, set[int]] = {}  # gate lookahead: next layer's predicted experts, this forward
+        self._routed_memo: dict[tuple, list[float]] = {}  # verify_estimate's routed part by (n, distinct curve)
 
     # ------------------------------------------------------------------ entry
     def begin_forward(self) -> None:
@@ -310,14 +311,25 @@ class LayerSchedule:
         token is assumed to bring top_k new experts, which overstates long windows: consecutive tokens share."""
         c = self.cost
         dense = c.dense_layer_time(n_tokens, context)
-        d = [] if distinct is None else [float(x) for x in distinct]  # Python floats: the K governor asks often
-        per_layer = []
-        for i, l in enumerate(self.info.layers):
-            n_exp = min(l.num_experts, l.top_k * n_tokens)
-            if i < len(d):
-                n_exp = max(1.0, min(float(n_exp), d[i]))
-            per_layer.append(dense + n_exp * c.expert_time(max(1, int(l.top_k * n_tokens / n_exp))))
-        return sum(per_layer) + c.head_time(n_tokens)
+        return sum([dense + x for x in self._routed_estimate(n_tokens, distinct)]) + c.head_time(n_tokens)
+
+    def _routed_estimate(self, n_tokens: int, distinct) -> list[float]:
+        """Per layer, the routed experts' part of :meth:`verify_estimate` (no context in it: the K governor asks
+        for the same few (n, curve) at every draft step, with a context one longer each time)."""
+        key = (n_tokens, None if distinct is None else np.asarray(distinct, dtype=float).tobytes())
+        out = self._routed_memo.get(key)
+        if out is None:
+            if len(self._routed_memo) > 4096:
+                self._routed_memo.clear()
+            d = [] if distinct is None else [float(x) for x in distinct]
+            out = []
+            for i, l in enumerate(self.info.layers):
+                n_exp = min(l.num_experts, l.top_k * n_tokens)
+                if i < len(d):
+                    n_exp = max(1.0, min(float(n_exp), d[i]))
+                out.append(n_exp * self.cost.expert_time(max(1, int(l.top_k * n_tokens / n_exp))))
+            self._routed_memo[key] = out
+        return out
 
 
 def host_lane_time(cost, n: int, host_weight_bytes: float | None = None) -> float:

@@ -102,6 +102,8 @@ class ExpertStore:
         self._wb_buffers: dict[int, dict[str, torch.Tensor]] = {}
         self.clock = clock
         self.cost = cost
+        self._copy_bytes = cost.expert_bytes  # what every expert copy moves, and how long it takes on the link
+        self._copy_s = cost.copy_time(self._copy_bytes)
         self.policy = policy
         self.trace = trace
         self._stamp = stamper(clock, trace.full)
@@ -259,22 +261,24 @@ class ExpertStore:
         if reason == "prefetch":
             self.trace.cache(layer, expert, "prefetch", span.start)
         self.policy.loaded(layer, expert)
-        s.copy_id[slot] = self.trace.transfer(layer, expert, slot, self.cost.expert_bytes, span.start, span.end,
-                                              reason)
+        s.copy_id[slot] = self.trace.transfer(layer, expert, slot, self._copy_bytes, span.start, span.end, reason)
         return slot
 
     def _copy(self, layer: int, expert: int, slot: int, after, issue_at):
-        src, dst = self.host_expert(layer, expert), self.weights(layer, slot)
+        if self.materialize:
+            src, dst = self.host_expert(layer, expert), self.weights(layer, slot)
+        else:
+            src = dst = None  # a tensorless store (a replay): only the fault hook, if any, runs
 
         def do_copy() -> None:
             if self.fault_hook is not None:
                 self.fault_hook(layer, expert)
-            for name, t in src.items():  # nothing without tensors (materialize=False)
-                dst[name].copy_(t, non_blocking=True)
+            if src is not None:
+                for name, t in src.items():
+                    dst[name].copy_(t, non_blocking=True)
 
         try:
-            return self.clock.copy(self.cost.copy_time(self.cost.expert_bytes), do_copy, after=after,
-                                   issue_at=issue_at)
+            return self.clock.copy(self._copy_s, do_copy, after=after, issue_at=issue_at)
         except Exception as exc:  # the slot stays empty: nothing stale can be marked ready
             raise CopyFault(f"copy of layer {layer} expert {expert} into slot {slot} failed: {exc}") from exc
 
@@ -293,9 +297,9 @@ class ExpertStore:
             for name, t in buf.items():
                 t.copy_(src[name], non_blocking=True)
 
-        span = self.clock.copy(self.cost.copy_time(self.cost.expert_bytes), do_copy, after=after, issue_at=issue_at)
-        self.trace.transfer(layer, self.slots[layer].expert[slot], slot, self.cost.expert_bytes, span.start,
-                            span.end, "writeback")
+        span = self.clock.copy(self._copy_s, do_copy, after=after, issue_at=issue_at)
+        self.trace.transfer(layer, self.slots[layer].expert[slot], slot, self._copy_bytes, span.start, span.end,
+                            "writeback")
         return span.end
 
     def prefetch(self, layer: int, expert: int, protected: Iterable[int] = (), issue_at: Handle | None = None) -> bool:
