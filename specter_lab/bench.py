@@ -53,14 +53,15 @@ def compare(model, tokenizer, strategies: Sequence[str] | None = None, prompts: 
             hardware: "str | Sequence[str]" = ("rtx4090-pcie4",), max_new_tokens: int = 48,
             expert_budget: "float | str | Sequence" = 0.5, cost_shape: str | None = None, k=None,
             draft: QuantSpec | None = None, progress: bool = True, trace: RoutingTrace | None = None,
-            executor: Executor | None = None, **engine_kw) -> pd.DataFrame:
+            executor: "Executor | str | None" = "auto", **engine_kw) -> pd.DataFrame:
     """Run every strategy × hardware × budget × prompt and return one tidy row per run.
 
     All runs see the same prompts and the same expert budget in bytes (the draft's bytes come out of it for the
     speculative strategies). Arguments are validated before any generation starts. ``trace=`` (a recorded or
     imported :class:`~specter_lab.RoutingTrace`) replays every cell from it instead of generating (seconds, not
     minutes; ``model`` may be None; the prompts are the trace's; greedy); ``executor=`` runs the cells on any
-    ``concurrent.futures.Executor``, with the same rows as the serial run."""
+    ``concurrent.futures.Executor``, with the same rows as the serial run (``"auto"``: a local process pool for a
+    replayed sweep of many cells; ``None``: here, one after the other; see :func:`~specter_lab.runs.run_cells`)."""
     strategies = list(strategies or STRATEGIES)
     for s in strategies:
         get_strategy(s)

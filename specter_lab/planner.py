@@ -29,7 +29,7 @@ from .prompts import calibration_prompts
 from .quant import QuantSpec
 from .replay import skeleton
 from .routing_trace import RoutingTrace
-from .runs import SKIPPED, Cell, PromptRuns, as_source, run_cells
+from .runs import SKIPPED, Cell, PromptRuns, as_source, run_cells, sweep_executor
 from .strategies import BASELINES, get_strategy
 
 __all__ = ["Plan", "plan", "default_candidates", "regime_map"]
@@ -109,7 +109,7 @@ def _replayable(cand, trace: RoutingTrace) -> bool:
 def plan(model, tokenizer, hardware="rtx4090-pcie4", expert_budget=0.5, prompts: Sequence | None = None,
          cost_shape: str | None = None, max_new_tokens: int = 32, candidates=None, progress: bool = True,
          margin: float = 0.1, draft=None, k: "int | str | None" = None, trace: RoutingTrace | None = None,
-         executor: Executor | None = None) -> Plan:
+         executor: "Executor | str | None" = "auto") -> Plan:
     """Choose strategy, draft variant, bits, K and slot split for this model, budget and hardware.
 
     ``draft=`` / ``k=`` fix the speculative candidates' draft and K (see :func:`default_candidates`); they
@@ -121,7 +121,8 @@ def plan(model, tokenizer, hardware="rtx4090-pcie4", expert_budget=0.5, prompts:
     ``trace=``: calibrate by replaying a recorded or imported routing trace (seconds; ``model`` may be None) — its
     sequences are then both what the plan is chosen on and what it predicts, so record it on prompts apart from
     the ones you will judge the plan by. Candidates a trace cannot replay (draft variants that depend on the
-    cache, K beyond its chains) are rows that say so. ``executor=``: the candidates on any Executor."""
+    cache, K beyond its chains) are rows that say so. ``executor=``: the candidates on any Executor (``"auto"``: a
+    local process pool on a trace, :func:`~specter_lab.runs.run_cells`)."""
     if trace is not None:
         info = inspect_model(skeleton(trace.config))
         source = as_source(None, tokenizer, prompts, max_new_tokens, trace)
@@ -182,27 +183,29 @@ def _row(label: str, strategy: str, opts: dict, runs: PromptRuns) -> dict[str, A
 def regime_map(model, tokenizer, prompts, budgets=(0.25, 0.35, 0.5, 0.75, 1.0),
                hardware=("rtx4090-pcie4", "a100-40g-pcie4"), cost_shapes=("deepseek-v2-lite", "mixtral-8x7b"),
                max_new_tokens: int = 32, progress: bool = True, trace: RoutingTrace | None = None,
-               executor: Executor | None = None) -> pd.DataFrame:
+               executor: "Executor | str | None" = "auto") -> pd.DataFrame:
     """Speedup of faithful ``specter`` and of ``auto`` over the best baseline, per budget × profile × shape.
 
     ``auto`` plans on calibration prompts (not ``prompts``), then is evaluated on ``prompts`` like the others.
     ``trace=``: every cell replayed from it (``model``/``prompts`` None), ``auto`` planned on the same trace;
-    ``executor=``: the cells on any Executor."""
-    rows = []
+    ``executor=``: the cells on any Executor (``"auto"``: one local process pool for every plan and cell on a
+    trace)."""
     grid = [(b, h, c) for c in cost_shapes for h in hardware for b in budgets]
     source = as_source(model, tokenizer, prompts, max_new_tokens, trace)
-    plans = {}
-    for b, h, c in tqdm(grid, desc="regimes (auto plans)", disable=not progress):
-        try:
-            plans[(b, h, c)] = plan(model, tokenizer, h, b, cost_shape=c, progress=False, trace=trace,
-                                    executor=executor)
-        except ValueError:  # too small for every candidate
-            plans[(b, h, c)] = None
-    names = (*BASELINES, "specter")
-    cells = [Cell.of(s, expert_budget=b, hardware=h, cost_shape=c) for b, h, c in grid for s in names]
-    cells += [Cell.of(p.strategy, expert_budget=b, hardware=h, cost_shape=c, **p.options)
-              for (b, h, c), p in plans.items() if p is not None]
-    results = dict(zip(cells, run_cells(source, cells, executor, progress, "regimes")))
+    with sweep_executor(source, len(grid) * (len(BASELINES) + 2), executor) as ex:
+        plans = {}
+        for b, h, c in tqdm(grid, desc="regimes (auto plans)", disable=not progress):
+            try:
+                plans[(b, h, c)] = plan(model, tokenizer, h, b, cost_shape=c, progress=False, trace=trace,
+                                        executor=ex)
+            except ValueError:  # too small for every candidate
+                plans[(b, h, c)] = None
+        names = (*BASELINES, "specter")
+        cells = [Cell.of(s, expert_budget=b, hardware=h, cost_shape=c) for b, h, c in grid for s in names]
+        cells += [Cell.of(p.strategy, expert_budget=b, hardware=h, cost_shape=c, **p.options)
+                  for (b, h, c), p in plans.items() if p is not None]
+        results = dict(zip(cells, run_cells(source, cells, ex, progress, "regimes")))
+    rows = []
     for b, h, c in grid:
         tpot = {s: _mean_tpot(results[Cell.of(s, expert_budget=b, hardware=h, cost_shape=c)]) for s in names}
         p = plans[(b, h, c)]

@@ -4,7 +4,9 @@ the K sweep, the regime map and the QuantTuner.
 A sweep is a list of :class:`Cell` (a strategy and its engine options) evaluated on a source of prompts: live
 (:class:`LiveSource`: a model generates) or replayed (:class:`TraceSource`: a recorded or imported routing
 trace, the fast path). :func:`run_cells` maps the cells over any ``concurrent.futures.Executor`` (a process pool,
-Dask's or Ray's executor) with results identical to the serial run.
+Dask's or Ray's executor) with results identical to the serial run. By default (``executor="auto"``) a replayed
+sweep of many cells runs on a local process pool (:func:`trace_pool`) that receives the trace once per worker;
+a live sweep stays in this process (each worker would need its own copy of the model).
 
 A strategy whose draft does not fit the budget is a row that says so (:class:`DoesNotFit`, with the minimum
 budget), not an exception that ends a table; any other error is a bug and propagates.
@@ -12,11 +14,15 @@ budget), not an exception that ends a table; any other error is a bug and propag
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import sys
 import time
 import warnings
-from concurrent.futures import Executor
+from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -27,7 +33,10 @@ from .replay import refusal, replay, skeleton
 from .routing_trace import RoutingTrace
 
 __all__ = ["PromptRuns", "DoesNotFit", "NotReplayable", "SKIPPED", "run_prompts", "try_engine", "Cell",
-           "LiveSource", "TraceSource", "run_cells", "as_source"]
+           "LiveSource", "TraceSource", "run_cells", "as_source", "TracePool", "trace_pool", "sweep_executor",
+           "POOL_MIN_CELLS"]
+
+POOL_MIN_CELLS = 8  # fewer replayed cells than this run here: a pool's start-up would cost more than it saves
 
 
 @dataclass
@@ -201,21 +210,82 @@ def _run(source, cell: Cell):
     return source.run(cell)
 
 
-def run_cells(source: "LiveSource | TraceSource", cells: Sequence[Cell], executor: Executor | None = None,
+def run_cells(source: "LiveSource | TraceSource", cells: Sequence[Cell], executor: "Executor | str | None" = "auto",
               progress: bool = False, desc: str = "cells") -> list["PromptRuns | DoesNotFit"]:
-    """Evaluate every cell on ``source``, in order; on ``executor`` when given (results identical to the serial
-    run: each cell is a deterministic run of its own), else here, one after the other."""
+    """Evaluate every cell on ``source``, in order. ``executor``: any ``concurrent.futures.Executor`` (Dask's,
+    Ray's, a pool of your own); ``"auto"`` (default) a local process pool for a replayed sweep of at least
+    :data:`POOL_MIN_CELLS` cells on a machine with more than one core, else here; ``None`` here, one after the
+    other. The rows are identical whichever runs them: each cell is a deterministic run of its own."""
     cells = list(cells)
-    with tqdm(total=len(cells), desc=desc, disable=not progress) as bar:
-        if executor is None:
+    with sweep_executor(source, len(cells), executor) as ex, \
+            tqdm(total=len(cells), desc=desc, disable=not progress) as bar:
+        if ex is None:
             out = []
             for c in cells:
                 out.append(source.run(c))
                 bar.update()
             return out
-        futures = [executor.submit(_run, source, c) for c in cells]
-        out = []
-        for f in futures:
-            out.append(f.result())
+        if isinstance(ex, TracePool) and ex.serves(source):
+            futures = [ex.submit(_run_installed, c) for c in cells]  # the trace is already in every worker
+        else:
+            futures = [ex.submit(_run, source, c) for c in cells]
+        for _ in as_completed(futures):
             bar.update()
-        return out
+        return [f.result() for f in futures]
+
+
+# ----------------------------------------------------------------------------------- the local process pool
+@dataclass
+class TracePool:
+    """A local process pool whose workers each received one routing trace when they started, so a cell sent to
+    them is a few bytes (a :class:`Cell`), not the trace again."""
+
+    pool: ProcessPoolExecutor
+    trace: RoutingTrace
+    tokenizer: Any = None
+
+    def serves(self, source) -> bool:
+        return isinstance(source, TraceSource) and source.trace is self.trace and source.tokenizer is self.tokenizer
+
+    def submit(self, fn, *args):
+        return self.pool.submit(fn, *args)
+
+
+_WORKER_SOURCE: "TraceSource | None" = None  # in a pool worker: the source its cells replay
+
+
+def _install(trace: RoutingTrace, tokenizer) -> None:
+    global _WORKER_SOURCE
+    _WORKER_SOURCE = TraceSource(trace, tokenizer)
+
+
+def _run_installed(cell: Cell):
+    return _WORKER_SOURCE.run(cell)
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+@contextmanager
+def trace_pool(trace: RoutingTrace, tokenizer=None, workers: int | None = None) -> Iterator[TracePool]:
+    """A local process pool for replayed sweeps of ``trace`` (``workers``: default one per core). Workers are
+    forked where the platform can (they start in milliseconds with everything already imported), else spawned."""
+    ctx = multiprocessing.get_context("fork" if sys.platform == "linux" else None)
+    with ProcessPoolExecutor(workers or _cores(), mp_context=ctx, initializer=_install,
+                             initargs=(trace, tokenizer)) as pool:
+        yield TracePool(pool, trace, tokenizer)
+
+
+def sweep_executor(source, n_cells: int, executor: "Executor | str | None"):
+    """The executor a sweep of ``n_cells`` on ``source`` runs on, as a context (a pool made here is shut down
+    at its end). ``"auto"``: a :func:`trace_pool` for a replayed sweep of :data:`POOL_MIN_CELLS` or more cells on
+    more than one core (never inside a pool worker), else None (here)."""
+    if executor == "auto":
+        if isinstance(source, TraceSource) and n_cells >= POOL_MIN_CELLS and _cores() > 1 \
+                and _WORKER_SOURCE is None:
+            return trace_pool(source.trace, source.tokenizer, min(_cores(), n_cells))
+        return nullcontext(None)
+    if isinstance(executor, str):
+        raise ValueError(f"executor={executor!r}: use 'auto', None (serial) or a concurrent.futures.Executor.")
+    return nullcontext(executor)

@@ -150,6 +150,9 @@ def draft_window(dec: Decoder, spec: Speculation) -> DraftWindow:
 def _keep_drafting(dec: Decoder, spec: Speculation, w: DraftWindow, j: int, step_s: float) -> bool:
     """The governor's stop rule after draft step j, on what this window has forecast so far."""
     rt, prefetcher = dec.rt, spec.prefetcher
+    early = spec.governor.early(j)
+    if early is not None:  # decided without costs: skip counting what the forecast leaves uncovered
+        return early
     layers = range(rt.info.num_layers)
     uncovered = sum(len(set(w.forecast.counts[l]) - rt.store.resident(l)) for l in layers)
     miss = uncovered / max(1, w.forecast.union_size())

@@ -162,8 +162,13 @@ class CostModel:
 
     def head_time(self, n_tokens: int) -> float:
         """LM head (+ final norm, embeddings, the decode step and any dense layers) for n tokens."""
-        params = (self.head_params + self.extra_dense_params) * self.head_scale
-        return self._op(2.0 * params * n_tokens, params * self.weight_bytes, self._count("head"), "head")
+        key = ("head", n_tokens)
+        t = self._memo.get(key)
+        if t is None:
+            params = (self.head_params + self.extra_dense_params) * self.head_scale
+            t = self._memo[key] = self._op(2.0 * params * n_tokens, params * self.weight_bytes, self._count("head"),
+                                           "head")
+        return t
 
     def state_copy_time(self, nbytes: float) -> float:
         """A device-to-device copy of ``nbytes`` (a recurrent-state checkpoint or its restore): read + write."""

@@ -277,7 +277,7 @@ class LayerSchedule:
             if plan is None or plan == "host":
                 continue  # skipped (renormalised by the caller), or on the host
             weights, cost, slot = plan
-            after = [self.store.ready(layer, slot)] if slot is not None else []  # a no-op on the sim clock
+            after = (self.store.ready(layer, slot),) if slot is not None else ()  # a no-op on the sim clock
             fn = math.device(e, weights) if math is not None else None
             span, outs[e] = self.clock.compute(cost(counts[e]), fn, after=after)
             self.trace.span("draft", layer, e, span)
@@ -291,12 +291,14 @@ class LayerSchedule:
         variant, store = self.draft.variant, self.store
         if variant == "quantized" or (variant == "hybrid" and e in self.hybrid_sets[layer]
                                       and not self._ready_now(layer, e, now)):
-            return (self.draft.weights(layer, e),
-                    lambda n: self.cost.expert_time(n, weight_bytes=self.draft.expert_bytes), None)
+            return self.draft.weights(layer, e), self._lowbit_time, None
         if self._ready_now(layer, e, now):
             slot = store.lookup(layer, e)
             return store.weights(layer, slot), self.cost.expert_time, slot
         return "host" if variant == "host" else None
+
+    def _lowbit_time(self, n: int) -> float:
+        return self.cost.expert_time(n, weight_bytes=self.draft.expert_bytes)
 
     def _ready_now(self, layer: int, expert: int, now) -> bool:
         # A prefetch still in flight is not usable by the draft (it would stall): the clock says whether it landed

@@ -186,7 +186,8 @@ class ExpertStore:
         s = self.slots[layer]
         if -1 in s.expert:  # an empty slot (experts are >= 0, empty is -1)
             return s.expert.index(-1)
-        protected = set(protected)
+        if not isinstance(protected, (set, frozenset)):
+            protected = set(protected)
         if self.pool == "global":
             return self._take_global(layer, protected)
         cands = [(i, e) for i, e in enumerate(s.expert) if e not in protected]
@@ -249,7 +250,7 @@ class ExpertStore:
         slot = self._choose_slot(layer, protected)
         if slot is None:
             return None
-        after = [s.last_use[slot], s.ready[slot]]  # never overwrite a slot still being read or written
+        after = (s.last_use[slot], s.ready[slot])  # never overwrite a slot still being read or written
         if self.writeback and s.expert[slot] >= 0:
             after = [self._write_back(layer, slot, after, issue_at)]
         self.evict(layer, slot)

@@ -73,6 +73,7 @@ class KGovernor:
     optimism: float = 0.0  # upper-confidence bonus on acceptance at rarely-reached depths (off: see above)
     _hist: list = field(default_factory=list, repr=False)  # per committed token: [layers] arrays of expert ids
     _curve: "np.ndarray | None" = field(default=None, repr=False)  # [k_max + 2, layers]: D_l(n), n = 0..k_max+1
+    _curve_sums: list = field(default_factory=list, repr=False)  # Σ_l D_l(n), asked at every draft step
     _reach: "np.ndarray | None" = field(default=None, repr=False)  # [k_max + 1]: depth i drafted, all before accepted
     _acc: "np.ndarray | None" = field(default=None, repr=False)  # [k_max + 1]: depth i accepted
     _windows: int = 0
@@ -116,6 +117,7 @@ class KGovernor:
         del self._hist[: max(0, len(self._hist) - self.history)]
         if self._curve is None or self._windows % self.refresh_every == 0:
             self._curve = distinct_experts_curve(self._hist, self.k_max + 1)
+            self._curve_sums = [r.sum() for r in self._curve]
 
     def observe(self, w: "WindowOutcome") -> None:
         """Everything one finished window teaches: acceptance by depth, the committed tokens' routing, and (when
@@ -154,8 +156,11 @@ class KGovernor:
 
     def _growth(self, j: int, k: int) -> float:
         """Σ_layers D_l(k+1) − D_l(j+1): expected new distinct experts from drafting k instead of j tokens."""
-        hi, lo = self._distinct(k + 1), self._distinct(j + 1)
-        return 0.0 if hi is None else float(hi.sum() - lo.sum())
+        c = self._curve
+        if c is None or len(c) <= 1:
+            return 0.0
+        last = len(c) - 1
+        return float(self._curve_sums[min(k + 1, last)] - self._curve_sums[min(j + 1, last)])
 
     def costs(self, j: int, t_draft: float, t_verify, t_copy: float, uncovered_now: int,
               miss_fraction: float = 1.0) -> dict[int, float]:
@@ -175,6 +180,14 @@ class KGovernor:
 
     def keep_drafting(self, j: int, t_draft: float, t_verify, t_copy: float, uncovered_now: int,
                       miss_fraction: float = 1.0) -> bool:
+        early = self.early(j)
+        if early is not None:
+            return early
+        return self.best_k(j, t_draft, t_verify, t_copy, uncovered_now, miss_fraction) > j
+
+    def early(self, j: int) -> bool | None:
+        """Whether to draft a token after draft step j when no cost is needed to say (below K_min, at K_max,
+        exploring, nothing seen yet); None when the costs decide."""
         if j < self.k_min:
             return True
         if j >= self.k_max:
@@ -183,7 +196,7 @@ class KGovernor:
             return True
         if self._curve is None:  # no routing seen yet (no prompt routing either): the paper's K=8
             return j < min(8, self.k_max)
-        return self.best_k(j, t_draft, t_verify, t_copy, uncovered_now, miss_fraction) > j
+        return None
 
 
 def distinct_experts_curve(history: list, n_max: int) -> np.ndarray:
@@ -194,11 +207,20 @@ def distinct_experts_curve(history: list, n_max: int) -> np.ndarray:
     if H == 0:
         return np.zeros((1, 0))
     L = len(history[0])
-    E = 1 + max(int(a.max()) for tok in history for a in tok if a.size)
-    onehot = np.zeros((H, L, E), dtype=bool)
-    for t, tok in enumerate(history):
-        for layer, ids in enumerate(tok):
-            onehot[t, layer, ids[ids >= 0]] = True  # -1: a slot an imported trace did not record
+    try:
+        ids = np.array(history)  # [H, L, k] when every layer routes the same k (one C loop, not H × L)
+    except ValueError:
+        ids = None
+    uniform = ids is not None and ids.ndim == 3
+    E = 1 + (int(ids.max()) if uniform and ids.size else max(int(a.max()) for tok in history for a in tok if a.size))
+    onehot = np.zeros((H, L, E + 1), dtype=bool)  # column E catches -1: a slot an imported trace did not record
+    if uniform:
+        onehot[np.arange(H)[:, None, None], np.arange(L)[None, :, None], np.where(ids >= 0, ids, E)] = True
+    else:
+        for t, tok in enumerate(history):
+            for layer, row in enumerate(tok):
+                onehot[t, layer, row[row >= 0]] = True
+    onehot = onehot[:, :, :E]
     curve = np.zeros((n_max + 1, L))
     cur = onehot.copy()  # cur[s] = union of tokens s .. s+n-1
     for n in range(1, n_max + 1):
