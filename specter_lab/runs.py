@@ -150,6 +150,10 @@ class TraceSource:
 
     trace: RoutingTrace
     tokenizer: Any = None
+    _plans: dict = field(default_factory=dict, repr=False, compare=False)  # an ``auto`` cell's plan, made once
+
+    def __getstate__(self) -> dict:  # sent to a worker: the trace and tokenizer, not the plans made here
+        return {**self.__dict__, "_plans": {}}
 
     @property
     def label(self) -> str:
@@ -182,9 +186,11 @@ class TraceSource:
         kw = cell.kwargs
         if cell.strategy != "auto":
             return cell.strategy, kw
-        plan = auto_planner()(None, self.tokenizer, kw.get("hardware"), kw.get("expert_budget", 0.5),
-                              cost_shape=kw.get("cost_shape"), progress=False, draft=kw.get("draft"), k=kw.get("k"),
-                              trace=self.trace)
+        plan = self._plans.get(cell)
+        if plan is None:  # planned here, serially: a cell is asked for its engine, then run (one plan, not two)
+            plan = self._plans[cell] = auto_planner()(
+                None, self.tokenizer, kw.get("hardware"), kw.get("expert_budget", 0.5), cost_shape=kw.get("cost_shape"),
+                progress=False, draft=kw.get("draft"), k=kw.get("k"), trace=self.trace, executor=None)
         return plan, {k: v for k, v in kw.items() if k not in ("draft", "k")}
 
 
@@ -226,7 +232,8 @@ def run_cells(source: "LiveSource | TraceSource", cells: Sequence[Cell], executo
                 bar.update()
             return out
         if isinstance(ex, TracePool) and ex.serves(source):
-            futures = [ex.submit(_run_installed, c) for c in cells]  # the trace is already in every worker
+            # the trace is already in every worker; an ``auto`` cell planned here goes with its plan
+            futures = [ex.submit(_run_installed, c, source._plans.get(c)) for c in cells]
         else:
             futures = [ex.submit(_run, source, c) for c in cells]
         for _ in as_completed(futures):
@@ -259,7 +266,9 @@ def _install(trace: RoutingTrace, tokenizer) -> None:
     _WORKER_SOURCE = TraceSource(trace, tokenizer)
 
 
-def _run_installed(cell: Cell):
+def _run_installed(cell: Cell, plan=None):
+    if plan is not None:
+        _WORKER_SOURCE._plans[cell] = plan
     return _WORKER_SOURCE.run(cell)
 
 

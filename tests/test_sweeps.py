@@ -76,3 +76,23 @@ def test_what_a_trace_cannot_replay_is_a_row_that_says_why(model):
     rows = df.set_index("strategy")
     assert rows.loc["lru", "fits"] == "yes" and rows.loc["auto", "fits"] == "yes"  # auto plans on the trace
     assert "no draft chains" in rows.loc["specter", "fits"] and np.isnan(rows.loc["specter", "tpot_ms"])
+
+
+def test_a_replayed_sweep_of_many_cells_runs_on_a_local_pool_by_default(recorded, monkeypatch):
+    from specter_lab import runs
+
+    monkeypatch.setattr(runs, "_cores", lambda: 2)  # the default is for machines with more than one core
+    source = runs.TraceSource(recorded)
+    with runs.sweep_executor(source, runs.POOL_MIN_CELLS, "auto") as ex:
+        assert isinstance(ex, runs.TracePool) and ex.serves(source)
+    with runs.sweep_executor(source, runs.POOL_MIN_CELLS - 1, "auto") as ex:
+        assert ex is None  # a few cells: here
+    with runs.sweep_executor(runs.LiveSource(None, None, [], 1), 100, "auto") as ex:
+        assert ex is None  # live cells would each need the model: here
+    strategies = ["lru", "global_lru", "specter", "specter_plus", "fiddler"]
+    serial = sl.compare(None, None, strategies, expert_budget=[0.5, 0.35], progress=False, trace=recorded,
+                        executor=None, **KW)
+    pooled = sl.compare(None, None, strategies, expert_budget=[0.5, 0.35], progress=False, trace=recorded, **KW)
+    pd.testing.assert_frame_equal(serial.drop(columns="wall_s"), pooled.drop(columns="wall_s"))
+    with pytest.raises(ValueError, match="executor="):
+        sl.compare(None, None, ["lru"], progress=False, trace=recorded, executor="dask")

@@ -142,7 +142,8 @@ class LookaheadPrefetcher:
         # prefetch puts in is more likely too): skip the layer's later candidates (a global pool lends across
         # layers, so there it is asked each time)
         full: set[int] = set()
-        for c, layer, e in self._ranked(forecast):
+        ranked = self._ranked(forecast) if copy_t + t_copy <= last_deadline else []  # else nothing would fit
+        for c, layer, e in ranked:
             if copy_t + t_copy > last_deadline:
                 break  # nothing more can arrive in time for any layer (copy_t only grows)
             deadline = draft_end + layer * per_layer_verify
