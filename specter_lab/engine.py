@@ -169,9 +169,10 @@ class Engine:
         host_dtype: the precision host execution computes in (``"float32"``, ``"bfloat16"``; None: the experts'
             own). A different one keeps a host copy of the experts in it (``metrics['host_copy_bytes']``); only
             on a GPU, where host and device results differ by rounding anyway.
-        trace: ``"full"`` records every copy, compute span, cache event and routing (what the views and the
-            per-op metrics read); ``"steps"`` records steps and tokens only (TPOT, acceptance), so that a speed
-            run on CUDA creates one untimed event per op instead of three timed ones.
+        trace: ``"full"`` records every copy, compute span, cache event and routing (what the views read);
+            ``"steps"`` records steps and tokens only, and the metrics stay the same (they come from a tally kept
+            at both levels): what sweeps run, and a speed run on CUDA creates one untimed event per op instead of
+            three timed ones (there the duration sums, e.g. stall, are NaN: untimed events carry no time).
         verify_lossless: after every greedy speculative run, check the committed tokens against a plain greedy
             pass of the target (off the clock) and raise :class:`~specter_lab.errors.Diverged` if they differ.
             Off by default (it doubles the work); the tests turn it on.

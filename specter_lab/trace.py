@@ -1,5 +1,7 @@
-"""Trace: typed records of one generation, turned into pandas DataFrames on demand; metrics are derived from the
-frames (:mod:`specter_lab.metrics`), never kept twice.
+"""Trace: typed records of one generation, turned into pandas DataFrames on demand, and the tally the metrics read.
+
+The per-op records (``trace="full"``) are what the views draw; the :class:`~specter_lab.tally.Tally` beside them
+is counted at every level, so :mod:`specter_lab.metrics` needs no frame and a sweep needs no per-op record.
 
 Each record kind is one slotted dataclass below; its fields are the columns of its frame (``COLUMNS``). Times are
 clock handles while the run records and milliseconds from the start of the run once :meth:`Trace.finalize` ran,

@@ -13,8 +13,8 @@ PKG = Path(__file__).resolve().parents[1] / "specter_lab"
 
 LAYERS = [
     ["errors", "units", "strategies", "quant", "drafts", "prompts", "paper"],  # data and specs: no package imports
-    # records; recorded routing and its locality; the budget split; the model adapter
-    ["trace", "routing_trace", "locality", "budget", "model"],
+    # counters and records; recorded routing and its locality; the budget split; the model adapter
+    ["tally", "trace", "routing_trace", "locality", "budget", "model"],
     # derived metrics; store, runtime, clocks, costs; forecasts, prefetch, K; a run's trace as trace-event JSON
     ["metrics", "offload", "predict", "perfetto"],
     ["decode", "assembly"],  # the decode loops; strategy → a run's parts (the only reader of its mechanisms)
