@@ -19,6 +19,8 @@ from typing import Any, Callable
 
 __all__ = ["Tally", "Durations"]
 
+_TIMED_PHASES = frozenset(("draft", "recompute", "snapshot"))
+
 Handle = Any
 
 
@@ -82,23 +84,28 @@ class Tally:
         self.close_step()
         self._step = step
 
-    def cache(self, event: str) -> None:
-        self.events[event, self._step >= 1] += 1
+    def cache(self, event: str, n: int = 1) -> None:
+        self.events[event, self._step >= 1] += n
 
     def transfer(self, nbytes: int, reason: str) -> None:
         if self._step >= 1:
             self.link[reason] += nbytes
 
     def span(self, phase: str, lane: str, start: Handle, end: Handle, ready: Handle | None) -> None:
-        if ready is not None and self.numeric and start != ready:
-            self.stalls.append(start - ready)
+        # runs for every op: a zero stall (most ops) adds nothing to a sum of numbers, so it is skipped there
+        if ready is not None:
+            if not self.numeric:
+                if self._step >= 1:
+                    self.time["stall"].add(ready, start)
+            elif start != ready:
+                self.stalls.append(start - ready)
+                if self._step >= 1:
+                    self.time["stall"].add(ready, start)
         if self._step < 1:
             return
-        if ready is not None:
-            self.time["stall"].add(ready, start)
         if lane == "host":
             self.time["host"].add(start, end)
-        if phase in ("draft", "recompute", "snapshot"):
+        if phase in _TIMED_PHASES:
             self.time[phase].add(start, end)
 
     def routed(self, layer: int, ids: list) -> None:

@@ -176,6 +176,14 @@ class Trace:
         if self.full:
             self.cache_events.append(CacheEvent(self.step, layer, expert, event, t))
 
+    def cache_many(self, layer: int, experts: list[int], event: str, t: Handle) -> None:
+        """:meth:`cache` for several experts of one layer at once (one count at the ``steps`` level)."""
+        if self.full:
+            for e in experts:
+                self.cache_events.append(CacheEvent(self.step, layer, e, event, t))
+        if experts:
+            self.tally.cache(event, len(experts))
+
     def transfer(self, layer: int, expert: int, slot: int, nbytes: int, start: Handle, end: Handle,
                  reason: str) -> int:
         """Record a copy; returns its id (counted even when not recorded, so ids stay unique)."""

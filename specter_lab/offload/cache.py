@@ -32,6 +32,11 @@ class EvictionPolicy:
         self.last_use.pop((layer, expert), None)
         self.last_use[(layer, expert)] = self.tick
 
+    def forget(self, layer: int, expert: int) -> None:
+        """(layer, expert) left the cache: its recency no longer ranks anything (only residents are ranked), and
+        dropping it keeps the recency walk of a global pool short. Counts (LFU) are kept."""
+        self.last_use.pop((layer, expert), None)
+
     @property
     def by_recency(self) -> bool:
         """True when the score is recency alone: the least recent entry of ``last_use`` is the victim."""

@@ -155,10 +155,8 @@ class LayerSchedule:
         where = store.slots[layer].where
         resident = [e for e in ids if e in where]
         missing = [e for e in ids if e not in where]
-        for e in resident:
-            self.trace.cache(layer, e, "hit", now)
-        for e in missing:
-            self.trace.cache(layer, e, "miss", now)
+        self.trace.cache_many(layer, resident, "hit", now)
+        self.trace.cache_many(layer, missing, "miss", now)
         # Host execution: issue the host's experts first, so they run while the device computes its own.
         jobs = self._issue_host(fwd, layer, self._host_misses(fwd, layer, missing, counts), counts, now, math)
         missing = [e for e in missing if e not in jobs]
@@ -167,9 +165,10 @@ class LayerSchedule:
             self._gate_prefetch(layer + 1, math.gate_prediction(layer + 1))
         outs = {e: self._compute(fwd, layer, e, counts[e], store.lookup(layer, e), math) for e in resident + loaded}
         # Fewer slots than experts: stream the rest through slots whose experts are done.
+        pending = set(deferred)  # streamed ones leave it as they are computed
         for e in deferred:
-            pending = {d for d in deferred if d not in outs}
-            slot = store.load(layer, e, "demand", protected=pending - {e}, issue_at=now)
+            pending.discard(e)
+            slot = store.load(layer, e, "demand", protected=pending, issue_at=now)
             if slot is None:
                 raise RuntimeError(f"layer {layer}: no slot can be freed for expert {e} "
                                    f"(slots={store.slots[layer].size})")
@@ -189,8 +188,9 @@ class LayerSchedule:
         copies overlap the resident experts' compute. Returns (loaded, deferred for streaming)."""
         loaded, deferred = [], []
         keep = self._protect.get(layer, set())
+        needed_or_kept = needed | keep
         for e in missing:
-            slot = self.store.load(layer, e, "demand", protected=needed | keep, issue_at=now)
+            slot = self.store.load(layer, e, "demand", protected=needed_or_kept, issue_at=now)
             if slot is None and keep:
                 slot = self.store.load(layer, e, "demand", protected=needed, issue_at=now)
             (loaded if slot is not None else deferred).append(e)

@@ -229,6 +229,7 @@ class ExpertStore:
         if s.prefetched[slot]:
             self.trace.cache(layer, e, "prefetch_wasted", self._stamp())
         self.trace.cache(layer, e, "evict", self._stamp())
+        self.policy.forget(layer, e)
         del s.where[e]
         s.expert[slot] = -1
         s.ready[slot] = s.copy_id[slot] = None
