@@ -30,7 +30,7 @@ from .bound import trace_bound, x_of_bound
 from .errors import BudgetTooSmall
 from .record import record
 from .routing_trace import RoutingTrace
-from .runs import SKIPPED, Cell, DoesNotFit, as_source, run_cells, run_prompts, try_engine
+from .runs import SKIPPED, Cell, DoesNotFit, as_source, run_cells, run_prompts, sweep_executor, try_engine, workers_of
 from .strategies import BASELINES, STRATEGIES, get_strategy
 from .units import parse_budget
 
@@ -87,7 +87,10 @@ def compare(model, tokenizer, strategies: Sequence[str] | None = None, prompts: 
         raise ValueError(f"expert_budget={expert_budget!r} is too small for every strategy asked for: "
                          f"{next(iter(engines.values())).reason}")
     todo = [key for key, e in engines.items() if not isinstance(e, SKIPPED)]
-    runs = dict(zip(todo, run_cells(source, [cells[key] for key in todo], executor, progress, "compare")))
+    t0 = time.perf_counter()
+    with sweep_executor(source, len(todo), executor) as ex:
+        runs = dict(zip(todo, run_cells(source, [cells[key] for key in todo], ex, progress, "compare")))
+    sweep = {"cells": len(todo), "seconds": time.perf_counter() - t0, "workers": workers_of(ex)}
     bounds = _bounds(source, hws, budgets, cost_shape)
     rows = []
     for (s, h, b), engine in engines.items():
@@ -104,7 +107,9 @@ def compare(model, tokenizer, strategies: Sequence[str] | None = None, prompts: 
                          "projection": engine.cost.projection_label, "fits": "yes", "routing": source.label,
                          "wall_s": runs[(s, h, b)].seconds / len(runs[(s, h, b)].metrics)})
     df = pd.DataFrame(rows)
-    return df[[c for c in COMPARE_COLUMNS if c in df.columns]]
+    df = df[[c for c in COMPARE_COLUMNS if c in df.columns]]
+    df.attrs["sweep"] = sweep  # how the cells ran: count, wall seconds, worker processes (None: not known)
+    return df
 
 
 def _bounds(source, hws, budgets, cost_shape) -> dict:

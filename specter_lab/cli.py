@@ -303,8 +303,16 @@ def _print_bench(out, df, summ, a, n_prompts, new_tokens) -> None:
         speed = df.groupby("strategy", sort=False).apply(lambda g: g.new_tokens.sum() / g.wall_s.sum(),
                                                           include_groups=False)
         how = "replayed" if a.trace else "generated (live, simulated clock)"
-        print(f"\nTokens {how} per second of this machine's wall time, per strategy (all cells):")
+        sweep = df.attrs.get("sweep") or {}
+        where = {None: "", 1: ", one after the other in this process"}.get(
+            sweep.get("workers"), f", {sweep.get('workers')} worker processes side by side")
+        print(f"\nTokens {how} per second of this machine's wall time, per strategy (each cell timed where it "
+              f"ran{where}):")
         print("  " + ", ".join(f"{s} {v:,.0f}" for s, v in speed.items()))
+        if sweep.get("seconds"):
+            n = int(df.new_tokens.sum())
+            print(f"  the sweep: {sweep['cells']} cells, {n:,} tokens in {sweep['seconds']:.1f} s "
+                  f"({n / sweep['seconds']:,.0f} tokens/s)")
     print("\nSpeedup of specter over the strongest baseline, and specter / oracle:")
     print(_fmt(summ[[c for c in summ.columns if not c.startswith("tpot_")]]))
     for key, title in (("ablations", "Ablations (specter, lowest budget, first profile)"),

@@ -34,7 +34,7 @@ from .routing_trace import RoutingTrace
 
 __all__ = ["PromptRuns", "DoesNotFit", "NotReplayable", "SKIPPED", "run_prompts", "try_engine", "Cell",
            "LiveSource", "TraceSource", "run_cells", "as_source", "TracePool", "trace_pool", "sweep_executor",
-           "POOL_MIN_CELLS"]
+           "POOL_MIN_CELLS", "workers_of"]
 
 POOL_MIN_CELLS = 8  # fewer replayed cells than this run here: a pool's start-up would cost more than it saves
 
@@ -284,6 +284,14 @@ def trace_pool(trace: RoutingTrace, tokenizer=None, workers: int | None = None) 
     with ProcessPoolExecutor(workers or _cores(), mp_context=ctx, initializer=_install,
                              initargs=(trace, tokenizer)) as pool:
         yield TracePool(pool, trace, tokenizer)
+
+
+def workers_of(executor) -> int | None:
+    """How many processes run a sweep's cells: 1 here (None), a local pool's size, None when not known."""
+    if executor is None:
+        return 1
+    pool = executor.pool if isinstance(executor, TracePool) else executor
+    return getattr(pool, "_max_workers", None)
 
 
 def sweep_executor(source, n_cells: int, executor: "Executor | str | None"):

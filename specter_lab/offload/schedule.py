@@ -13,6 +13,7 @@ Contributions are computed per expert here and summed by the caller (:mod:`spect
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
@@ -88,8 +89,8 @@ def counts_of(idx: np.ndarray) -> dict[int, int]:
         row = sorted(e for e in idx[0].tolist() if e >= 0)
         if len(set(row)) == len(row):
             return dict.fromkeys(row, 1)
-    ids, n = np.unique(idx[idx >= 0], return_counts=True)
-    return {int(e): int(c) for e, c in zip(ids, n)}
+    c = Counter(e for e in idx.ravel().tolist() if e >= 0)  # a few dozen ids: faster than np.unique
+    return {e: c[e] for e in sorted(c)}
 
 
 class LayerSchedule:
