@@ -142,13 +142,18 @@ class CostModel:
         """One fp expert computed on the host CPU (host execution, and the ``host`` draft variant): weights
         streamed from DRAM at ``weight_bytes`` per weight (default: the deployment dtype's), plus two copy
         latencies for the activations."""
+        key = ("host", n_tokens, weight_bytes)
+        cached = self._memo.get(key)
+        if cached is not None:
+            return cached
         weight_bytes = self.weight_bytes if weight_bytes is None else weight_bytes
         p = self.profile
         nbytes = self.expert_params * weight_bytes
         t = max(2.0 * self.expert_params * n_tokens / p.cpu_flops, nbytes / p.cpu_mem_bandwidth)
         # CPU ops run where they are dispatched: their dispatch cost adds to their compute (eager)
         dispatch = self._count("expert")[0] * p.host_op_cost if p.execution == "eager" else 0.0
-        return self.depth_scale * (t + dispatch + 2 * p.copy_latency)
+        out = self._memo[key] = self.depth_scale * (t + dispatch + 2 * p.copy_latency)
+        return out
 
     def dense_layer_time(self, n_tokens: int, context: int) -> float:
         """Attention + norms + router + shared experts of one MoE layer over n tokens with ``context`` cached."""

@@ -115,6 +115,7 @@ class LayerSchedule:
         self._stamp = stamper(clock, trace.full)
         self._protect: dict[int, set[int]] = {}  # gate lookahead: next layer's predicted experts, this forward
         self._routed_memo: dict[tuple, list[float]] = {}  # verify_estimate's routed part by (n, distinct curve)
+        self._host_times: dict[int, float] = {}  # host_time(n): asked per miss
 
     # ------------------------------------------------------------------ entry
     def begin_forward(self) -> None:
@@ -221,7 +222,10 @@ class LayerSchedule:
 
     def host_time(self, n: int) -> float:
         """Host lane seconds for one expert on n tokens (:func:`host_lane_time`)."""
-        return host_lane_time(self.cost, n, self.host_weight_bytes)
+        t = self._host_times.get(n)
+        if t is None:
+            t = self._host_times[n] = host_lane_time(self.cost, n, self.host_weight_bytes)
+        return t
 
     def _issue_host(self, fwd, layer: int, experts: list[int], counts, now, math, event: bool = True) -> dict:
         """Submit each host expert to the clock's host lane; returns expert → (span, job). ``event``: record the
