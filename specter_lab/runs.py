@@ -276,11 +276,23 @@ def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+def _start_method() -> str:
+    """``fork`` on Linux before Python 3.12 (workers start in milliseconds with everything imported); from 3.12,
+    where forking a process with threads (torch's) is deprecated, ``forkserver`` with the package preloaded;
+    ``spawn`` elsewhere (macOS, Windows)."""
+    if sys.platform == "linux":
+        return "fork" if sys.version_info < (3, 12) else "forkserver"
+    return "spawn"
+
+
 @contextmanager
-def trace_pool(trace: RoutingTrace, tokenizer=None, workers: int | None = None) -> Iterator[TracePool]:
-    """A local process pool for replayed sweeps of ``trace`` (``workers``: default one per core). Workers are
-    forked where the platform can (they start in milliseconds with everything already imported), else spawned."""
-    ctx = multiprocessing.get_context("fork" if sys.platform == "linux" else None)
+def trace_pool(trace: RoutingTrace, tokenizer=None, workers: int | None = None,
+               start_method: str | None = None) -> Iterator[TracePool]:
+    """A local process pool for replayed sweeps of ``trace`` (``workers``: default one per core; the trace is sent
+    once per worker). ``start_method``: multiprocessing's (default :func:`_start_method`)."""
+    ctx = multiprocessing.get_context(start_method or _start_method())
+    if ctx.get_start_method() == "forkserver":
+        ctx.set_forkserver_preload(["specter_lab"])
     with ProcessPoolExecutor(workers or _cores(), mp_context=ctx, initializer=_install,
                              initargs=(trace, tokenizer)) as pool:
         yield TracePool(pool, trace, tokenizer)

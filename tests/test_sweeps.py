@@ -96,3 +96,16 @@ def test_a_replayed_sweep_of_many_cells_runs_on_a_local_pool_by_default(recorded
     pd.testing.assert_frame_equal(serial.drop(columns="wall_s"), pooled.drop(columns="wall_s"))
     with pytest.raises(ValueError, match="executor="):
         sl.compare(None, None, ["lru"], progress=False, trace=recorded, executor="dask")
+
+
+def test_a_spawned_pool_gives_the_same_rows(recorded):
+    """The start method of platforms without fork (macOS, Windows) and of Python >= 3.12 (forkserver)."""
+    from specter_lab import runs
+
+    cells = [runs.Cell.of(s, expert_budget=0.5, **KW) for s in ("lru", "specter")]
+    source = runs.TraceSource(recorded)
+    with runs.trace_pool(recorded, workers=1, start_method="spawn") as pool:
+        pooled = runs.run_cells(source, cells, pool)
+    serial = runs.run_cells(source, cells, None)
+    nan_is_nan = lambda runs_: [[{k: ("nan" if v != v else v) for k, v in m.items()} for m in r.metrics] for r in runs_]
+    assert nan_is_nan(pooled) == nan_is_nan(serial)
