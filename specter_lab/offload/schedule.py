@@ -272,6 +272,8 @@ class LayerSchedule:
           profile's CPU fields).
         """
         self._dense_span(fwd, layer, n_tokens, "draft")
+        if self.draft.variant == "quantized":  # the paper's draft: every expert from its low-bit copy, nothing else
+            return self._lowbit_layer(layer, counts, math), {}
         now = self._stamp()
         plans = {e: self._draft_expert(layer, e, now) for e in counts}
         # the host variant's absent experts go to the host lane first, so they run beside the device's own
@@ -289,6 +291,15 @@ class LayerSchedule:
             if slot is not None:
                 self.store.note_read(layer, slot, span.end)
         return outs, self._join_host(fwd, layer, jobs)
+
+    def _lowbit_layer(self, layer: int, counts: dict[int, int], math) -> dict[int, Any]:
+        """Every routed expert of a draft layer from its resident low-bit copy: no slot, no wait, no host."""
+        outs = {}
+        for e, n in counts.items():
+            fn = math.device(e, self.draft.weights(layer, e)) if math is not None else None
+            span, outs[e] = self.clock.compute(self._lowbit_time(n), fn)
+            self.trace.span("draft", layer, e, span)
+        return outs
 
     def _draft_expert(self, layer: int, e: int, now):
         """(weights, cost of n tokens, slot read or None) for draft expert e on the device, ``"host"`` to compute

@@ -151,6 +151,8 @@ class ExpertStore:
     def weights(self, layer: int, slot: int) -> dict[str, torch.Tensor]:
         """Views of the slot's row in the pools (made once per row: building views is host work on every
         expert call otherwise), with the transposed view a plain ``x @ W.t()`` reads for untransposed layouts."""
+        if not self.materialize:
+            return {}  # a tensorless store (a replay): no weights to view
         key = (self.group[layer], self.slots[layer].rows[slot])
         views = self._views.get(key)
         if views is None:

@@ -177,8 +177,11 @@ class LookaheadPrefetcher:
     def _ranked(self, forecast: WindowForecast) -> list[tuple[int, int, int]]:
         """(count, layer, expert) of the forecast experts not resident: most likely first, then earlier layer
         (verification needs it sooner), then higher expert id (a fixed tie-break)."""
-        cands = sorted(((c, -l, e) for l in range(len(forecast.counts)) for e, c in forecast.counts[l].items()
-                        if self.store.lookup(l, e) is None), reverse=True)
+        cands = []
+        for l, counts in enumerate(forecast.counts):  # runs after every draft step: one comprehension per layer
+            where = self.store.slots[l].where
+            cands += [(c, -l, e) for e, c in counts.items() if e not in where]
+        cands.sort(reverse=True)
         return [(c, -neg_l, e) for c, neg_l, e in cands]
 
 
