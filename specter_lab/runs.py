@@ -131,8 +131,10 @@ class LiveSource:
     label: str = "live"
 
     def engine(self, cell: Cell) -> "Engine | DoesNotFit":
-        # a sweep reads metrics only: no per-op records (the metrics are the same at every trace level)
-        return try_engine(self.model, self.tokenizer, cell.strategy, **{"trace": "steps", **cell.kwargs})
+        # a sweep reads metrics only: no per-op records (the metrics are the same at every trace level), except
+        # on the CUDA clock, where only a full trace's timed events give the stall and host sums
+        level = "full" if cell.kwargs.get("hardware") == "cuda" else "steps"
+        return try_engine(self.model, self.tokenizer, cell.strategy, **{"trace": level, **cell.kwargs})
 
     def run(self, cell: Cell) -> "PromptRuns | DoesNotFit":
         eng = self.engine(cell)
