@@ -217,23 +217,17 @@ def _bench_published(a) -> int:
     from .bench import published
 
     df = published()
-    if a.json:
-        print(json.dumps({"published": df.to_dict(orient="records")}, indent=1, default=str))
-        return 0
-    print("Published batch-1 decode (one GPU, every expert resident) vs the simulated clock. Each row: a tiny "
-          "model of the family at the real depth, its aten ops counted under the row's implementation, the real "
-          "sizes from the cost shape; ms = sum over forward pieces of max(device, ops x host cost).")
-    cols = ["model", "gpu", "implementation", "published_ms", "simulated_ms", "ratio", "loo_ratio",
-            "aten_ops_per_token", "kernels_per_token", "host_op_cost_us", "host_only_ms", "device_only_ms",
-            "profile", "execution", "role"]
-    print(_fmt(df[cols]))
-    print("\nNotes:")
-    for _, r in df.iterrows():
-        if r.note:
-            print(f" * {r.model}, {r.implementation}: {r.note}")
-    print(" * role 'host fit': the rows the per-op host cost is the geometric-mean fit of (loo_ratio: that row "
-          "priced with the cost fitted on the other rows); 'kernel fit': the row kernel_time is derived from.")
-    return 0
+    notes = [f"{r.model}, {r.implementation}: {r.note}" for _, r in df.iterrows() if r.note]
+    notes.append("role 'host fit': the rows the per-op host cost is the geometric-mean fit of (loo_ratio: that row "
+                 "priced with the cost fitted on the other rows); 'kernel fit': the row kernel_time is derived from.")
+    return _print_anchors(
+        a, "published", df,
+        "Published batch-1 decode (one GPU, every expert resident) vs the simulated clock. Each row: a tiny "
+        "model of the family at the real depth, its aten ops counted under the row's implementation, the real "
+        "sizes from the cost shape; ms = sum over forward pieces of max(device, ops x host cost).",
+        ["model", "gpu", "implementation", "published_ms", "simulated_ms", "ratio", "loo_ratio",
+         "aten_ops_per_token", "kernels_per_token", "host_op_cost_us", "host_only_ms", "device_only_ms",
+         "profile", "execution", "role"], notes)
 
 
 def _bench_consumer(a) -> int:
@@ -242,18 +236,27 @@ def _bench_consumer(a) -> int:
     from .estimate import HOST_DECODE_EFFICIENCY
 
     df = consumer_anchors()
+    return _print_anchors(
+        a, "consumer", df,
+        "Published offloaded decode on consumer machines (llama.cpp, ktransformers) vs the estimator (modelled: "
+        "sl.estimate's pricing of the row's placement from the model's config, weights format, GPU profile and "
+        f"host CPU; host efficiency {HOST_DECODE_EFFICIENCY} fitted to the 'host fit' rows).",
+        ["model", "machine", "engine", "strategy", "placement", "published_tok_s", "simulated_tok_s", "ratio",
+         "loo_ratio", "row_host_efficiency", "role"],
+        [f"{r.model}, {r.engine}: {r.note} [{r.source}]" for _, r in df.iterrows()])
+
+
+def _print_anchors(a, key: str, df, intro: str, cols: list[str], notes: list[str]) -> int:
+    """A table of published rows against our figures: JSON under ``key`` with ``--json``, else the intro, the
+    columns ``cols`` and a note per line."""
     if a.json:
-        print(json.dumps({"consumer": df.to_dict(orient="records")}, indent=1, default=str))
+        print(json.dumps({key: df.to_dict(orient="records")}, indent=1, default=str))
         return 0
-    print("Published offloaded decode on consumer machines (llama.cpp, ktransformers) vs the estimator (modelled: "
-          "sl.estimate's pricing of the row's placement from the model's config, weights format, GPU profile and "
-          f"host CPU; host efficiency {HOST_DECODE_EFFICIENCY} fitted to the 'host fit' rows).")
-    cols = ["model", "machine", "engine", "strategy", "placement", "published_tok_s", "simulated_tok_s", "ratio",
-            "loo_ratio", "row_host_efficiency", "role"]
+    print(intro)
     print(_fmt(df[cols]))
     print("\nNotes:")
-    for _, r in df.iterrows():
-        print(f" * {r.model}, {r.engine}: {r.note} [{r.source}]")
+    for line in notes:
+        print(f" * {line}")
     return 0
 
 

@@ -2,7 +2,6 @@
 routing does (checked against the recorded trace of the same routing); speculative ones run a modeled draft whose
 recall and acceptance are what was asked; -1 slots are no lookup anywhere; bad input names the field and the fix."""
 
-import dataclasses
 import json
 
 import numpy as np
@@ -12,6 +11,8 @@ import specter_lab as sl
 from specter_lab.import_routing import MEASURED_DRAFT, import_routing
 from specter_lab.model import inspect_model
 from specter_lab.routing_trace import TraceError
+
+from same_run import assert_same_run
 
 PROMPTS = [[5, 6, 7, 8, 9, 10], [17, 3, 99, 42, 42, 7, 200, 11]]
 N = 12
@@ -44,15 +45,8 @@ def _random_routing(model, T, seed=0, holes=0.0):
 
 
 def _same_schedule(a, b, what):
-    for key in ("tpot_ms", "hit_rate", "stall_ms_per_token", "h2d_bytes_per_token", "tokens_per_s"):
-        x, y = a.metrics.get(key), b.metrics.get(key)
-        assert x == y or (x != x and y != y), f"{what}: {key} {x} vs {y}"
-    for name in RECORDS:
-        got = [dataclasses.astuple(r) for r in getattr(b.trace, name)]
-        want = [dataclasses.astuple(r) for r in getattr(a.trace, name)]
-        assert got == want, f"{what}: {name} records differ"
-    for name in ("routing", "cache", "transfers", "compute", "steps"):
-        assert a.frames()[name].equals(b.frames()[name]), f"{what}: frame {name} differs"
+    assert_same_run(a, b, what, ("tpot_ms", "hit_rate", "stall_ms_per_token", "h2d_bytes_per_token", "tokens_per_s"),
+                    RECORDS, ("routing", "cache", "transfers", "compute", "steps"), tokens=False)
 
 
 # ------------------------------------------------------------------------------------------- exact replay

@@ -11,6 +11,8 @@ import pytest
 import specter_lab as sl
 from specter_lab.routing_trace import TRACE_VERSION, TraceError
 
+from same_run import assert_same_run
+
 PROMPTS = [[5, 6, 7, 8, 9, 10], [17, 3, 99, 42, 42, 7, 200, 11]]
 N = 10
 RECORDS = ("cache_events", "transfers", "compute", "steps", "tokens", "forecast")
@@ -22,17 +24,9 @@ def recorded(model):
 
 
 def _same_run(live, rep, what):
-    assert rep.token_ids == live.token_ids, what
-    for key in ("tpot_ms", "hit_rate", "stall_ms_per_token", "h2d_bytes_per_token", "acceptance_rate"):
-        a, b = live.metrics.get(key), rep.metrics.get(key)
-        assert a == b or (a != a and b != b), f"{what}: {key} live {a} vs replay {b}"
-    for name in RECORDS:
-        got = [dataclasses.astuple(r) for r in getattr(rep.trace, name)]
-        want = [dataclasses.astuple(r) for r in getattr(live.trace, name)]
-        assert got == want, f"{what}: {name} records differ"
-    for name in ("routing", "cache", "transfers", "compute", "tokens", "steps"):
-        live_f, rep_f = live.frames()[name], rep.frames()[name]
-        assert live_f.equals(rep_f), f"{what}: frame {name} differs"
+    assert_same_run(live, rep, what, ("tpot_ms", "hit_rate", "stall_ms_per_token", "h2d_bytes_per_token",
+                                      "acceptance_rate"),
+                    RECORDS, ("routing", "cache", "transfers", "compute", "tokens", "steps"))
 
 
 @pytest.mark.parametrize("strategy", [s for s in sl.STRATEGIES if s != "auto"])

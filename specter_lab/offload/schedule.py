@@ -303,10 +303,10 @@ class LayerSchedule:
 
     def _draft_expert(self, layer: int, e: int, now):
         """(weights, cost of n tokens, slot read or None) for draft expert e on the device, ``"host"`` to compute
-        it on the host lane, or None to skip it."""
+        it on the host lane, or None to skip it (the resident, hybrid and host variants; the quantized draft takes
+        :meth:`_lowbit_layer`)."""
         variant, store = self.draft.variant, self.store
-        if variant == "quantized" or (variant == "hybrid" and e in self.hybrid_sets[layer]
-                                      and not self._ready_now(layer, e, now)):
+        if variant == "hybrid" and e in self.hybrid_sets[layer] and not self._ready_now(layer, e, now):
             return self.draft.weights(layer, e), self._lowbit_time, None
         if self._ready_now(layer, e, now):
             slot = store.lookup(layer, e)
