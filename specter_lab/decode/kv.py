@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..model.families import activate_past_recording
+
 __all__ = ["SequenceCache", "Checkpoint", "rollback_blockers", "cache_layer_kinds"]
 
 _CROPPABLE = ("DynamicLayer", "DynamicSlidingWindowLayer", "DynamicIndexedLayer", "DummyLayer")
@@ -130,7 +132,7 @@ class SequenceCache:
         self._positions = "position_ids" in params or any(p.kind == p.VAR_KEYWORD for p in params.values())
         self._crop_zero = _past_recording_crops_zero()
         if self.cache is not None and rewindable:
-            self.cache.activate_past_recording()
+            activate_past_recording(self.cache)
 
     def inputs(self, n_tokens: int, device) -> dict:
         """Keyword arguments for a forward of ``n_tokens`` new tokens after the cached ones."""
@@ -144,8 +146,20 @@ class SequenceCache:
         if self.cache is None:
             self.cache = getattr(output, "cache", None) or getattr(output, "past_key_values", None)
             if self.rewindable and self.cache is not None:
-                self.cache.activate_past_recording()
+                activate_past_recording(self.cache)
         self.length += n_tokens
+
+    def _fill_state_history(self, n: int) -> None:
+        """From transformers 5.25 a linear layer's crop takes its recurrent state from the states it kept per token,
+        and none are kept here (:func:`~specter_lab.model.families.activate_past_recording`): give it ``n`` copies
+        of the current one to take, since the checkpoint's state replaces it right after."""
+        for _, layer in self._linear_layers():
+            history = getattr(layer, "recurrent_states_history", None)
+            if history is None:
+                continue
+            for s, kept in history.items():
+                if len(kept) < n and layer.recurrent_states.get(s) is not None:
+                    history[s] = [layer.recurrent_states[s]] * n
 
     # ------------------------------------------------------------------ rewinding
     @property
@@ -182,7 +196,7 @@ class SequenceCache:
         if checkpoint is None or extra == 0:
             self._crop(extra)
             return 0
-        self._crop(self.length - checkpoint.length)
+        self._crop(self.length - checkpoint.length, restoring=True)
         if checkpoint.linear is not None:
             self.cache.linear_cache = list(checkpoint.linear)
         for (i, kind, s), t in checkpoint.states.items():
@@ -191,10 +205,13 @@ class SequenceCache:
             getattr(self.cache.layers[i], f"{kind}_states")[s] = t.clone()
         return length - checkpoint.length
 
-    def _crop(self, n: int) -> None:
-        """Remove the last ``n`` tokens (``n == 0`` still shrinks recorded windows back to their size)."""
+    def _crop(self, n: int, restoring: bool = False) -> None:
+        """Remove the last ``n`` tokens (``n == 0`` still shrinks recorded windows back to their size).
+        ``restoring``: the recurrent states are restored from a checkpoint right after."""
         if n == 0 and not (self.rewindable and self._crop_zero):
             return
+        if restoring:
+            self._fill_state_history(n)
         self.length -= n
         if hasattr(self.cache, "linear_cache"):  # MiniMaxCache.crop refuses; its attention layers crop
             for layer in self.cache.layers:

@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 __all__ = [
+    "activate_past_recording",
     "FAMILY_OVERRIDES",
     "UNBUILDABLE",
     "VARIANTS",
@@ -166,7 +167,7 @@ _TINY_SIZES: dict[str, int] = {
     "kv_lora_rank": 16, "q_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "o_lora_rank": 16,
     # sparse-attention indexers (DSA): a top-k below the 46-token sequence so the selection really selects
     "index_n_heads": 2, "index_head_dim": 16, "index_topk": 4, "indexer_n_heads": 2, "indexer_head_dim": 16,
-    "index_block_size": 4, "index_topk_blocks": 2,
+    "index_block_size": 4, "index_topk_blocks": 2, "index_num_heads": 2,
     # dense / shared MLPs
     "intermediate_size": 128, "dense_intermediate_size": 128, "prefix_dense_intermediate_size": 128,
     "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32, "shared_intermediate_size": 32,
@@ -440,6 +441,18 @@ def find_experts_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
 # Cache kinds
 # --------------------------------------------------------------------------------------------------------------------
 
+def activate_past_recording(cache) -> None:
+    """``cache.activate_past_recording()``, so that a cropped cache can be rewound. From transformers 5.25 a linear
+    attention layer can also keep intermediate recurrent states, and its default (``None``) breaks any multi-token
+    forward (``min(None, seq_len)`` in the gated-delta layers). Rewinding here restores recurrent states from a
+    checkpoint instead, so none are kept: 0."""
+    cache.activate_past_recording()
+    inner = getattr(cache, "self_attention_cache", cache)  # the hybrid wrappers keep their layers one level down
+    for layer in getattr(inner, "layers", []):
+        if hasattr(layer, "recurrent_states_to_keep") and layer.recurrent_states_to_keep is None:
+            layer.recurrent_states_to_keep = 0
+
+
 def layer_kinds(model: nn.Module, prompt_len: int = 6) -> dict[str, Any]:
     """What cache ``model`` builds for itself and whether it can be rolled back by cropping.
 
@@ -463,6 +476,6 @@ def layer_kinds(model: nn.Module, prompt_len: int = 6) -> dict[str, Any]:
     if hasattr(cache, "linear_cache"):  # MiniMaxCache keeps lightning states beside its (lazy) KV layers
         info["linear_cache_layers"] = [i for i, s in enumerate(cache.linear_cache) if isinstance(s, torch.Tensor)]
     if cache is not None and hasattr(cache, "activate_past_recording"):
-        cache.activate_past_recording()
+        activate_past_recording(cache)
     info["is_croppable"] = bool(getattr(cache, "is_croppable", False)) if cache is not None else None
     return info
