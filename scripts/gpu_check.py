@@ -132,7 +132,7 @@ def expert_math_agreement(model, ids: list[int], ref: list[int]) -> dict[str, An
     """HF's forward against the same forward with the runtime's expert math (per-expert apply + combine),
     teacher-forced over HF's own continuation: max |logit difference| and argmax agreement."""
     import specter_lab as sl
-    from specter_lab.fidelity import _Probe
+    from specter_lab.studies.fidelity import _Probe
     from specter_lab.model import attached
 
     info = sl.inspect_model(model)
@@ -155,7 +155,7 @@ def run_strategy(model, tok, ids, strategy: str, budget: float, hardware, tokens
                  ref: list[int]) -> dict[str, Any]:
     """Warm-up, a speed run (trace='steps'), a full-trace run (copies, stalls), syncs per token."""
     import specter_lab as sl
-    from specter_lab.offload.hostops import CountSyncs
+    from specter_lab.pricing.opcount import CountSyncs
 
     eng = sl.Engine(model, tok, strategy, expert_budget=budget, hardware=hardware, trace="steps")
     eng.info.eos_token_ids = []  # exactly `tokens` tokens, like HF's min_new_tokens

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 import specter_lab as sl
-from specter_lab.locality import TARGET_HIT_AT_HALF, lru_hit_curve
+from specter_lab.routing.locality import TARGET_HIT_AT_HALF, lru_hit_curve
 
 
 def target_routing(trace: sl.RoutingTrace) -> tuple[list[np.ndarray], list[tuple[int, int, str]]]:

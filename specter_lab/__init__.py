@@ -11,29 +11,31 @@ reverse. The notebook views (``sl.viz``) load on first use, so importing specter
 ipywidgets.
 """
 
-from . import paper, planner  # planner registers sl.plan as the planner behind strategy="auto"
-from .bench import compare, summarize
-from .bound import BoundResult, bound
-from .drafts import DRAFT_VARIANTS, DraftSpec
-from .engine import Engine, GenerationResult
-from .estimate import Estimate, estimate
 from .errors import BudgetTooSmall, CopyFault, NotExact
-from .fidelity import fidelity
-from .import_routing import import_routing
-from .locality import less_local, lru_hit_curve
+from .estimate import Estimate, estimate
 from .model import inspect_model, load_model, tiny_random_model
-from .offload.calibrate import calibrate
-from .offload.hostcal import calibrate_host
-from .offload.precision import FORMATS, WeightPrecision
-from .offload.profiles import HOSTS, PROFILES, HardwareProfile, HostCPU
-from .offload.shapes import COST_SHAPES, CostShape
-from .planner import Plan, plan, regime_map
-from .prompts import heldout_prompts
-from .quant import QuantSpec
-from .record import record
-from .replay import replay
-from .routing_trace import RoutingTrace, TraceError, load_trace
-from .strategies import STRATEGIES, Strategy
+from .pricing.calibrate import calibrate
+from .pricing.hostcal import calibrate_host
+from .pricing.precision import FORMATS, WeightPrecision
+from .pricing.profiles import HOSTS, PROFILES, HardwareProfile, HostCPU
+from .pricing.shapes import COST_SHAPES, CostShape
+from .routing.bound import BoundResult, bound
+from .routing.importing import import_routing
+from .routing.locality import less_local, lru_hit_curve
+from .routing.record import record
+from .routing.replay import replay
+from .routing.trace_file import RoutingTrace, TraceError, load_trace
+from .run.drafts import DRAFT_VARIANTS, DraftSpec
+from .run.engine import Engine, GenerationResult
+from .run.quant import QuantSpec
+from .run.strategies import STRATEGIES, Strategy
+# sl.bench, sl.paper and sl.planner are namespaces of studies; importing the planner registers sl.plan as the
+# planner behind strategy="auto".
+from .studies import bench, paper, planner
+from .studies.bench import compare, summarize
+from .studies.fidelity import fidelity
+from .studies.planner import Plan, plan, regime_map
+from .studies.prompts import heldout_prompts
 
 __version__ = "0.1.0"
 

@@ -34,8 +34,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 def cmd_run(a) -> int:
     import specter_lab as sl
     from .offload.clock import make_clock
-    from .offload.shapes import get_cost_shape
-    from .strategies import get_strategy
+    from .pricing.shapes import get_cost_shape
+    from .run.strategies import get_strategy
 
     spec = sl.QuantSpec(a.bits, a.group_size, a.method)
     # Check names and counts before loading the model (the slow part); the Engine checks the rest.
@@ -108,7 +108,7 @@ def _cuda_load(hardware: str | None) -> dict[str, Any]:
 
 
 def cmd_bench(a) -> int:
-    from . import bench
+    from .studies import bench
 
     if a.published:
         return _bench_published(a)
@@ -117,10 +117,10 @@ def cmd_bench(a) -> int:
     if a.consumer:
         return _bench_consumer(a)
     from .model import load_model
-    from .prompts import heldout_prompts
-    from .quant import QuantSpec
-    from .routing_trace import load_trace
-    from .strategies import STRATEGIES
+    from .studies.prompts import heldout_prompts
+    from .run.quant import QuantSpec
+    from .routing.trace_file import load_trace
+    from .run.strategies import STRATEGIES
 
     # The default set is the paper's comparison plus our own; `auto` (a calibration per cell) is in --regimes.
     strategies = a.strategies.split(",") if a.strategies else [s for s in STRATEGIES if s != "auto"]
@@ -155,7 +155,7 @@ def cmd_bench(a) -> int:
     if trace is None:
         out.update(_bench_extras(a, model, tok, prompts, hardware, budgets, cost_shape, spec))
     elif a.regimes:
-        from .planner import regime_map
+        from .studies.planner import regime_map
 
         out["regimes"] = regime_map(None, None, None, progress=not a.json, trace=trace).to_dict(orient="records")
     out["seconds"] = time.perf_counter() - t0
@@ -176,7 +176,7 @@ def cmd_bench(a) -> int:
 def _bench_note(hardware, cost_shape) -> str:
     """What every simulated figure of a bench assumes: profiles with their execution modes, the projection."""
     from .offload.clock import make_clock
-    from .offload.shapes import get_cost_shape
+    from .pricing.shapes import get_cost_shape
 
     clocks = [make_clock(h) for h in hardware]
     modes = ", ".join("cuda (measured)" if c.measured else c.profile.clock_label for c in clocks)
@@ -186,12 +186,12 @@ def _bench_note(hardware, cost_shape) -> str:
 
 def _bench_paper(a) -> int:
     """``bench --paper``: Specter's headline under the artifact's protocol (sl.bench.reproduce_paper)."""
-    from .bench import paper_header, reproduce_paper
+    from .studies.bench import paper_header, reproduce_paper
     from .model import load_model
-    from .paper import PAPER_EXECUTIONS
-    from .reproduce import DEFAULT_CASES
+    from .studies.paper import PAPER_EXECUTIONS
+    from .studies.reproduce import DEFAULT_CASES
 
-    from .routing_trace import load_trace
+    from .routing.trace_file import load_trace
 
     trace = load_trace(a.trace) if a.trace else None  # replay its routing instead of running the model
     model, tok = (None, None) if trace is not None else load_model(a.model, trust_remote_code=a.trust_remote_code)
@@ -214,7 +214,7 @@ def _bench_paper(a) -> int:
 
 def _bench_published(a) -> int:
     """``bench --published``: the published batch-1 table against the simulator."""
-    from .bench import published
+    from .studies.bench import published
 
     df = published()
     notes = [f"{r.model}, {r.implementation}: {r.note}" for _, r in df.iterrows() if r.note]
@@ -232,7 +232,7 @@ def _bench_published(a) -> int:
 
 def _bench_consumer(a) -> int:
     """``bench --consumer``: published offloaded decode on consumer machines against the estimator."""
-    from .bench import consumer_anchors
+    from .studies.bench import consumer_anchors
     from .estimate import HOST_DECODE_EFFICIENCY
 
     df = consumer_anchors()
@@ -262,8 +262,8 @@ def _print_anchors(a, key: str, df, intro: str, cols: list[str], notes: list[str
 
 def _bench_extras(a, model, tok, prompts, hardware, budgets, cost_shape, spec) -> dict[str, Any]:
     """The optional tables: ablations + K sweep, CPU overhead, the regime map."""
-    from . import bench
-    from .strategies import STRATEGIES
+    from .studies import bench
+    from .run.strategies import STRATEGIES
 
     out: dict[str, Any] = {}
     quiet = a.json
@@ -279,7 +279,7 @@ def _bench_extras(a, model, tok, prompts, hardware, budgets, cost_shape, spec) -
         out["cpu_overhead"] = bench.cpu_overhead(model, tok, prompts[0], max_new_tokens=a.max_new_tokens,
                                                  strategies=strategies).to_dict(orient="records")
     if a.regimes:
-        from .planner import regime_map
+        from .studies.planner import regime_map
 
         out["regimes"] = regime_map(model, tok, prompts[:2], progress=not quiet,
                                     max_new_tokens=min(a.max_new_tokens, 32)).to_dict(orient="records")
@@ -330,9 +330,9 @@ def _print_bench(out, df, summ, a, n_prompts, new_tokens) -> None:
 # ----------------------------------------------------------------------------------------- trace
 def cmd_trace_record(a) -> int:
     from .model import load_model
-    from .prompts import heldout_prompts
-    from .quant import QuantSpec
-    from .record import record
+    from .studies.prompts import heldout_prompts
+    from .run.quant import QuantSpec
+    from .routing.record import record
 
     spec = QuantSpec(a.bits, a.group_size, a.method)  # checked before the model loads
     for flag, v in (("--max-new-tokens", a.max_new_tokens), ("--prompts", a.prompts)):
@@ -349,7 +349,7 @@ def cmd_trace_record(a) -> int:
 
 
 def cmd_trace_info(a) -> int:
-    from .routing_trace import load_trace
+    from .routing.trace_file import load_trace
 
     trace = load_trace(a.path)
     print(repr(trace))
@@ -360,8 +360,8 @@ def cmd_trace_info(a) -> int:
 
 # ----------------------------------------------------------------------------------------- calibrate
 def cmd_calibrate(a) -> int:
-    from .offload.calibrate import calibrate
-    from .offload.hostcal import calibrate_host
+    from .pricing.calibrate import calibrate
+    from .pricing.hostcal import calibrate_host
 
     if a.host:  # no GPU needed: the host CPU's expert times, combined with any profile as '<profile>+host'
         host = calibrate_host(hidden=a.hidden, intermediate=a.intermediate, save=True)
@@ -392,8 +392,8 @@ def cmd_estimate(a) -> int:
 
 # ----------------------------------------------------------------------------------------- parser
 def _parser() -> argparse.ArgumentParser:
-    from .offload.profiles import PROFILES
-    from .strategies import STRATEGIES
+    from .pricing.profiles import PROFILES
+    from .run.strategies import STRATEGIES
 
     parser = argparse.ArgumentParser(prog="specter-lab", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)

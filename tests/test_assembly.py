@@ -9,13 +9,13 @@ import pytest
 
 import specter_lab as sl
 from conftest import hf_greedy
-from specter_lab.assembly import make_schedule, make_store, miss_rule
+from specter_lab.run.assembly import make_schedule, make_store, miss_rule
 from specter_lab.offload.clock import SimClock, make_clock
 from specter_lab.offload.hostexec import CopyMisses, CostedMisses, HostMisses, ShareMisses
-from specter_lab.offload.profiles import PROFILES
+from specter_lab.pricing.profiles import PROFILES
 from specter_lab.offload.schedule import ForwardInfo, counts_of
-from specter_lab.strategies import EVICTION, MISS, POOL, PREFETCH, Strategy
-from specter_lab.trace import Trace
+from specter_lab.run.strategies import EVICTION, MISS, POOL, PREFETCH, Strategy
+from specter_lab.records.trace import Trace
 
 IDS = [5, 6, 7, 8, 9, 10]
 N = 16

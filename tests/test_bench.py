@@ -3,7 +3,7 @@
 import pytest
 
 import specter_lab as sl
-from specter_lab import bench
+from specter_lab.studies import bench
 
 
 @pytest.fixture(scope="module")

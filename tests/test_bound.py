@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 
 import specter_lab as sl
-from specter_lab.analysis import belady_hits
-from specter_lab.bound import _Problem, _simulate, bound_column, trace_bound, x_of_bound
-from specter_lab.routing_trace import RoutedSequence, TraceError
+from specter_lab.routing.cache_bounds import belady_hits
+from specter_lab.routing.bound import _Problem, _simulate, bound_column, trace_bound, x_of_bound
+from specter_lab.routing.trace_file import RoutedSequence, TraceError
 
 NON_SPECULATIVE = ["lru", "on_demand", "gate_lookahead", "global_lru", "fiddler", "host_lru", "static_split"]
 PROMPTS = [[5, 6, 7, 8, 9, 10], [17, 3, 99, 42, 42, 7, 200, 11]]

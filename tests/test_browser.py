@@ -359,7 +359,7 @@ def test_timelines_live(page: Page) -> None:
 def test_compare(page: Page) -> None:
     """04: every static figure drew; the comparison figure's value labels are clear of its error bars and
     legible; the strategy table shows each description in full; nothing on stderr."""
-    from specter_lab.strategies import STRATEGIES
+    from specter_lab.run.strategies import STRATEGIES
 
     notebook = "04_compare.ipynb"
     page.open(notebook)

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from specter_lab import bench
-from specter_lab.consumer import CONSUMER_ROWS, TOLERANCE, derive_host_efficiency
+from specter_lab.studies import bench
+from specter_lab.estimate.consumer import CONSUMER_ROWS, TOLERANCE, derive_host_efficiency
 from specter_lab.estimate.pricing import HOST_DECODE_EFFICIENCY, HOST_EFFICIENCY_RANGE
 
 

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 import specter_lab as sl
-import specter_lab.engine as engine_mod
+import specter_lab.run.engine as engine_mod
 from specter_lab.model.placement import layout_action
-from specter_lab.quant import QuantSpec
+from specter_lab.run.quant import QuantSpec
 
 from conftest import hf_greedy
 
@@ -199,7 +199,7 @@ def test_one_device_draft_per_model(model, monkeypatch):
 def test_device_bytes_held_are_the_budget(model, fake_cuda):
     """What the device really holds during a CUDA-path run (slot pools + the bit-packed draft, as allocated) is
     the expert budget, within 2 %: every byte of the budget is counted where it is spent (F5)."""
-    from specter_lab.quant import DraftExperts
+    from specter_lab.run.quant import DraftExperts
 
     for strategy in ("lru", "specter"):
         eng = _cuda_engine(model, strategy)
@@ -278,7 +278,7 @@ def test_oracle_shadow_pass_is_cut_out_of_the_cuda_timeline(model, fake_cuda):
 
 
 def test_cut_intervals_shift_later_times_back():
-    from specter_lab.trace import _cutting
+    from specter_lab.records.trace import _cutting
 
     ms = _cutting(lambda h: h, [(10.0, 14.0), (2.0, 3.0)])
     assert [ms(t) for t in (1.0, 2.5, 5.0, 12.0, 20.0)] == [1.0, 2.0, 4.0, 9.0, 15.0]

@@ -107,7 +107,7 @@ def test_engine_rejects_bad_arguments(model, ref, kwargs, exc, match):
 ])
 def test_auto_strategy_rejects_bad_arguments_before_planning(model, monkeypatch, kwargs, exc, match):
     """strategy='auto' runs a planner (calibration runs on the model): a bad argument must fail before it."""
-    import specter_lab.engine as engine
+    import specter_lab.run.engine as engine
 
     def no_planning(*a, **k):
         raise AssertionError("the planner ran before the arguments were checked")

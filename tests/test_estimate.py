@@ -12,8 +12,8 @@ import pytest
 
 from specter_lab.estimate import estimate
 from specter_lab.model.geometry import CONFIG_DIR, geometry_from_config
-from specter_lab.offload.precision import get_precision
-from specter_lab.offload.synthetic_routing import LOCALITY, hot_coverage, lru_hit_rate, synthetic_routing
+from specter_lab.pricing.precision import get_precision
+from specter_lab.routing.synthetic import LOCALITY, hot_coverage, lru_hit_rate, synthetic_routing
 
 DATA = Path(__file__).parent / "data"
 QWEN3, GPT_OSS = DATA / "qwen3-30b-a3b", DATA / "gpt-oss-20b"
@@ -116,7 +116,7 @@ def test_trace_hook_replays_a_given_routing():
 
 
 def test_a_routing_trace_is_replayed(tmp_path):
-    from specter_lab.routing_trace import RoutedSequence, RoutingTrace
+    from specter_lab.routing.trace_file import RoutedSequence, RoutingTrace
 
     rng = np.random.default_rng(1)
     routes = lambda n: np.stack([np.stack([rng.permutation(32)[:4] for _ in range(24)]) for _ in range(n)])
@@ -157,7 +157,7 @@ def test_cli_estimate_prints_the_command(capsys):
 
 def test_emitted_engine_call_names_a_profile_the_engine_takes(family_models):
     import specter_lab as sl
-    from specter_lab.offload.profiles import HOSTS, get_profile
+    from specter_lab.pricing.profiles import HOSTS, get_profile
 
     e = estimate(GPT_OSS, gpu="rtx2080", vram="8GiB", host="i9-10900x")
     hardware = re.search(r"hardware='([^']+)'", e.engine_call()).group(1)

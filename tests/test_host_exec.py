@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 import specter_lab as sl
-from specter_lab.offload.profiles import get_profile
+from specter_lab.pricing.profiles import get_profile
 from conftest import hf_greedy
 
 IDS = [17, 3, 99, 42, 42, 7, 200, 11]

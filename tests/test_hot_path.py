@@ -10,8 +10,8 @@ from collections import Counter
 import pytest
 import torch
 import specter_lab as sl
-from specter_lab.offload import hostops
-from specter_lab.quant import DraftExperts
+from specter_lab.pricing import opcount as hostops
+from specter_lab.run.quant import DraftExperts
 
 PROMPT = "def fib(n):"
 NEW = 24

@@ -12,24 +12,22 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parents[1] / "specter_lab"
 
 LAYERS = [
-    ["errors", "units", "strategies", "quant", "drafts", "prompts", "paper"],  # data and specs: no package imports
-    # counters and records; recorded routing and its locality; the budget split; the model adapter
-    ["tally", "trace", "routing_trace", "locality", "budget", "model"],
-    # derived metrics; store, runtime, clocks, costs; forecasts, prefetch, K; a run's trace as trace-event JSON
-    ["metrics", "offload", "predict", "perfetto"],
-    ["decode", "assembly"],  # the decode loops; strategy → a run's parts (the only reader of its mechanisms)
-    ["engine"],  # one model + strategy + budget + clock
-    # things that run engines or read traces; published rows; estimates from a config and their anchors
-    ["runs", "fidelity", "analysis", "published", "record", "replay", "bound", "estimate", "consumer",
-     "import_routing"],
-    ["bench", "planner", "reproduce"],  # comparisons, the planner, the paper's protocol reproduced
+    ["errors", "units"],  # the project's errors and argument parsing: no package imports
+    ["model", "records"],  # the model adapter and geometry; a run's records (trace, tally, metrics, export)
+    ["pricing"],  # profiles, shapes, the cost model, op counts, calibration, precisions, published rows
+    ["offload"],  # the runtime: store, cache policies, clocks, the layer schedule, host execution
+    ["predict", "decode"],  # forecasts, prefetch, K; the decode loops
+    ["run"],  # strategies, the assembly (the only reader of their mechanisms), budget, draft, quantization, engine
+    ["routing"],  # recorded routing: the file, record, replay, import, locality, synthetic, cache simulator, bounds
+    ["estimate"],  # estimates from a config alone, and the consumer rows they are held to
+    ["studies"],  # things that run many engines: sweeps, bench, planner, fidelity, the paper's protocol
     ["viz"],  # notebook views
     ["cli", "__init__"],  # entry points
 ]
 
 # Upward imports made on purpose, each with its reason. Keep this list short.
 ALLOWED = {
-    ("engine", "viz.report"): "GenerationResult.to_html renders itself with the view layer, on request only",
+    ("run.engine", "viz.report"): "GenerationResult.to_html renders itself with the view layer, on request only",
 }
 
 RANK = {name: i for i, layer in enumerate(LAYERS) for name in layer}
@@ -116,18 +114,49 @@ def test_no_import_cycles():
             visit(m, [m])
 
 
+def _folder(module: str) -> str:
+    return module.split(".")[0]
+
+
+def test_pricing_never_imports_the_runtime():
+    """Pricing sizes and times things; the runtime moves them. A price that needs the store is a design error."""
+    bad = [f"{m} imports {d}" for m, deps in _graph().items() if _folder(m) == "pricing"
+           for d in deps if _folder(d) in {"offload", "predict", "decode", "run"}]
+    assert not bad, "\n".join(sorted(bad))
+
+
+def test_the_runtime_never_imports_a_strategy():
+    """offload/ knows slots, clocks and schedules; which strategy asked for them is run/'s business."""
+    bad = [f"{m} imports {d}" for m, deps in _graph().items() if _folder(m) == "offload"
+           for d in deps if _folder(d) == "run"]
+    assert not bad, "\n".join(sorted(bad))
+
+
+def test_the_estimator_takes_only_public_names_from_run():
+    """estimate/ reads the strategy table through run/__init__ (STRATEGIES), never a run's internals."""
+    bad = [f"{m} imports {d}" for m, deps in _graph().items() if _folder(m) == "estimate"
+           for d in deps if _folder(d) == "run" and d != "run"]
+    assert not bad, "\n".join(sorted(bad))
+
+
+def test_the_top_level_keeps_only_the_public_entry():
+    top = sorted(p.stem for p in PKG.glob("*.py"))
+    assert top == ["__init__", "cli", "errors", "units"], top
+
+
 def test_the_checker_sees_function_local_and_relative_imports(tmp_path, monkeypatch):
     """The test itself can fail: a function-local upward import in a lower module is caught."""
-    (tmp_path / "offload").mkdir()
-    (tmp_path / "offload" / "__init__.py").write_text("")
-    (tmp_path / "offload" / "store.py").write_text("def f():\n    from ..engine import Engine\n")
-    (tmp_path / "engine.py").write_text("from .offload.store import f\n")
+    for d in ("offload", "run"):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "__init__.py").write_text("")
+    (tmp_path / "offload" / "store.py").write_text("def f():\n    from ..run.engine import Engine\n")
+    (tmp_path / "run" / "engine.py").write_text("from ..offload.store import f\n")
     monkeypatch.setitem(globals(), "PKG", tmp_path)
     graph = _graph()
-    assert graph["offload.store"] == {"engine"} and graph["engine"] == {"offload.store"}
+    assert graph["offload.store"] == {"run.engine"} and graph["run.engine"] == {"offload.store"}
     try:
         test_imports_only_point_down()
     except AssertionError as e:
-        assert "offload.store (layer 2) imports engine (layer 4)" in str(e)
+        assert "offload.store (layer 3) imports run.engine (layer 5)" in str(e)
     else:
         raise AssertionError("the upward import was not caught")

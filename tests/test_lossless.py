@@ -85,7 +85,7 @@ def test_prompt_forms_agree(family_models):
 
 @pytest.mark.parametrize("family", ["qwen2_moe", "deepseek_v3"])
 def test_auto_plan_is_lossless_and_chooses_the_fastest(family_models, family):
-    from specter_lab.planner import default_candidates
+    from specter_lab.studies.planner import default_candidates
 
     model = family_models[family]
     info = sl.inspect_model(model)

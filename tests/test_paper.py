@@ -66,7 +66,7 @@ def test_mixtral_offloading_overlaps_no_copy_with_compute(model):
 def test_mixtral_offloading_dispatch_is_counted_not_assumed():
     """The artifact's DeepSeek dispatch, counted: 1 + 3 syncs per hit expert (19 per layer at top-6, as read from
     its code) against the runtime's one routing read-back, and more host ops per expert."""
-    from specter_lab.offload.hostops import op_counts
+    from specter_lab.pricing.opcount import op_counts
 
     mo, ours = op_counts("deepseek_v2", "mixtral_offloading", 6), op_counts("deepseek_v2", "specter", 6)
     per_layer = lambda c: c.syncs["moe_layer"] + c.syncs["experts_fixed"] + 6 * c.syncs["per_expert"]

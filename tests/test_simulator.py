@@ -6,11 +6,11 @@ from dataclasses import replace
 import pytest
 
 import specter_lab as sl
-from specter_lab.offload.cost import build_cost_model, piece_time, sync_time
-from specter_lab.offload.hostops import op_counts
-from specter_lab.offload.profiles import HOST_OP_COST, KERNEL_TIME, PROFILES, get_profile
-from specter_lab.offload.shapes import get_cost_shape
-from specter_lab.published import PUBLISHED_ROWS, TOLERANCE, derive_host_op_cost, derive_kernel_time, published
+from specter_lab.pricing.cost import build_cost_model, piece_time, sync_time
+from specter_lab.pricing.opcount import op_counts
+from specter_lab.pricing.profiles import HOST_OP_COST, KERNEL_TIME, PROFILES, get_profile
+from specter_lab.pricing.shapes import get_cost_shape
+from specter_lab.pricing.published import PUBLISHED_ROWS, TOLERANCE, derive_host_op_cost, derive_kernel_time, published
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +117,7 @@ def test_host_op_cost_measurement_needs_cuda():
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    from specter_lab.offload.calibrate import measure_host_op_cost
+    from specter_lab.pricing.calibrate import measure_host_op_cost
 
     with pytest.raises(RuntimeError, match="needs CUDA"):
         measure_host_op_cost()

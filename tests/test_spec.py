@@ -78,7 +78,7 @@ def test_quantizer_error_and_size(bits, method):
     torch.manual_seed(0)
     w = torch.randn(4, 24, 100)  # 100 is not a multiple of 64: padded, not refused
     spec = sl.QuantSpec(bits=bits, group_size=64, method=method)
-    from specter_lab.quant import quantize_tensor
+    from specter_lab.run.quant import quantize_tensor
 
     qt = quantize_tensor(w, spec)
     deq = qt.dequantize()
@@ -96,7 +96,7 @@ def test_quantizer_error_and_size(bits, method):
 def test_more_bits_less_error():
     torch.manual_seed(1)
     w = torch.randn(2, 16, 128)
-    from specter_lab.quant import quantize_tensor
+    from specter_lab.run.quant import quantize_tensor
 
     errs = [quantize_tensor(w, sl.QuantSpec(b, 32)).rel_error for b in (2, 3, 4, 8)]
     assert errs == sorted(errs, reverse=True)
@@ -120,7 +120,7 @@ def test_packing_roundtrips_and_matches_hqq(bits):
     """Codes packed in HQQ's formats (BitPack) come back exactly, and the one-op unpack reads BitPack's layout."""
     from hqq.core.bitpack import BitPack
 
-    from specter_lab.quant import pack_codes, unpack_codes
+    from specter_lab.run.quant import pack_codes, unpack_codes
 
     codes = torch.randint(0, 2**bits, (3, 5, 11), dtype=torch.uint8)
     packed = pack_codes(codes, bits)
@@ -136,8 +136,8 @@ def test_packed_draft_holds_what_the_budget_counts(bits):
     bits; dequantized per expert to exactly the CPU path's weights), or the int4 matmul kernel's layout (4 bits;
     the kernel's output agrees with the dense draft to float rounding). What it stores is the packed size the
     budget charges (a bf16 model: the int4 kernel keeps scales in the compute dtype)."""
-    from specter_lab.offload.experts import expert_apply
-    from specter_lab.quant import DraftExperts
+    from specter_lab.model.experts import expert_apply
+    from specter_lab.run.quant import DraftExperts
 
     model = sl.tiny_random_model("mixtral", seed=4).to(torch.bfloat16)
     info = sl.inspect_model(model)
@@ -161,7 +161,7 @@ def test_packed_draft_holds_what_the_budget_counts(bits):
 
 def test_constant_groups_quantize_without_nan():
     """A group whose weights are all equal (pruned or zero-padded rows) dequantizes to its value, not NaN."""
-    from specter_lab.quant import quantize_tensor
+    from specter_lab.run.quant import quantize_tensor
 
     w = torch.randn(2, 4, 64)
     w[0, 1] = 0.0

@@ -29,14 +29,14 @@ import specter_lab as sl
 from conftest import hf_greedy
 from specter_lab.offload.cache import POLICIES, ForecastEviction, make_policy
 from specter_lab.offload.clock import SimClock
-from specter_lab.offload.cost import build_cost_model
-from specter_lab.offload.profiles import PROFILES
+from specter_lab.pricing.cost import build_cost_model
+from specter_lab.pricing.profiles import PROFILES
 from specter_lab.offload.hostexec import CopyMisses
 from specter_lab.offload.runtime import ForwardInfo, OffloadRuntime
 from specter_lab.offload.schedule import LayerSchedule
 from specter_lab.offload.store import ExpertStore
 from specter_lab.predict import LookaheadPrefetcher, WindowForecast
-from specter_lab.trace import Trace
+from specter_lab.records.trace import Trace
 
 E, K, L = 8, 2, 2  # tiny mixtral: experts per layer, top-k, MoE layers
 EPS = 1e-9  # ms

@@ -79,7 +79,7 @@ def test_what_a_trace_cannot_replay_is_a_row_that_says_why(model):
 
 
 def test_a_replayed_sweep_of_many_cells_runs_on_a_local_pool_by_default(recorded, monkeypatch):
-    from specter_lab import runs
+    from specter_lab.studies import runs
 
     monkeypatch.setattr(runs, "_cores", lambda: 2)  # the default is for machines with more than one core
     source = runs.TraceSource(recorded)
@@ -100,7 +100,7 @@ def test_a_replayed_sweep_of_many_cells_runs_on_a_local_pool_by_default(recorded
 
 def test_a_spawned_pool_gives_the_same_rows(recorded):
     """The start method of platforms without fork (macOS, Windows) and of Python >= 3.12 (forkserver)."""
-    from specter_lab import runs
+    from specter_lab.studies import runs
 
     cells = [runs.Cell.of(s, expert_budget=0.5, **KW) for s in ("lru", "specter")]
     source = runs.TraceSource(recorded)

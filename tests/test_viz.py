@@ -234,7 +234,7 @@ def test_to_html_writes_a_standalone_report(spec_run, tmp_path):
 
 
 def test_bench_html_has_the_figure_and_tables():
-    from specter_lab.bench import summarize
+    from specter_lab.studies.bench import summarize
 
     df = _compare_df()
     page = viz.bench_html(df, summarize(df), {"note": "simulated clock", "model": "tiny",
@@ -385,7 +385,7 @@ def test_live_details_show_each_step_while_it_runs(model):
 
 
 def test_snapshot_leaves_the_trace_recording(model):
-    from specter_lab.trace import Trace
+    from specter_lab.records.trace import Trace
 
     engine = sl.Engine(model, None, "lru", cache_slots=3)
     sizes = []

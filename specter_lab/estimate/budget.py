@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..model.geometry import ModelGeometry
-from ..offload.precision import FORMATS, WeightPrecision, get_precision
+from ..pricing.precision import FORMATS, WeightPrecision, get_precision
 
 __all__ = ["VramBudget", "vram_budget", "RUNTIME_OVERHEAD"]
 

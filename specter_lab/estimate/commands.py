@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from ..strategies import STRATEGIES
+from ..run import STRATEGIES
 
 __all__ = ["llama_cpp_command", "engine_call", "report", "LLAMA_CPP_PLACEMENTS"]
 

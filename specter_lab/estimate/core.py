@@ -6,7 +6,7 @@ projected to the target (4 layers of 32 experts top-4, whose locality is not the
 LRU hit rate at a quarter of the experts is 0.83, DeepSeek-V2-Lite's 0.50). A replay of routing at the target's
 real geometry (48 layers x 128 experts top-8 for Qwen3-30B-A3B) through each placement's cache logic, priced per
 layer (:mod:`.pricing`), takes about a second and changes only where the routing comes from: synthetic routing
-matched to the family's published locality (:mod:`specter_lab.offload.synthetic_routing`) now, a recorded trace
+matched to the family's published locality (:mod:`specter_lab.routing.synthetic`) now, a recorded trace
 when one is given (``trace=``).
 """
 
@@ -19,11 +19,11 @@ import numpy as np
 import pandas as pd
 
 from ..model.geometry import ModelGeometry, geometry_from_config
-from ..offload.precision import WeightPrecision
-from ..offload.profiles import CONSUMER_GPUS, PROFILES, HardwareProfile, get_host
-from ..offload.synthetic_routing import locality_for, synthetic_routing
-from ..routing_trace import RoutingTrace, load_trace
-from ..strategies import STRATEGIES
+from ..pricing.precision import WeightPrecision
+from ..pricing.profiles import CONSUMER_GPUS, PROFILES, HardwareProfile, get_host
+from ..routing.synthetic import locality_for, synthetic_routing
+from ..routing.trace_file import RoutingTrace, load_trace
+from ..run import STRATEGIES
 from ..units import parse_bytes
 from . import replay
 from .budget import RUNTIME_OVERHEAD, VramBudget, precision_for, vram_budget
@@ -79,7 +79,7 @@ def _vram(vram, gpu: HardwareProfile) -> float:
 
 def routing_for(trace, geom: ModelGeometry, tokens: int = _TOKENS, seed: int = 0) -> tuple[np.ndarray, str]:
     """The routing an estimate replays, and its label. ``trace=None``: synthetic, matched to the family's
-    published locality. A :class:`~specter_lab.routing_trace.RoutingTrace` (or the path of its ``.npz``): each
+    published locality. A :class:`~specter_lab.routing.trace_file.RoutingTrace` (or the path of its ``.npz``): each
     sequence's prefill then decode routing, the sequences one after the other. An array ``[tokens, moe_layers,
     top_k]`` of expert ids is replayed as given."""
     if trace is None:

@@ -11,7 +11,7 @@ Per MoE layer, serially (llama.cpp runs a layer's device and host parts one afte
 
 ``overlap=True`` (ktransformers: the host's experts run while the device computes its own) prices a layer as
 device dense part + max(device experts + link, host) + trips. Kernels are counted on a tiny sibling of the family
-(:func:`specter_lab.offload.hostops.op_counts`, compiled: two kernels per matmul) at ``KERNEL_TIME`` each.
+(:func:`specter_lab.pricing.opcount.op_counts`, compiled: two kernels per matmul) at ``KERNEL_TIME`` each.
 
 ``HOST_DECODE_EFFICIENCY`` is the one constant fitted to the consumer rows (``sl.bench.consumer_anchors()``,
 leave-one-out there; a test checks it still matches): the fraction of the host's delivered DRAM bandwidth a
@@ -25,9 +25,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..model.geometry import ModelGeometry
-from ..offload.hostops import op_counts
-from ..offload.precision import FORMATS, WeightFormat, WeightPrecision
-from ..offload.profiles import HardwareProfile, HostCPU
+from ..pricing.opcount import op_counts
+from ..pricing.precision import FORMATS, WeightFormat, WeightPrecision
+from ..pricing.profiles import HardwareProfile, HostCPU
 from .replay import Counts
 
 __all__ = ["Machine", "TokenTime", "price_token", "HOST_DECODE_EFFICIENCY", "HOST_EFFICIENCY_RANGE"]

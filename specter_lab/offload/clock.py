@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable, Iterator, Protocol, runtime_checkabl
 
 import torch
 
-from .profiles import DEFAULT_PROFILE, PROFILES, HardwareProfile, get_profile
+from ..pricing.profiles import DEFAULT_PROFILE, PROFILES, HardwareProfile, get_profile
 
 __all__ = ["Clock", "Handle", "Span", "Done", "SimClock", "CudaClock", "ClockFactory", "make_clock", "stamper"]
 
@@ -333,7 +333,7 @@ class ClockFactory:
 
 def make_clock(hardware: "str | HardwareProfile | None") -> ClockFactory:
     """Resolve ``hardware=``: ``"cuda"`` measures on the GPU; anything else is a profile that prices
-    (:func:`~specter_lab.offload.profiles.get_profile`). Raises on an unknown name, or ``"cuda"`` without CUDA."""
+    (:func:`~specter_lab.pricing.profiles.get_profile`). Raises on an unknown name, or ``"cuda"`` without CUDA."""
     if hardware == "cuda":
         if not torch.cuda.is_available():
             raise ValueError("hardware='cuda' needs a CUDA GPU, and torch.cuda.is_available() is False here. "

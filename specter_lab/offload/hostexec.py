@@ -7,7 +7,7 @@ at 60 GB/s), where a copy moves them over PCIe (~0.7 ms) *and* then computes on 
 stays, and is a hit the next time. :class:`MissPolicy` decides per miss which of the two pays, from what the copy
 would save in later reuse against what it costs now.
 
-Miss rules (a strategy's ``miss`` and ``cpu_share`` fields; :func:`specter_lab.assembly.assemble` picks one):
+Miss rules (a strategy's ``miss`` and ``cpu_share`` fields; :func:`specter_lab.run.assembly.assemble` picks one):
 
 * :class:`CopyMisses` (``copy``) – every miss is copied (and kept): the GPU-only strategies;
 * :class:`HostMisses` (``host``) – every miss after the prefill is computed on the host and nothing is copied on

@@ -9,7 +9,7 @@ callables it gives the schedule. Three modes:
 
 * ``target``  – full precision through the ExpertStore: resident experts first, misses demand-loaded into slots
   (streaming through the slots when a layer has fewer slots than it needs experts), every op on the clock;
-* ``draft``   – the draft's experts (see :mod:`specter_lab.drafts`): the rest of the model is the target's own;
+* ``draft``   – the draft's experts (see :mod:`specter_lab.run.drafts`): the rest of the model is the target's own;
 * ``shadow``  – exact, off the clock and off the cache (the oracle's look at the target's true routing).
 
 Contributions are summed in ascending expert order, as HF's eager loop does, so fp results do not depend on
@@ -25,7 +25,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 import torch
 
-from .experts import Group, combine, exact_forward, expert_apply, route_groups
+from ..model.experts import Group, combine, exact_forward, expert_apply, route_groups
 from .schedule import HOOK_POINTS, DraftSource, ForwardInfo, LayerSchedule, rank_prediction
 
 __all__ = ["OffloadRuntime", "ForwardInfo", "DraftSource", "HOOK_POINTS", "gate_ids"]

@@ -44,7 +44,7 @@ class ForwardInfo:
 
 @dataclass
 class DraftSource:
-    """Where the draft's routed experts come from (see :mod:`specter_lab.drafts`): ``variant``, the low-bit
+    """Where the draft's routed experts come from (see :mod:`specter_lab.run.drafts`): ``variant``, the low-bit
     experts (quantized / hybrid), what one such expert costs to read, and the hybrid set size per layer."""
 
     variant: str = "quantized"

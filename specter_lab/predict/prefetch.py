@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from .forecast import WindowForecast
 
 if TYPE_CHECKING:  # annotations only: the prefetcher is handed a store and a cost model, it builds neither
-    from ..offload.cost import CostModel
+    from ..pricing.cost import CostModel
     from ..offload.store import ExpertStore
 
 __all__ = ["LookaheadPrefetcher"]

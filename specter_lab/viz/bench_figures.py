@@ -36,7 +36,7 @@ def table_clock(df: pd.DataFrame) -> str:
     return label
 
 def _strategy_order(names: Iterable[str]) -> list[str]:
-    from ..strategies import STRATEGIES
+    from ..run.strategies import STRATEGIES
 
     names = list(dict.fromkeys(names))
     known = [s for s in STRATEGIES if s in names]

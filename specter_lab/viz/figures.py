@@ -2,7 +2,7 @@
 frames, to a ``plotly.graph_objects.Figure``. Bench-table figures are in :mod:`.bench_figures`; this module also
 re-exports them, the frame analysis and the palette, so ``viz.figures`` reaches every figure.
 
-Every ``*_figure`` function accepts a :class:`~specter_lab.engine.GenerationResult`, its ``Trace`` or the dict
+Every ``*_figure`` function accepts a :class:`~specter_lab.run.engine.GenerationResult`, its ``Trace`` or the dict
 of frames from ``trace.frames()``. Each one draws the same set of traces whatever step it shows (empty traces
 where a step has nothing of that kind), so a notebook widget can show another step by copying trace data into
 its existing figures instead of rebuilding them (see :mod:`specter_lab.viz.widgets`).

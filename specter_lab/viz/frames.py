@@ -1,6 +1,6 @@
 """What the views show, computed from a run's frames: pure pandas, no plotly (testable without it).
 
-Every function accepts a :class:`~specter_lab.engine.GenerationResult`, its ``Trace`` or the dict of frames
+Every function accepts a :class:`~specter_lab.run.engine.GenerationResult`, its ``Trace`` or the dict of frames
 from ``trace.frames()``.
 """
 

@@ -36,10 +36,10 @@ import plotly.graph_objects as go
 from plotly.utils import PlotlyJSONEncoder
 
 from ..decode import StopGeneration
-from ..quant import QuantSpec
-from ..runs import DoesNotFit, run_prompts, try_engine
-from ..strategies import get_strategy
-from ..trace import COLUMNS
+from ..run.quant import QuantSpec
+from ..studies.runs import DoesNotFit, run_prompts, try_engine
+from ..run.strategies import get_strategy
+from ..records.trace import COLUMNS
 from . import figures as F
 from .strip import tokens_html
 

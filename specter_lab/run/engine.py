@@ -6,7 +6,7 @@ accepted. Nothing is left half-applied: the model is attached to the runtime onl
 model again afterwards, whatever happened inside (errors, KeyboardInterrupt).
 
 A run has parts (store, schedule, runtime, decoder, trace); :meth:`Engine.prepare` builds them with
-:func:`specter_lab.assembly.assemble` and returns a :class:`Run`, so tests and tools can observe a run through its
+:func:`specter_lab.run.assembly.assemble` and returns a :class:`Run`, so tests and tools can observe a run through its
 parts (e.g. the schedule's named hook points) before :meth:`Run.execute`. :meth:`Engine.generate` is prepare +
 execute.
 """
@@ -24,26 +24,26 @@ import torch
 from .assembly import (RunParts, assemble, computes_on_host, dispatch_implementation, looks_at_the_target,
                        places_whole_layers, run_clock)
 from .budget import BudgetSplit, split_budget, split_slots, split_static
-from .decode import Decoder, Sampling, Speculation, StepInfo, StopGeneration, reference_greedy
-from .decode.exactness import family_speculation_check
-from .decode.kv import rollback_blockers
+from ..decode import Decoder, Sampling, Speculation, StepInfo, StopGeneration, reference_greedy
+from ..decode.exactness import family_speculation_check
+from ..decode.kv import rollback_blockers
 from .drafts import DraftSpec, as_draft_spec, draft_device_experts, draft_expert_bytes
-from .errors import Diverged, NotExact
-from .metrics import compute_metrics
-from .model import MoEModelInfo, attached, inspect_model
-from .model.placement import ensure_offload_layout
-from .offload.clock import Clock, make_clock
-from .offload.cost import CostModel, build_cost_model
-from .offload.profiles import HardwareProfile
-from .offload.runtime import OffloadRuntime
-from .offload.schedule import DraftSource
-from .offload.shapes import get_cost_shape
-from .offload.store import ExpertStore
-from .predict import KGovernor
+from ..errors import Diverged, NotExact
+from ..records.metrics import compute_metrics
+from ..model import MoEModelInfo, attached, inspect_model
+from ..model.placement import ensure_offload_layout
+from ..offload.clock import Clock, make_clock
+from ..pricing.cost import CostModel, build_cost_model
+from ..pricing.profiles import HardwareProfile
+from ..offload.runtime import OffloadRuntime
+from ..offload.schedule import DraftSource
+from ..pricing.shapes import get_cost_shape
+from ..offload.store import ExpertStore
+from ..predict import KGovernor
 from .quant import DraftExperts, QuantSpec
 from .strategies import Strategy, get_strategy
-from .trace import TRACE_LEVELS, Trace
-from .units import parse_budget
+from ..records.trace import TRACE_LEVELS, Trace
+from ..units import parse_budget
 
 __all__ = ["Engine", "GenerationResult", "BudgetSplit", "Run", "PlanLike", "register_auto_planner"]
 
@@ -59,15 +59,15 @@ class PlanLike(Protocol):
     def engine_kwargs(self) -> dict[str, Any]: ...
 
 
-# strategy="auto" plans with the function registered here (specter_lab.planner registers sl.plan on import), so
+# strategy="auto" plans with the function registered here (specter_lab.studies.planner registers sl.plan on import), so
 # the engine never imports the planner that builds engines.
 _AUTO_PLANNER: list[Callable[..., PlanLike]] = []
 
 
 def auto_planner() -> Callable[..., PlanLike]:
-    """The planner ``strategy="auto"`` runs (``sl.plan`` once :mod:`specter_lab.planner` is imported)."""
+    """The planner ``strategy="auto"`` runs (``sl.plan`` once :mod:`specter_lab.studies.planner` is imported)."""
     if not _AUTO_PLANNER:
-        raise RuntimeError("strategy='auto' needs a planner: import specter_lab.planner first.")
+        raise RuntimeError("strategy='auto' needs a planner: import specter_lab.studies.planner first.")
     return _AUTO_PLANNER[0]
 
 
@@ -95,7 +95,7 @@ class GenerationResult:
 
     def to_html(self, path: str) -> str:
         """Write a standalone HTML report of this run (figures + metrics). Returns the path."""
-        from .viz.report import report_html  # the view layer, on request only (see tests/test_layers.py)
+        from ..viz.report import report_html  # the view layer, on request only (see tests/test_layers.py)
 
         with open(path, "w", encoding="utf-8") as f:
             f.write(report_html(self, self.tokenizer))
@@ -103,7 +103,7 @@ class GenerationResult:
 
     def to_perfetto(self, path: str) -> str:
         """Write this run's timeline as Chrome trace-event JSON (open it in ui.perfetto.dev). Returns the path."""
-        from .perfetto import write_perfetto
+        from ..records.perfetto import write_perfetto
 
         return write_perfetto(self, path)
 
@@ -387,7 +387,7 @@ class Engine:
                 callback: Callable[[StepInfo], None] | None = None, replay: Callable[..., Decoder] | None = None
                 ) -> "Run":
         """Validate the arguments and build one run's parts (nothing runs yet): see :class:`Run`. ``replay``: a
-        decoder that plays recorded routing instead of running the model (:func:`specter_lab.replay.replay`)."""
+        decoder that plays recorded routing instead of running the model (:func:`specter_lab.routing.replay.replay`)."""
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={max_new_tokens!r}: use an integer >= 1.")
         if do_sample and not (isinstance(temperature, (int, float)) and temperature > 0):

@@ -1,5 +1,5 @@
 """Import routing recorded elsewhere (a real checkpoint's per-token top-k, a public dump, a derived sequence) as a
-:class:`~specter_lab.routing_trace.RoutingTrace`, so :func:`specter_lab.replay.replay` prices every strategy on it.
+:class:`~specter_lab.routing.trace_file.RoutingTrace`, so :func:`specter_lab.routing.replay.replay` prices every strategy on it.
 
 What is exact and what is modeled:
 
@@ -41,9 +41,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from .locality import replace_experts
-from .model import inspect_model
+from ..model import inspect_model
 from .replay import skeleton
-from .routing_trace import RoutedSequence, RoutingTrace, TraceError, read_npz
+from .trace_file import RoutedSequence, RoutingTrace, TraceError, read_npz
 
 __all__ = ["import_routing", "ModeledDraft", "MEASURED_DRAFT", "DraftFidelity", "PHASES"]
 

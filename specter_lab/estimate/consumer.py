@@ -18,12 +18,12 @@ from functools import lru_cache
 
 import pandas as pd
 
-from .estimate import replay
-from .estimate.budget import vram_budget
-from .estimate.pricing import HOST_DECODE_EFFICIENCY, Machine, price_token
-from .model.geometry import ModelGeometry, geometry_from_config
-from .offload.precision import get_precision
-from .offload.profiles import HOSTS, PROFILES
+from . import replay
+from .budget import vram_budget
+from .pricing import HOST_DECODE_EFFICIENCY, Machine, price_token
+from ..model.geometry import ModelGeometry, geometry_from_config
+from ..pricing.precision import get_precision
+from ..pricing.profiles import HOSTS, PROFILES
 
 __all__ = ["ConsumerRow", "CONSUMER_ROWS", "consumer_anchors", "derive_host_efficiency", "simulate_consumer_row",
            "TOLERANCE"]

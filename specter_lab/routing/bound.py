@@ -2,11 +2,11 @@
 
 A recorded (or imported) sequence knows its future, so it can be priced as if a strategy knew it too.
 :func:`bound` does, for **non-speculative decoding** (one target forward per token) at an engine's device memory,
-profile, execution mode and cost shape, with the engine's own :class:`~specter_lab.offload.cost.CostModel`:
+profile, execution mode and cost shape, with the engine's own :class:`~specter_lab.pricing.cost.CostModel`:
 
 * **dense work exactly as the live run** prices it: per decode forward i (context P + i) and MoE layer,
   ``dense_layer_time(1, P + i)``, then each routed expert ``expert_time(n)`` on the compute lane, then
-  ``head_time(1)``; TPOT = the decode forwards' time / (N − 1), as :mod:`specter_lab.metrics` measures it;
+  ``head_time(1)``; TPOT = the decode forwards' time / (N − 1), as :mod:`specter_lab.records.metrics` measures it;
 * **memory**: the most permissive use of the engine's budget, one pool of ``budget_bytes // expert_bytes``
   full-precision slots shared by every layer (what ``global_lru`` pools; a per-layer split and a static split
   are special cases, a draft's bytes are given to slots). A per-layer pool of ``pool // layers`` slots is also
@@ -55,10 +55,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .engine import Engine
-from .offload.schedule import counts_of, host_lane_time
+from ..run.engine import Engine
+from ..offload.schedule import counts_of, host_lane_time
 from .replay import _recorded_draft, skeleton
-from .routing_trace import RoutedSequence, RoutingTrace, TraceError
+from .trace_file import RoutedSequence, RoutingTrace, TraceError
 
 __all__ = ["BoundResult", "bound", "trace_bound", "x_of_bound", "bound_column", "VARIANTS"]
 

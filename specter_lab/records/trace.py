@@ -1,7 +1,7 @@
 """Trace: typed records of one generation, turned into pandas DataFrames on demand, and the tally the metrics read.
 
-The per-op records (``trace="full"``) are what the views draw; the :class:`~specter_lab.tally.Tally` beside them
-is counted at every level, so :mod:`specter_lab.metrics` needs no frame and a sweep needs no per-op record.
+The per-op records (``trace="full"``) are what the views draw; the :class:`~specter_lab.records.tally.Tally` beside them
+is counted at every level, so :mod:`specter_lab.records.metrics` needs no frame and a sweep needs no per-op record.
 
 Each record kind is one slotted dataclass below; its fields are the columns of its frame (``COLUMNS``). Times are
 clock handles while the run records and milliseconds from the start of the run once :meth:`Trace.finalize` ran,
@@ -135,7 +135,7 @@ class Trace:
     """Append-only records of one run. ``meta`` says which clock produced the times and what was priced.
 
     ``level="full"`` records everything; ``level="steps"`` only steps and tokens (what a speed run or a sweep
-    pays for), the per-op records stay empty. The :class:`~specter_lab.tally.Tally` that the metrics read is
+    pays for), the per-op records stay empty. The :class:`~specter_lab.records.tally.Tally` that the metrics read is
     kept at both levels, so a run's metrics do not depend on its level. ``numeric``: the clock's handles are
     numbers (the simulated clock), summed as they come."""
 

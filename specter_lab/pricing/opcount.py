@@ -10,7 +10,7 @@ are counted once per (family, implementation, top-k) and cached for the process.
 
 Implementations counted: transformers' own (``eager``, ``grouped_mm``, ``batched_mm``: the HF decode loop, as
 ``generate`` runs it), ``specter`` (this package's runtime: HF's attention and router, then the runtime's own
-per-expert code, :func:`~specter_lab.offload.experts.expert_apply` and ``combine``, counted as it runs) and
+per-expert code, :func:`~specter_lab.model.experts.expert_apply` and ``combine``, counted as it runs) and
 ``mixtral_offloading`` (the DeepSeek dispatch Specter's artifact runs its Mixtral-Offloading baseline with).
 
 Host synchronisations are counted beside the ops: every op that makes the host wait for the device on CUDA
@@ -230,7 +230,7 @@ def _regions(model: nn.Module, mode: CountOps) -> Iterator[None]:
 def _specter_experts(self, hidden_states, top_k_index, top_k_weights):
     """The runtime's own per-expert code on resident weights (no clock, no store): what a target forward with
     every expert resident dispatches. The routing readback is the runtime's (one host copy per layer)."""
-    from .experts import exact_forward
+    from ..model.experts import exact_forward
 
     return exact_forward(self, hidden_states, top_k_index, top_k_weights, lambda e: self._slot_views[e])
 

@@ -1,6 +1,6 @@
 """Replay: price any strategy on recorded routing in seconds, with the same code as a live run.
 
-:func:`replay` builds the same :class:`~specter_lab.engine.Engine` a live run would (strategy, budget split,
+:func:`replay` builds the same :class:`~specter_lab.run.engine.Engine` a live run would (strategy, budget split,
 cost model, clock), but on a model skeleton made from the trace's config on the ``meta`` device (no weights), a
 store without tensors, and a :class:`ReplayDecoder` that, for every forward the decode loop asks for, hands the
 layer schedule the recorded routing and the decode loop the recorded tokens. Store, eviction, prefetch,
@@ -17,14 +17,14 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from .assembly import uses_gate_predictions
-from .decode import Decoder
-from .engine import Engine, GenerationResult
-from .offload.schedule import ForwardInfo, counts_of, rank_prediction
-from .predict import KGovernor
-from .drafts import as_draft_spec
-from .quant import QuantSpec
-from .routing_trace import RoutedSequence, RoutingTrace, TraceError
+from ..run.assembly import uses_gate_predictions
+from ..decode import Decoder
+from ..run.engine import Engine, GenerationResult
+from ..offload.schedule import ForwardInfo, counts_of, rank_prediction
+from ..predict import KGovernor
+from ..run.drafts import as_draft_spec
+from ..run.quant import QuantSpec
+from .trace_file import RoutedSequence, RoutingTrace, TraceError
 
 __all__ = ["replay", "ReplayDecoder", "skeleton", "ReplayMismatch", "refusal"]
 
@@ -178,7 +178,7 @@ def replay(trace: RoutingTrace, strategy="lru", *, tokenizer=None, sequences: "S
            draft: "QuantSpec | None" = None, callback: Callable | None = None, trace_level: str = "full",
            **engine_options) -> list[GenerationResult]:
     """Replay ``strategy`` on every recorded sequence (or those in ``sequences``): one
-    :class:`~specter_lab.engine.GenerationResult` each, with the live run's trace records and metrics.
+    :class:`~specter_lab.run.engine.GenerationResult` each, with the live run's trace records and metrics.
 
     ``engine_options`` are the Engine's (``expert_budget``, ``cache_slots``, ``hardware`` — a simulated profile —,
     ``cost_shape``, ``k``, ``eviction``, …). Speculative strategies need a trace with draft chains, replay the

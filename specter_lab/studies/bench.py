@@ -17,22 +17,22 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from .engine import Engine
+from ..run.engine import Engine
 from .fidelity import fidelity
-from .offload.clock import make_clock
-from .offload.shapes import get_cost_shape
+from ..offload.clock import make_clock
+from ..pricing.shapes import get_cost_shape
 from .prompts import heldout_prompts
-from .consumer import consumer_anchors
-from .published import published
+from ..estimate.consumer import consumer_anchors
+from ..pricing.published import published
 from .reproduce import paper_equal_memory, paper_header, paper_prompts, paper_waterfall, reproduce_paper
-from .quant import QuantSpec
-from .bound import trace_bound, x_of_bound
-from .errors import BudgetTooSmall
-from .record import record
-from .routing_trace import RoutingTrace
+from ..run.quant import QuantSpec
+from ..routing.bound import trace_bound, x_of_bound
+from ..errors import BudgetTooSmall
+from ..routing.record import record
+from ..routing.trace_file import RoutingTrace
 from .runs import SKIPPED, Cell, DoesNotFit, as_source, run_cells, run_prompts, sweep_executor, try_engine, workers_of
-from .strategies import BASELINES, STRATEGIES, get_strategy
-from .units import parse_budget
+from ..run.strategies import BASELINES, STRATEGIES, get_strategy
+from ..units import parse_budget
 
 __all__ = ["compare", "fidelity", "summarize", "heldout_prompts", "ablations", "k_sweep", "cpu_overhead",
            "BASELINES", "COMPARE_COLUMNS", "ABLATIONS", "published", "consumer_anchors", "reproduce_paper",
@@ -61,7 +61,7 @@ def compare(model, tokenizer, strategies: Sequence[str] | None = None, prompts: 
     imported :class:`~specter_lab.RoutingTrace`) replays every cell from it instead of generating (seconds, not
     minutes; ``model`` may be None; the prompts are the trace's; greedy); ``executor=`` runs the cells on any
     ``concurrent.futures.Executor``, with the same rows as the serial run (``"auto"``: a local process pool for a
-    replayed sweep of many cells; ``None``: here, one after the other; see :func:`~specter_lab.runs.run_cells`)."""
+    replayed sweep of many cells; ``None``: here, one after the other; see :func:`~specter_lab.studies.runs.run_cells`)."""
     strategies = list(strategies or STRATEGIES)
     for s in strategies:
         get_strategy(s)
@@ -113,7 +113,7 @@ def compare(model, tokenizer, strategies: Sequence[str] | None = None, prompts: 
 
 
 def _bounds(source, hws, budgets, cost_shape) -> dict:
-    """The autoregressive bound (:mod:`specter_lab.bound`) of every prompt at each simulated profile × budget, from
+    """The autoregressive bound (:mod:`specter_lab.routing.bound`) of every prompt at each simulated profile × budget, from
     the trace, or from the prompts' greedy routing recorded here (no chains: one generation per prompt)."""
     trace = getattr(source, "trace", None)
     if trace is None:

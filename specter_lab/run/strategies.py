@@ -2,7 +2,7 @@
 prefetch source, chunking, eviction, slot pool, miss rule).
 
 A :class:`Strategy` is validated when it is built, so a misspelt mechanism fails here, not inside a run. One
-function, :func:`specter_lab.assembly.assemble`, turns a strategy into a run's parts; nothing else reads its
+function, :func:`specter_lab.run.assembly.assemble`, turns a strategy into a run's parts; nothing else reads its
 fields. Every strategy runs in the same runtime (same model, same store, same clock), so comparisons are one run
 at equal device memory.
 
@@ -69,7 +69,7 @@ class Strategy:
       as Mixtral-Offloading's cache does: two copies on the link per miss.
     * ``single_stream`` – copies run on the compute stream: no copy overlaps any compute.
     * ``dispatch``    – whose expert dispatch the cost model prices (its aten ops and host syncs are counted,
-      :mod:`specter_lab.offload.hostops`): ``specter`` (this runtime: one routing read-back per layer) or
+      :mod:`specter_lab.pricing.opcount`): ``specter`` (this runtime: one routing read-back per layer) or
       ``mixtral_offloading`` (the artifact's: 3 syncs per expert, unfused MLPs).
     """
 
@@ -175,7 +175,7 @@ STRATEGIES: dict[str, Strategy] = {
 
 
 # What the paper's method is compared with at equal memory: every strategy that is not Specter, its extension or
-# a bound, nor a replica of an artifact's implementation costs (mixtral_offloading: see specter_lab.paper).
+# a bound, nor a replica of an artifact's implementation costs (mixtral_offloading: see specter_lab.studies.paper).
 BASELINES = ("on_demand", "lru", "global_lru", "gate_lookahead", "spec_lru", "specmoeoff", "fiddler", "host_lru",
              "static_split")
 

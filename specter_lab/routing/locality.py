@@ -179,7 +179,7 @@ def less_local(routing: Routing, target_hit: float, fraction: float = 0.5, *, nu
     of each layer's experts cached is ``target_hit`` (within ``tol`` where the sequence is long enough): each
     routed expert is replaced with probability ``q`` by one the token does not use, ``q`` found by bisection.
     Targets of real models: :data:`TARGET_HIT_AT_HALF`. Import the result with
-    :func:`specter_lab.import_routing.import_routing` to replay strategies on it."""
+    :func:`specter_lab.routing.importing.import_routing` to replay strategies on it."""
     seqs, single = _as_list(routing)
     ne = _num_experts(num_experts, seqs[0].shape[1])
     if not (isinstance(target_hit, (int, float)) and 0 < target_hit < 1):

@@ -319,7 +319,7 @@ class DraftExperts:
         return self._stored
 
     def weights(self, layer: int, expert: int) -> dict:
-        """The draft's weights of one expert, for :func:`~specter_lab.offload.experts.expert_apply`."""
+        """The draft's weights of one expert, for :func:`~specter_lab.model.experts.expert_apply`."""
         return self._views[layer][expert]
 
     def experts(self, layer: int) -> list[int]:

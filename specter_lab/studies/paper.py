@@ -3,9 +3,9 @@
 Specter (arXiv 2511.14102) reports 1.50× mean and 1.88× max lower TPOT than the state of the art, batch 1, one
 A100-40GB. The artifact (``wwwwwf/specter_asplos@c0325dc``) compares under its own protocol: fixed resident
 counts per method, its own baselines (Mixtral-Offloading as upstream runs it, a SpecMoEOff re-implementation)
-and its own TPOT (``tpot_ms_artifact``, see :mod:`specter_lab.metrics`). Each case below is read from
+and its own TPOT (``tpot_ms_artifact``, see :mod:`specter_lab.records.metrics`). Each case below is read from
 ``benchmarks/run_ae.py``, ``benchmarks/protocol.json``, ``baselines/README.md`` and ``baselines/run.py`` there;
-:func:`specter_lab.bench.reproduce_paper` runs them and ``docs/paper.md`` explains them.
+:func:`specter_lab.studies.bench.reproduce_paper` runs them and ``docs/paper.md`` explains them.
 
 Resident counts are the real model's, per MoE layer. A run on a model with another number of experts (the
 bundled one: 32) keeps each method's *fraction* of experts resident (:meth:`MethodSetup.slots_on`).

@@ -21,16 +21,16 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from .assembly import uses_gate_predictions
-from .drafts import DraftSpec, as_draft_spec
-from .engine import register_auto_planner
-from .model import inspect_model
+from ..run.assembly import uses_gate_predictions
+from ..run.drafts import DraftSpec, as_draft_spec
+from ..run.engine import register_auto_planner
+from ..model import inspect_model
 from .prompts import calibration_prompts
-from .quant import QuantSpec
-from .replay import skeleton
-from .routing_trace import RoutingTrace
+from ..run.quant import QuantSpec
+from ..routing.replay import skeleton
+from ..routing.trace_file import RoutingTrace
 from .runs import SKIPPED, Cell, PromptRuns, as_source, run_cells, sweep_executor
-from .strategies import BASELINES, get_strategy
+from ..run.strategies import BASELINES, get_strategy
 
 __all__ = ["Plan", "plan", "default_candidates", "regime_map"]
 
@@ -122,7 +122,7 @@ def plan(model, tokenizer, hardware="rtx4090-pcie4", expert_budget=0.5, prompts:
     sequences are then both what the plan is chosen on and what it predicts, so record it on prompts apart from
     the ones you will judge the plan by. Candidates a trace cannot replay (draft variants that depend on the
     cache, K beyond its chains) are rows that say so. ``executor=``: the candidates on any Executor (``"auto"``: a
-    local process pool on a trace, :func:`~specter_lab.runs.run_cells`)."""
+    local process pool on a trace, :func:`~specter_lab.studies.runs.run_cells`)."""
     if trace is not None:
         info = inspect_model(skeleton(trace.config))
         source = as_source(None, tokenizer, prompts, max_new_tokens, trace)

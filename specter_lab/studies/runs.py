@@ -27,10 +27,10 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
-from .engine import Engine, auto_planner
-from .errors import BudgetTooSmall
-from .replay import refusal, replay, skeleton
-from .routing_trace import RoutingTrace
+from ..run.engine import Engine, auto_planner
+from ..errors import BudgetTooSmall
+from ..routing.replay import refusal, replay, skeleton
+from ..routing.trace_file import RoutingTrace
 
 __all__ = ["PromptRuns", "DoesNotFit", "NotReplayable", "SKIPPED", "run_prompts", "try_engine", "Cell",
            "LiveSource", "TraceSource", "run_cells", "as_source", "TracePool", "trace_pool", "sweep_executor",

@@ -1,9 +1,9 @@
-"""Specter's headline under its own protocol (:mod:`specter_lab.paper`), what its speedup is made of, and the same
+"""Specter's headline under its own protocol (:mod:`specter_lab.studies.paper`), what its speedup is made of, and the same
 cases at equal memory against the lean baselines.
 
 Every time here is simulated: the A100-40G PCIe 4.0 profile in an execution mode, each case's cost shape at full
 depth, and the routing of the model run live (the bundled one unless another is given) or of a recorded routing
-trace (``trace=``, :func:`specter_lab.record`), *projected* onto that shape: each method keeps the artifact's
+trace (``trace=``, :func:`specter_lab.routing.record`), *projected* onto that shape: each method keeps the artifact's
 fraction of experts resident. The frames say so in ``attrs`` and :func:`paper_header` prints it.
 """
 
@@ -15,16 +15,16 @@ from typing import Any, Sequence
 import pandas as pd
 from tqdm.auto import tqdm
 
-from .engine import Engine
-from .model import inspect_model
-from .replay import replay, skeleton
-from .routing_trace import RoutingTrace
-from .offload.profiles import EXECUTIONS
-from .offload.shapes import get_cost_shape
+from ..run.engine import Engine
+from ..model import inspect_model
+from ..routing.replay import replay, skeleton
+from ..routing.trace_file import RoutingTrace
+from ..pricing.profiles import EXECUTIONS
+from ..pricing.shapes import get_cost_shape
 from .paper import PAPER_CASES, PAPER_CLAIM, PAPER_EXECUTIONS, PAPER_PROFILE, PROTOCOL, PaperCase, get_case
 from .prompts import heldout_prompts
 from .runs import PromptRuns, run_prompts
-from .strategies import Strategy, get_strategy
+from ..run.strategies import Strategy, get_strategy
 
 __all__ = ["reproduce_paper", "paper_waterfall", "paper_equal_memory", "paper_prompts", "paper_header",
            "WATERFALL_STEPS", "LEAN_STRATEGIES"]

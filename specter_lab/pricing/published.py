@@ -21,10 +21,10 @@ from functools import lru_cache
 
 import pandas as pd
 
-from .offload.cost import piece_time
-from .offload.hostops import RegionCount, count_model, counting_model
-from .offload.profiles import PROFILES, HardwareProfile
-from .offload.shapes import COST_SHAPES, CostShape
+from .cost import piece_time
+from .opcount import RegionCount, count_model, counting_model
+from .profiles import PROFILES, HardwareProfile
+from .shapes import COST_SHAPES, CostShape
 
 __all__ = ["PublishedRow", "PUBLISHED_ROWS", "published", "derive_host_op_cost", "derive_kernel_time",
            "simulate_row", "TOLERANCE"]

@@ -1,4 +1,4 @@
-"""Every metric of a run, from its trace: the step and token records plus the :class:`~specter_lab.tally.Tally`
+"""Every metric of a run, from its trace: the step and token records plus the :class:`~specter_lab.records.tally.Tally`
 counted as it ran. Both are kept at every trace level, so ``trace="steps"`` (a sweep, a speed run) gives the
 same metrics as ``trace="full"`` without paying for a per-op record or a pandas frame.
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import BudgetTooSmall
-from .units import parse_budget
+from ..errors import BudgetTooSmall
+from ..units import parse_budget
 
 __all__ = ["BudgetSplit", "split_budget", "split_slots", "split_static"]
 

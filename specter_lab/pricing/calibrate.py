@@ -12,14 +12,14 @@ def measure_host_op_cost(device: str = "cuda", family: str = "qwen2_moe", new_to
     """Host seconds per aten op, measured the way the cost model uses it: a tiny random model of ``family`` (its
     width too small for the device to matter, so decoding it is pure host dispatch) generates on ``device``;
     wall-clock per decode token (the difference of a long and a short run, best of ``repeats``) ÷ the aten ops
-    one decode token dispatches (counted by :func:`~specter_lab.offload.hostops.count_model`).
+    one decode token dispatches (counted by :func:`~specter_lab.pricing.opcount.count_model`).
 
     Needs CUDA: on the CPU the "device" work runs on the host itself, so the figure would not be a host cost."""
     import time
 
     import torch
 
-    from .hostops import count_model, counting_model
+    from .opcount import count_model, counting_model
 
     if not str(device).startswith("cuda") or not torch.cuda.is_available():
         raise RuntimeError("measure_host_op_cost() measures host dispatch in front of a GPU and needs CUDA "

@@ -57,7 +57,7 @@ def _clean(args: dict) -> dict:
 
 
 def trace_events(result) -> dict[str, Any]:
-    """The trace-event document of ``result`` (a :class:`~specter_lab.engine.GenerationResult`)."""
+    """The trace-event document of ``result`` (a :class:`~specter_lab.run.engine.GenerationResult`)."""
     f = result.frames()
     if f["compute"].empty and f["transfers"].empty:
         raise ValueError("this run recorded no per-op events (trace='steps'): run the Engine with trace='full' "

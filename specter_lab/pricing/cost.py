@@ -6,7 +6,7 @@ Each priced piece of a forward (the non-expert part of a MoE layer, one routed e
     device time = kernels · kernel_time + max(flops / peak_flops, bytes_read / hbm_bandwidth)
     host time   = aten ops · host_op_cost          (execution="eager"; 0 when "compiled")
 
-with the aten ops and kernels *counted* for the model's family (:mod:`specter_lab.offload.hostops`), not assumed,
+with the aten ops and kernels *counted* for the model's family (:mod:`specter_lab.pricing.opcount`), not assumed,
 plus ``syncs · sync_time`` for the host synchronisations counted in the same piece (:func:`sync_time`).
 Why a max per piece: eager PyTorch enqueues kernels asynchronously, so host and device overlap within a piece,
 but the runtime reads each layer's routing back to the host (a sync per layer), so they cannot drift further
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from .hostops import OpCounts, op_counts
+from .opcount import OpCounts, op_counts
 from .profiles import HardwareProfile
 from .shapes import CostShape, get_cost_shape
 

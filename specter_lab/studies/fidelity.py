@@ -11,11 +11,11 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from .engine import Engine
-from .model import attached, inspect_model
-from .offload.experts import exact_forward
+from ..run.engine import Engine
+from ..model import attached, inspect_model
+from ..model.experts import exact_forward
 from .prompts import heldout_prompts
-from .quant import DraftExperts, QuantSpec
+from ..run.quant import DraftExperts, QuantSpec
 from .runs import run_prompts
 
 __all__ = ["fidelity", "teacher_forced"]

@@ -3,7 +3,7 @@ simulated clock turns into time.
 
 How fast the host→device link really moves pinned memory, what one copy costs to start, how fast kernels stream
 weights from device memory, what a kernel launch costs, and what the host CPU can do. Only the CUDA clock
-measures time; a profile from :func:`specter_lab.offload.calibrate.calibrate` holds measured numbers.
+measures time; a profile from :func:`specter_lab.pricing.calibrate.calibrate` holds measured numbers.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One way to assemble a run: a :class:`~specter_lab.strategies.Strategy` (typed mechanism choices) → the run's
+"""One way to assemble a run: a :class:`~specter_lab.run.strategies.Strategy` (typed mechanism choices) → the run's
 parts. This module is the only reader of a strategy's mechanism fields.
 
 =====================  ==============================================================================
@@ -27,17 +27,17 @@ from typing import Any, Callable
 
 import torch
 
-from .decode import Decoder, Sampling, Speculation, autoregressive, speculative
-from .decode.speculative import DraftForecast, OracleForecast
-from .offload.cache import make_policy
-from .offload.clock import Clock
-from .offload.hostexec import CopyMisses, CostedMisses, HostMisses, MissPolicy, MissRule, ShareMisses
-from .offload.runtime import OffloadRuntime
-from .offload.schedule import DraftSource, LayerSchedule
-from .offload.store import ExpertStore
-from .predict import KGovernor, LookaheadPrefetcher
+from ..decode import Decoder, Sampling, Speculation, autoregressive, speculative
+from ..decode.speculative import DraftForecast, OracleForecast
+from ..offload.cache import make_policy
+from ..offload.clock import Clock
+from ..offload.hostexec import CopyMisses, CostedMisses, HostMisses, MissPolicy, MissRule, ShareMisses
+from ..offload.runtime import OffloadRuntime
+from ..offload.schedule import DraftSource, LayerSchedule
+from ..offload.store import ExpertStore
+from ..predict import KGovernor, LookaheadPrefetcher
 from .strategies import Strategy
-from .trace import Trace
+from ..records.trace import Trace
 
 __all__ = ["RunParts", "assemble", "make_store", "make_schedule", "miss_rule", "places_whole_layers",
            "computes_on_host", "looks_at_the_target", "run_clock", "dispatch_implementation"]
@@ -139,7 +139,7 @@ def assemble(st: Strategy, *, model, info, slots_per_layer: list[int], clock: Cl
              fault_hook: Callable[[int, int], None] | None = None,
              replay: Callable[..., Decoder] | None = None) -> RunParts:
     """Turn a strategy into one run's parts (nothing runs yet). ``replay``: a decoder class that plays recorded
-    routing instead of running ``model`` (:mod:`specter_lab.replay`); the store then holds no tensors."""
+    routing instead of running ``model`` (:mod:`specter_lab.routing.replay`); the store then holds no tensors."""
     store = make_store(st, info, slots_per_layer, clock, cost, trace, device, host, materialize=replay is None)
     store.fault_hook = fault_hook
     schedule = make_schedule(st, info, store, draft if st.speculative else None, host_weights)

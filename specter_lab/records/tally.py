@@ -2,9 +2,9 @@
 
 A sweep (compare, plan, the regime map, bench on a trace) reads a run's metrics, never its per-op frames, so it
 runs with ``trace="steps"`` and pays for no per-op record; the metrics must not change with the level. The
-:class:`Tally` is kept by :class:`~specter_lab.trace.Trace` beside its records: cache events and link bytes as
+:class:`Tally` is kept by :class:`~specter_lab.records.trace.Trace` beside its records: cache events and link bytes as
 counters, op durations as sums, and the forecast's recall as set sizes closed step by step.
-:mod:`specter_lab.metrics` reads it, plus the step and token records (kept at every level).
+:mod:`specter_lab.records.metrics` reads it, plus the step and token records (kept at every level).
 
 Durations: on a clock whose handles are numbers (the simulated clock: ``readable_midrun``) each duration is
 added as the op is recorded; on a real clock the handle pairs are kept and resolved once the run is over
