@@ -104,7 +104,9 @@ def _bench_budgets(a) -> list:
 def _cuda_load(hardware: str | None) -> dict[str, Any]:
     """load_model arguments for a run on the CUDA clock: placed for offloading (load_model's CUDA default dtype
     is bf16: fp32 would double every copy)."""
-    return {"device": "cuda"} if hardware == "cuda" else {}
+    from .offload.clock import is_measured
+
+    return {"device": "cuda"} if is_measured(hardware) else {}
 
 
 def cmd_bench(a) -> int:
@@ -123,7 +125,7 @@ def cmd_bench(a) -> int:
     from .run.strategies import STRATEGIES
 
     # The default set is the paper's comparison plus our own; `auto` (a calibration per cell) is in --regimes.
-    strategies = a.strategies.split(",") if a.strategies else [s for s in STRATEGIES if s != "auto"]
+    strategies = a.strategies.split(",") if a.strategies else list(STRATEGIES)
     hardware = [h for h in a.hardware.split(",") if h]
     if a.execution:  # every profile in every mode asked for: "rtx4090-pcie4@compiled", ...
         hardware = [f"{h}@{m}" for m in a.execution.split(",") if m for h in hardware]
@@ -275,7 +277,7 @@ def _bench_extras(a, model, tok, prompts, hardware, budgets, cost_shape, spec) -
                                        cost_shape=cost_shape, max_new_tokens=a.max_new_tokens, draft=spec,
                                        progress=not quiet).to_dict(orient="records")
     if a.overhead:
-        strategies = a.strategies.split(",") if a.strategies else [s for s in STRATEGIES if s != "auto"]
+        strategies = a.strategies.split(",") if a.strategies else list(STRATEGIES)
         out["cpu_overhead"] = bench.cpu_overhead(model, tok, prompts[0], max_new_tokens=a.max_new_tokens,
                                                  strategies=strategies).to_dict(orient="records")
     if a.regimes:
@@ -393,13 +395,13 @@ def cmd_estimate(a) -> int:
 # ----------------------------------------------------------------------------------------- parser
 def _parser() -> argparse.ArgumentParser:
     from .pricing.profiles import PROFILES
-    from .run.strategies import STRATEGIES
+    from .run.strategies import STRATEGIES, strategy_names
 
     parser = argparse.ArgumentParser(prog="specter-lab", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="generate once and print the text and metrics")
     _add_common(r)
-    r.add_argument("--strategy", default="specter", help=f"one of {list(STRATEGIES)}")
+    r.add_argument("--strategy", default="specter", help=f"one of {strategy_names()}")
     # Ends mid-line on purpose: with byte-level BPE a trailing newline splits the usual newline+indent token.
     r.add_argument("--prompt", default='def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n    if n < 2:')
     r.add_argument("--hardware", default="rtx4090-pcie4", help=f"one of {sorted(PROFILES)} or 'cuda'")

@@ -27,7 +27,7 @@ LAYERS = [
 
 # Upward imports made on purpose, each with its reason. Keep this list short.
 ALLOWED = {
-    ("run.engine", "viz.report"): "GenerationResult.to_html renders itself with the view layer, on request only",
+    ("run.setup", "viz.report"): "GenerationResult.to_html renders itself with the view layer, on request only",
 }
 
 RANK = {name: i for i, layer in enumerate(LAYERS) for name in layer}

@@ -45,9 +45,18 @@ PLACEMENTS = {
     "lru": ("a per-layer LRU; every miss is copied over the link", "mixtral-offloading"),
     "on_demand": ("nothing kept: every routed expert copied every token", "accelerate-style offload"),
 }
-# Speculative strategies need a draft's acceptance and the union of a window's routing: measured on a loaded
-# model (sl.plan), not estimated from a config.
-NOT_ESTIMATED = ("spec_lru", "specmoeoff", "specter", "specter_plus", "specter_host", "oracle", "gate_lookahead")
+# Every strategy row is priced above or left out here with its reason (tests/test_strategy_lists.py holds the two
+# together, so a new strategy cannot be silently missing from the estimate).
+_SPECULATIVE = ("speculative: needs a draft's acceptance and the union of a window's routing, measured on a loaded "
+                "model (sl.plan) or a recorded trace (sl.replay), not estimated from a config")
+NOT_ESTIMATED = {
+    "spec_lru": _SPECULATIVE, "specmoeoff": _SPECULATIVE, "specter": _SPECULATIVE, "specter_plus": _SPECULATIVE,
+    "specter_host": _SPECULATIVE,
+    "oracle": "reads the target's true routing: a reference, not a placement anyone runs",
+    "gate_lookahead": "needs the next layer's router predictions, which a config alone does not give",
+    "mixtral_offloading": "a replica of an artifact's implementation costs (write-back, one stream); its "
+                          "placement is lru's",
+}
 
 _TOKENS, _WARMUP = 320, 64  # replayed decode tokens; the first _WARMUP warm the caches (the prompt would)
 _CPU_SHARES = (0.0, 0.25, 0.5, 0.75)  # global_lru's share of misses computed on the host: the fastest is kept
@@ -239,6 +248,7 @@ def _assumptions(m: Machine, prec: WeightPrecision, label: str, overhead: float,
         "the host; KV cache at 2 bytes/value, read at the full stated context (the speed once the context is full)",
         f"runtime overhead {overhead / 2**30:.2f} GiB of VRAM (CUDA context + compute buffers)",
         f"routing: {label}; {_TOKENS - _WARMUP} decode tokens replayed after {_WARMUP} warm-up tokens",
-        f"speculative strategies ({', '.join(NOT_ESTIMATED)}) are not estimated: they need a draft's acceptance, "
-        "measured on a loaded model (sl.plan)",
+        f"not estimated: {', '.join(n for n, why in NOT_ESTIMATED.items() if why == _SPECULATIVE)} (they need a "
+        "draft's acceptance, measured on a loaded model: sl.plan); "
+        + "; ".join(f"{n} ({why})" for n, why in NOT_ESTIMATED.items() if why != _SPECULATIVE),
     ]

@@ -55,12 +55,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..run.engine import Engine
+from ..model import MoEModelInfo
 from ..offload.schedule import counts_of, host_lane_time
-from .replay import _recorded_draft, skeleton
+from ..run.setup import RunSetup
+from .replay import replay_setup
 from .trace_file import RoutedSequence, RoutingTrace, TraceError
 
-__all__ = ["BoundResult", "bound", "trace_bound", "x_of_bound", "bound_column", "VARIANTS"]
+__all__ = ["BoundResult", "bound", "bound_of", "trace_bound", "x_of_bound", "bound_column", "VARIANTS"]
 
 POOLS = ("global", "layer")
 INITIAL = ("belady", "frequent")
@@ -106,20 +107,26 @@ def bound_column(df, bound: str = "bound_tpot_ms", tpot: str = "tpot_ms"):
     return df[bound] / df[tpot].where(df[tpot] > 0)
 
 
-def bound(engine: Engine, seq: RoutedSequence) -> BoundResult:
+def bound(engine, seq: RoutedSequence) -> BoundResult:
     """The TPOT of the fastest clairvoyant non-speculative schedule of ``seq`` at ``engine``'s device memory,
-    profile, execution mode and cost shape (see the module docstring for what is and is not bounded)."""
+    profile, execution mode and cost shape (see the module docstring for what is and is not bounded).
+    ``engine``: an :class:`~specter_lab.run.engine.Engine` (anything with ``.setup`` and ``.info``)."""
+    return bound_of(engine.setup, engine.info, seq)
+
+
+def bound_of(setup: RunSetup, info: MoEModelInfo, seq: RoutedSequence) -> BoundResult:
+    """:func:`bound` from a run set-up and the model's info alone (what :func:`trace_bound` uses: no Engine)."""
     if not isinstance(seq, RoutedSequence):
         raise TypeError(f"seq must be a RoutedSequence (trace.sequences[i]), got {type(seq).__name__}.")
-    info, cost = engine.info, engine.cost
+    cost = setup.cost
     if seq.decode.ndim != 3 or seq.decode.shape[1] != info.num_layers:
         raise TraceError(f"seq.decode: shape {seq.decode.shape}, but the engine's model has {info.num_layers} MoE "
                          "layers: the sequence was recorded on another model.")
     if len(seq.tokens) < 2:
         raise ValueError("seq has fewer than 2 generated tokens: TPOT needs at least one decode forward.")
     total = sum(l.num_experts for l in info.layers)
-    pool = int(min(total, engine.split.budget_bytes // max(1, cost.expert_bytes)))
-    host_wb = engine.host_dtype.itemsize if engine.host_dtype is not None else None
+    pool = int(min(total, setup.split.budget_bytes // max(1, cost.expert_bytes)))
+    host_wb = setup.host_dtype.itemsize if setup.host_dtype is not None else None
     prob = _Problem.of(seq, info, cost, host_wb)
     results = {v: _simulate(prob, pool, *v) for v in VARIANTS}
     best = min(VARIANTS, key=lambda v: results[v].tpot)
@@ -132,21 +139,15 @@ def bound(engine: Engine, seq: RoutedSequence) -> BoundResult:
 
 
 def trace_bound(trace: RoutingTrace, strategy="lru", *, sequences: "Sequence[int] | None" = None,
-                **engine_options) -> list[BoundResult]:
+                **options) -> list[BoundResult]:
     """:func:`bound` of every recorded sequence (or those in ``sequences``) at the device memory, profile and cost
-    shape a replay with these ``engine_options`` would have (``strategy``: the row the bound is read against;
+    shape a replay with these ``options`` would have (``strategy``: the row the bound is read against;
     only its budget split matters, e.g. a speculative one's ``cache_slots`` count its draft's bytes)."""
-    if not isinstance(trace, RoutingTrace):
-        raise TypeError(f"trace must be a sl.RoutingTrace (sl.record(...) or sl.load_trace(path)), got "
-                        f"{type(trace).__name__}.")
-    if engine_options.get("hardware") == "cuda":
-        raise ValueError("hardware='cuda' measures a live run; the bound prices on a simulated profile: give one.")
     if strategy == "auto" or hasattr(strategy, "engine_kwargs"):
         strategy = "lru"  # a plan's choice does not change the device memory the bound is priced at
-    draft = engine_options.pop("draft", None)
-    eng = Engine(skeleton(trace.config), None, strategy, draft=_recorded_draft(trace, draft), **engine_options)
+    setup, info = replay_setup(trace, strategy, check=False, **options)
     picked = range(len(trace.sequences)) if sequences is None else list(sequences)
-    return [bound(eng, trace.sequences[i]) for i in picked]
+    return [bound_of(setup, info, trace.sequences[i]) for i in picked]
 
 
 def _label(variant: tuple[str, str, str]) -> str:
