@@ -395,7 +395,7 @@ def cmd_estimate(a) -> int:
 # ----------------------------------------------------------------------------------------- parser
 def _parser() -> argparse.ArgumentParser:
     from .pricing.profiles import PROFILES
-    from .run.strategies import STRATEGIES, strategy_names
+    from .run.strategies import strategy_names
 
     parser = argparse.ArgumentParser(prog="specter-lab", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)

@@ -21,10 +21,10 @@ from typing import Any, Callable, Iterable, Iterator, Protocol, runtime_checkabl
 import torch
 
 from ..pricing.profiles import DEFAULT_PROFILE, PROFILES, HardwareProfile, get_profile
+from ..units import Handle
 
 __all__ = ["Clock", "Handle", "Span", "Done", "SimClock", "CudaClock", "ClockFactory", "make_clock", "stamper"]
 
-Handle = Any  # float seconds (SimClock) or torch.cuda.Event (CudaClock); the one alias (trace.py imports it)
 
 
 @dataclass(slots=True)

@@ -30,8 +30,8 @@ from ..routing.bound import trace_bound, x_of_bound
 from ..errors import BudgetTooSmall
 from ..routing.record import record
 from ..routing.trace_file import RoutingTrace
-from .runs import SKIPPED, Cell, DoesNotFit, as_source, run_cells, run_prompts, sweep_executor, try_engine, workers_of
-from ..run.strategies import AUTO, BASELINES, STRATEGIES, get_strategy, strategy_names
+from .runs import SKIPPED, Cell, DoesNotFit, as_source, run_cells, run_prompts, sweep_executor, workers_of
+from ..run.strategies import AUTO, BASELINES, get_strategy, strategy_names
 from ..units import parse_budget
 
 __all__ = ["compare", "fidelity", "summarize", "heldout_prompts", "ablations", "k_sweep", "cpu_overhead",
