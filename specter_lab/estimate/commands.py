@@ -24,7 +24,7 @@ def llama_cpp_command(e, model_path: str = "model.gguf") -> str:  # e: an estima
     rows = e.table[e.table.strategy.isin(LLAMA_CPP_PLACEMENTS)]
     best = str(rows.iloc[0]["strategy"])
     parts = [f"llama-server -m {model_path} -ngl 99 -c {e.context} --no-mmap"]
-    if e.machine.host is not None:
+    if e.machine.host is not None and e.machine.host.cores:
         parts.append(f"--threads {e.machine.host.cores}")
     L = e.model.moe_layers
     dense_offset = e.model.dense_layers  # llama.cpp numbers blocks over all decoder layers
@@ -67,10 +67,17 @@ def report(e) -> str:
     head = (f"Estimate for {g.name} ({g.model_type}: {g.total_params / 1e9:.1f}B params, {g.moe_layers} MoE layers x "
             f"{g.num_experts} experts, top-{g.top_k}, {g.active_params / 1e9:.2f}B read per token) at weights "
             f"{e.precision.label}, context {e.context}, on {e.machine.label}.")
-    cols = ["strategy", "tokens_per_s", "band_tok_s", "tpot_ms", "hit_rate", "copies_per_token", "host_experts_per_token",
+    cols = ["strategy", "tokens_per_s", "band_tok_s", "dominant_unknown", "tpot_ms", "hit_rate", "copies_per_token", "host_experts_per_token",
             "device_ms", "link_ms", "host_ms", "placement", "runs_as"]
     table = e.table[cols].to_string(index=False, float_format=lambda v: f"{v:.3g}")
-    lines = [head, e.budget.describe() + ".", "", "Decode, modelled (fastest first):", table, "",
+    best = e.table.iloc[0]
+    band = (f"Band for {e.best}: {best.low_tok_s:.3g}-{best.high_tok_s:.3g} tok/s"
+            + (f"; the unknown that dominates it: {best.dominant_unknown} ({e.unknowns.get(best.dominant_unknown)})"
+               if best.dominant_unknown else ""))
+    warn = ([] if e.machine.host is not None else
+            ["Host not given: the band spans a desktop from dual-channel DDR4-2666 to DDR5-6400; give --host "
+             "ddr5-5600x2 (your memory), a measured GB/s, or 'calibrated' after `specter-lab calibrate --host`."])
+    lines = [head, e.budget.describe() + ".", *warn, "", "Decode, modelled (fastest first):", table, "", band + ".",
              f"Placement it implies: {e.best}: {e.table.iloc[0]['placement']}.", "", "Run it:",
              "  " + e.llama_cpp().replace("\n", "\n  "), "  " + e.engine_call(), "", "Assumptions:"]
     if "global_lru" not in STRATEGIES:
