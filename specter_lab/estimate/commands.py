@@ -61,6 +61,22 @@ def engine_call(e) -> str:
             "checkpoint's")
 
 
+def _yours(e) -> list[str]:
+    """The user's own flags against the best placement, in one line."""
+    if "yours" not in e.placements:
+        return []
+    y, b = e.row("yours"), e.row(e.best)
+    gain = b.tokens_per_s / y.tokens_per_s
+    notes = "".join(f" Note: {n}." for n in e.placements["yours"]["notes"])
+    return [f"Your flags ({e.placements['yours']['flags']}): {y.tokens_per_s:.3g} tok/s (band {y.band_tok_s}); the "
+            f"best, {e.best}, {b.tokens_per_s:.3g} tok/s: {gain:.2f}x by changing it.{notes}"]
+
+
+def _sizing(e) -> list[str]:
+    s = e.cache_sizing()
+    return [] if s is None else [s.describe()]
+
+
 def report(e) -> str:
     """What ``specter-lab estimate`` prints."""
     g = e.model
@@ -70,7 +86,7 @@ def report(e) -> str:
     cols = ["strategy", "tokens_per_s", "band_tok_s", "dominant_unknown", "tpot_ms", "hit_rate", "copies_per_token", "host_experts_per_token",
             "device_ms", "link_ms", "host_ms", "placement", "runs_as"]
     table = e.table[cols].to_string(index=False, float_format=lambda v: f"{v:.3g}")
-    best = e.table.iloc[0]
+    best = e.row(e.best)
     band = (f"Band for {e.best}: {best.low_tok_s:.3g}-{best.high_tok_s:.3g} tok/s"
             + (f"; the unknown that dominates it: {best.dominant_unknown} ({e.unknowns.get(best.dominant_unknown)})"
                if best.dominant_unknown else ""))
@@ -78,7 +94,7 @@ def report(e) -> str:
             ["Host not given: the band spans a desktop from dual-channel DDR4-2666 to DDR5-6400; give --host "
              "ddr5-5600x2 (your memory), a measured GB/s, or 'calibrated' after `specter-lab calibrate --host`."])
     lines = [head, e.budget.describe() + ".", *warn, "", "Decode, modelled (fastest first):", table, "", band + ".",
-             f"Placement it implies: {e.best}: {e.table.iloc[0]['placement']}.", "", "Run it:",
+             f"Placement it implies: {e.best}: {best.placement}.", *_yours(e), *_sizing(e), "", "Run it:",
              "  " + e.llama_cpp().replace("\n", "\n  "), "  " + e.engine_call(), "", "Assumptions:"]
     if "global_lru" not in STRATEGIES:
         lines.insert(-1, "  (global_lru is priced here; the Engine strategy of that name is not in this install.)")

@@ -20,8 +20,8 @@ import pandas as pd
 
 from ..model.geometry import ModelGeometry, geometry_from_config
 from ..pricing.precision import WeightPrecision
-from ..pricing.gpus import GPU, resolve_gpu
-from ..pricing.profiles import HardwareProfile, get_host
+from ..pricing.gpus import GPU
+from ..pricing.profiles import HardwareProfile, get_host, resolve_gpu
 from ..routing.synthetic import locality_for, synthetic_routing
 from ..routing.trace_file import RoutingTrace, load_trace
 from ..run import STRATEGIES
@@ -29,6 +29,8 @@ from ..units import parse_bytes
 from . import replay
 from .budget import RUNTIME_OVERHEAD, VramBudget, precision_for, vram_budget
 from .bands import Scenario, combine, unknowns
+from .placement import UserPlacement, parse_placement
+from .sizing import CacheSizing, cache_sizing
 from .pricing import HOST_DECODE_EFFICIENCY, Machine, TokenTime, price_token
 
 __all__ = ["estimate", "Estimate", "PLACEMENTS", "NOT_ESTIMATED", "get_gpu", "routing_for"]
@@ -46,6 +48,7 @@ PLACEMENTS = {
                  "specter_lab host_lru"),
     "lru": ("a per-layer LRU; every miss is copied over the link", "mixtral-offloading"),
     "on_demand": ("nothing kept: every routed expert copied every token", "accelerate-style offload"),
+    "yours": ("your llama.cpp flags, priced as given", "llama.cpp (your flags)"),
 }
 # Speculative strategies need a draft's acceptance and the union of a window's routing: measured on a loaded
 # model (sl.plan), not estimated from a config.
@@ -125,10 +128,21 @@ class Estimate:
     placements: dict = field(default_factory=dict)  # strategy -> its parameters (layers on GPU, slots, ...)
     depth: int | None = None  # tokens in the KV cache while decoding (None: not given, banded)
     unknowns: dict = field(default_factory=dict)  # what the band spans: unknown -> its range and why
+    _inputs: dict = field(default_factory=dict, repr=False)  # routing, central scenario, unknowns (for the sweeps)
 
     @property
     def best(self) -> str:
-        return str(self.table.iloc[0]["strategy"])
+        """The fastest placement the estimate chose (the user's own flags, row ``yours``, are priced beside it)."""
+        return str(self.table[self.table.strategy != "yours"].iloc[0]["strategy"])
+
+    def cache_sizing(self) -> CacheSizing | None:
+        """The cliff and the knee of a global expert cache (``--moe-cache-mib``) for this model on this machine:
+        see :mod:`.sizing`. None when every expert fits in VRAM."""
+        if self.budget.all_fit:
+            return None
+        central = self._inputs["central"]
+        return cache_sizing(self.model, self.budget, self._inputs["routing"],
+                            lambda c: _price(self.model, central, c, {}).tokens_per_s, _WARMUP)
 
     def row(self, strategy: str) -> pd.Series:
         return self.table.set_index("strategy").loc[strategy]
@@ -153,7 +167,8 @@ class Estimate:
 
 def estimate(config, gpu: "str | HardwareProfile" = "rtx4090", vram=None, host=None, weights=None,
              context: int = 4096, trace=None, overhead: float = RUNTIME_OVERHEAD,
-             eta_host: float = HOST_DECODE_EFFICIENCY, seed: int = 0, depth: int | None = None) -> Estimate:
+             eta_host: float = HOST_DECODE_EFFICIENCY, seed: int = 0, depth: int | None = None,
+             placement: str | None = None) -> Estimate:
     """Expected batch-1 decode TPOT and tokens/s per strategy for the model of ``config`` (a ``config.json`` path,
     its folder, a dict or a bundled name) on ``gpu`` (a catalog name such as ``"rtx3060"``, a profile name or a
     HardwareProfile) with ``vram`` bytes (default: the card's), beside ``host`` (its memory ``"ddr5-5600x2"``, a
@@ -161,7 +176,9 @@ def estimate(config, gpu: "str | HardwareProfile" = "rtx4090", vram=None, host=N
     desktop range), its weights in ``weights`` (``"q4_k_m"``, ``"mxfp4"``, ``"bf16"``, ``"<experts>+<dense>"``;
     default: the checkpoint's own format, else bf16), KV cache at ``context`` tokens, decoding at ``depth``
     tokens in the cache (None: unknown, priced at the full context and banded down to empty). Routing:
-    ``trace`` when given, else synthetic matched to the family's published locality. Modelled, not measured:
+    ``trace`` when given, else synthetic matched to the family's published locality. ``placement``: the llama.cpp
+    flags you run today (``"--n-cpu-moe 20"``, ``"--cpu-moe --moe-cache-mib 6000"``, ``-ot`` patterns), priced as
+    given in a row ``yours`` beside the others. Modelled, not measured:
     :attr:`Estimate.assumptions` lists what every number rests on; ``band_tok_s`` what the unknowns allow."""
     if isinstance(context, bool) or not isinstance(context, int) or context < 1:
         raise ValueError(f"context={context!r}: give the tokens the KV cache must hold, an integer >= 1 "
@@ -180,20 +197,53 @@ def estimate(config, gpu: "str | HardwareProfile" = "rtx4090", vram=None, host=N
     unknown = unknowns(central, context, depth is not None)
     rows, placements = [], {}
     for name, counts, params, extra in _placements(geom, budget, routing):
-        price = lambda c, sc=None: price_token(geom, sc.precision, sc.machine, c, sc.depth, sc.eta, **extra) \
-            if sc else price_token(geom, central.precision, central.machine, c, central.depth, central.eta, **extra)
         if isinstance(counts, dict):  # a sweep of one parameter (global_lru's cpu_share): keep the fastest
-            share, counts = min(counts.items(), key=lambda sc: price(sc[1]).total_ms)
+            share, counts = min(counts.items(), key=lambda sc: _price(geom, central, sc[1], extra).total_ms)
             params = {**params, "cpu_share": share}
-        t = price(counts)
-        swings = {u.name: (price(counts, u.slow).tokens_per_s, price(counts, u.fast).tokens_per_s) for u in unknown}
         placements[name] = params
-        rows.append(_row(name, t, counts, params, combine(t.tokens_per_s, swings)))
+        rows.append(_priced_row(name, geom, central, unknown, counts, params, extra))
+    yours = None
+    if placement is not None:
+        yours = parse_placement(placement, geom)
+        params = {"flags": yours.flags, "n_host_layers": yours.n_host, "cache_mib": yours.cache_mib,
+                  "cpu_share": yours.cpu_share, "fits": yours.gpu_expert_bytes(geom, budget.expert_bytes)
+                  <= budget.experts + 1.0, "notes": list(yours.notes)}
+        placements["yours"] = params
+        rows.append(_priced_row("yours", geom, central, unknown, _user_counts(yours, routing, budget), params, {}))
     table = pd.DataFrame(rows).sort_values("tpot_ms", kind="stable").reset_index(drop=True)
     e = Estimate(geom, machine, prec, context, budget, table, label,
                  _assumptions(machine, prec, label, overhead, eta_host), placements)
     e.depth, e.unknowns = depth, {u.name: u.why for u in unknown}
+    e._inputs = {"routing": routing, "central": central, "unknowns": unknown}
     return e
+
+
+def _price(geom: ModelGeometry, sc: Scenario, counts: replay.Counts, extra: dict) -> TokenTime:
+    return price_token(geom, sc.precision, sc.machine, counts, sc.depth, sc.eta, **extra)
+
+
+def _priced_row(name, geom, central: Scenario, unknown, counts, params, extra) -> dict:
+    """One table row: the central price, and the band from each unknown's ends."""
+    t = _price(geom, central, counts, extra)
+    swings = {u.name: (_price(geom, u.slow, counts, extra).tokens_per_s,
+                       _price(geom, u.fast, counts, extra).tokens_per_s) for u in unknown}
+    return _row(name, t, counts, params, combine(t.tokens_per_s, swings))
+
+
+def _user_counts(p: UserPlacement, routing: np.ndarray, budget: VramBudget) -> replay.Counts:
+    """Where the user's flags run each routed expert: resident layers on the GPU; the host layers' experts on the
+    host, or through the expert cache (a global LRU over the host layers only) when ``--moe-cache-mib`` is set."""
+    k = routing.shape[2]
+    host = np.array(p.host_layers, dtype=bool)
+    static = replay.static_layers(list(~host), k)
+    if not p.cache_mib or not host.any():
+        return static
+    slots = int(p.cache_mib * 2**20 // budget.expert_bytes)
+    sub = replay.global_lru(routing[:, host, :], slots, _WARMUP, p.cpu_share)
+    parts = [a.copy() for a in (static.device, static.copied, static.host, static.host_trips)]
+    for a, b in zip(parts, (sub.device, sub.copied, sub.host, sub.host_trips)):
+        a[host] = b
+    return replay.Counts(*parts)
 
 
 def _vram_bytes(vram) -> float | None:
@@ -252,6 +302,9 @@ def _placement_text(name: str, params: dict, what: str) -> str:
         "fiddler": lambda: f"{n} most routed experts/layer pinned on the GPU; the rest on the host CPU",
         "host_lru": lambda: f"LRU of {n} experts/layer; misses reused lately copied, the rest on the host CPU",
         "lru": lambda: f"LRU of {n} experts/layer; misses copied",
+        "yours": lambda: (f"{params['flags']}: {params['n_host_layers']} expert layers in host memory"
+                          + (f", an expert cache of {params['cache_mib']:g} MiB" if params["cache_mib"] else "")
+                          + ("" if params["fits"] else " (DOES NOT FIT: more expert bytes in VRAM than it has)")),
     }.get(name)
     return text() if text else what
 

@@ -10,7 +10,7 @@ clock) only prices prefill, which is compute-bound; decode at batch 1 is bandwid
 Laptop parts: NVIDIA's laptop pages give the memory size, type and interface; the memory clock is the OEM's.
 The row holds the common clock, and an estimate on a laptop part widens its VRAM-bandwidth band (``LAPTOP_SPREAD``).
 
-:func:`gpu_profile` turns a row into the :class:`~specter_lab.pricing.profiles.HardwareProfile` the cost model
+:func:`specter_lab.pricing.profiles.gpu_profile` turns a row into the :class:`~specter_lab.pricing.profiles.HardwareProfile` the cost model
 prices (effective link = raw PCIe x ``LINK_EFFICIENCY``, effective VRAM = 0.8 x datasheet as the hand-set
 profiles do); a card that already has a hand-set profile (the GPUs of the published rows) returns that one.
 """
@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import difflib
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from .profiles import GB, PROFILES, HardwareProfile
+GB = 1e9
 
-__all__ = ["GPU", "CARDS", "GPU_FAMILIES", "find_gpu", "gpu_profile", "resolve_gpu", "catalog_profile",
-           "LINK_EFFICIENCY", "LINK_EFFICIENCY_RANGE", "LAPTOP_SPREAD", "PCIE_LANE_GBPS"]
+__all__ = ["GPU", "CARDS", "GPU_FAMILIES", "find_gpu", "LINK_EFFICIENCY", "LINK_EFFICIENCY_RANGE", "LAPTOP_SPREAD", "PCIE_LANE_GBPS"]
 
 GiB = 2**30
 # Raw PCIe bandwidth per lane and direction, GB/s (128b/130b encoding): 3.0 8 GT/s, 4.0 16 GT/s, 5.0 32 GT/s.
@@ -54,6 +53,8 @@ SOURCES = {
     "ada-pro": _NV + "design-visualization/ (rtx-2000, rtx-4000, rtx-4500, rtx-5000, rtx-6000 Ada datasheets)",
     "blackwell-pro": _NV + "products/workstations/ (RTX PRO 4000/4500/5000/6000 Blackwell datasheets)",
     "turing-pro": _NV + "design-visualization/quadro/ (Quadro RTX 4000/5000/6000/8000 datasheets)",
+    "amd-pro": "https://www.amd.com/en/products/graphics/workstations/radeon-pro/w7800.html (AMD spec page: 48 GB "
+               "GDDR6, 256-bit, 864 GB/s, PCIe 4.0 x16); in the catalog because a published row runs on it",
     "datacenter": _NV + "data-center/ (T4, A10, A40, L4, L40, L40S, A100, H100, H200 datasheets: bandwidth stated; "
                         "P40/P100/V100 from the Tesla datasheets)",
 }
@@ -214,6 +215,8 @@ _ROWS: list[GPU] = [
          mem="GDDR7"),
     _row("rtxpro6000", "RTX PRO 6000 Blackwell", 96, "blackwell-pro", "blackwell", "5x16", 125.0, 512, 28,
          mem="GDDR7"),
+    # ---- AMD, where a published row exists (sl.bench.consumer_anchors())
+    _row("radeonprow7800", "AMD Radeon PRO W7800", 48, "amd-pro", "rdna3", "4x16", 45.2, bw=864),
     # ---- data-center / server cards people run at home or rent (bandwidth as the datasheet states it)
     _row("p40", "Tesla P40", 24, "datacenter", "pascal", "3x16", 11.8, bw=347, mem="GDDR5", tensor_cores=False),
     _row("p100", "Tesla P100 16GB", 16, "datacenter", "pascal", "3x16", 9.3, bw=732, mem="HBM2", tensor_cores=False),
@@ -239,7 +242,7 @@ for _g in _ROWS:
 
 def _norm(name: str) -> str:
     s = str(name).lower()
-    for word in ("nvidia", "geforce", "tesla"):
+    for word in ("nvidia", "geforce", "tesla", "amd"):
         s = s.replace(word, "")
     s = re.sub(r"[\s_\-]", "", s).replace("mobile", "laptop").replace("notebook", "laptop")
     return s.replace("blackwell", "")
@@ -264,7 +267,7 @@ def find_gpu(name: str, vram: float | None = None) -> GPU:
     if key not in _BY_NORM and m and m.group(1) in _BY_NORM:
         key, hint = m.group(1), float(m.group(2))
     if key not in _BY_NORM:
-        for prefix in ("rtx", "gtx", "rtxa"):
+        for prefix in ("rtx", "gtx", "rtxa", "radeonpro", "radeon"):
             if prefix + key in _BY_NORM:
                 key = prefix + key
                 break
@@ -279,43 +282,3 @@ def find_gpu(name: str, vram: float | None = None) -> GPU:
     if want is None:
         return family[0]
     return min(family, key=lambda g: (abs(g.vram_gb - want), family.index(g)))
-
-
-def gpu_profile(card: GPU) -> HardwareProfile:
-    """The cost model's profile of ``card``: its hand-set profile when one exists (the published rows' GPUs),
-    else built from the datasheet (effective link = raw PCIe x LINK_EFFICIENCY; effective VRAM = 0.8 x datasheet;
-    peak_flops = the FP32 shader rate, halved without tensor cores: an assumption that only prefill reads)."""
-    if card.profile:
-        return replace(PROFILES[card.profile], hbm_datasheet=PROFILES[card.profile].hbm_datasheet
-                       or card.bandwidth_gbs * GB)
-    latency = {3: 10e-6, 4: 9e-6, 5: 8e-6}[card.pcie_gen]
-    return HardwareProfile(
-        name=f"{card.key}-pcie{card.pcie_gen}", pcie_bandwidth=card.link_raw * LINK_EFFICIENCY, copy_latency=latency,
-        hbm_bandwidth=0.8 * card.bandwidth_gbs * GB, hbm_datasheet=card.bandwidth_gbs * GB,
-        peak_flops=card.tflops * 1e12 * (1.0 if card.tensor_cores else 0.5), launch_overhead=6e-6,
-        pageable_bandwidth=card.link_raw * 0.4, device_memory=card.vram_gb * GiB,
-        notes=f"{card.name}: {card.memory} = {card.bandwidth_gbs:g} GB/s, {card.pcie}, {card.tflops:g} TFLOPS FP32 "
-              f"({card.source})")
-
-
-def resolve_gpu(gpu: "str | HardwareProfile", vram: float | None = None) -> tuple[HardwareProfile, GPU | None]:
-    """``gpu=`` as the estimator takes it: a HardwareProfile (as given), a profile name in PROFILES, or a catalog
-    name; returns the profile and the catalog card (None for a profile given directly)."""
-    if isinstance(gpu, HardwareProfile):
-        return gpu, None
-    if str(gpu) in PROFILES:
-        return PROFILES[str(gpu)], next((c for c in _ROWS if c.profile == str(gpu)), None)
-    built = catalog_profile(str(gpu))
-    if built is not None:
-        return built, CARDS[str(gpu).rsplit("-pcie", 1)[0]]
-    card = find_gpu(gpu, vram)
-    return gpu_profile(card), card
-
-
-def catalog_profile(name: str) -> HardwareProfile | None:
-    """The profile of a catalog card by its profile name (``"rtx3060-12gb-pcie4"``), so an emitted
-    ``hardware=`` resolves; None when ``name`` is not one."""
-    key, sep, gen = name.rpartition("-pcie")
-    if sep and key in CARDS and gen == str(CARDS[key].pcie_gen):
-        return gpu_profile(CARDS[key])
-    return None

@@ -9,16 +9,21 @@ measures time; a profile from :func:`specter_lab.pricing.calibrate.calibrate` ho
 from __future__ import annotations
 
 import json
-import math
 import os
+import re
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
+
+from .gpus import CARDS, GPU, LINK_EFFICIENCY, find_gpu
+from .hosts import (DELIVERED_FRACTION, DELIVERED_FRACTION_RANGE, DRAM_MEASUREMENTS, HOST_FILE, HOSTS, DramMeasurement,
+                    HostCPU, parse_host, profile_dir)
 
 GB = 1e9
 
 __all__ = ["HardwareProfile", "PROFILES", "DEFAULT_PROFILE", "get_profile", "profile_dir", "GB", "EXECUTIONS",
            "HOST_OP_COST", "KERNEL_TIME", "HostCPU", "HOSTS", "get_host", "with_host_cpu", "CONSUMER_GPUS",
-           "DramMeasurement", "DRAM_MEASUREMENTS", "DELIVERED_FRACTION", "DELIVERED_FRACTION_RANGE"]
+           "DramMeasurement", "DRAM_MEASUREMENTS", "DELIVERED_FRACTION", "DELIVERED_FRACTION_RANGE",
+           "gpu_profile", "resolve_gpu", "catalog_profile"]
 
 EXECUTIONS = ("eager", "compiled")
 # Defaults derived from the published batch-1 table (``sl.bench.published()``, ``specter_lab/published.py`` holds
@@ -139,104 +144,10 @@ CONSUMER_GPUS = {"gtx1060": "gtx1060-pcie3", "rtx2080": "rtx2080-pcie3", "rtx309
                  "h100": "h100-pcie5", "h200": "h200-pcie5"}
 
 
-@dataclass(frozen=True)
-class HostCPU:
-    """A host CPU and its DRAM, as decode on the host sees them.
-
-    ``dram_peak`` is the datasheet figure (channels x MT/s x 8 bytes); ``dram_delivered`` what one process reads
-    (a measurement where one exists, else ``DELIVERED_FRACTION`` of the peak, said so in ``source``);
-    ``delivered_range`` the (low, high) that is plausible for it (the spread of the published measurements of
-    delivered / peak, or a measurement's repeatability). ``flops`` is dense fp32 FMA throughput over all cores
-    (cores x all-core GHz x FLOP/cycle of the SIMD path); ``cores`` 0 when unknown."""
-
-    name: str
-    cpu: str
-    cores: int
-    dram: str
-    dram_peak: float  # bytes/s (0 when unknown: a measured figure only)
-    dram_delivered: float  # bytes/s
-    flops: float  # fp32 FLOP/s
-    source: str
-    delivered_range: tuple[float, float] | None = None  # bytes/s; None: exactly dram_delivered
-
-    @property
-    def delivered_band(self) -> tuple[float, float]:
-        return self.delivered_range or (self.dram_delivered, self.dram_delivered)
-
-
-@dataclass(frozen=True)
-class DramMeasurement:
-    """One published measurement of what a desktop reads from its DRAM, against its datasheet peak."""
-
-    system: str
-    dram: str
-    peak: float  # GB/s
-    delivered: float  # GB/s
-    tool: str
-    source: str
-
-    @property
-    def fraction(self) -> float:
-        return self.delivered / self.peak
-
-
-# Delivered / peak on desktops with named DRAM, each published (search log: docs/estimate.md). The hand-tuned
-# AIDA64 read reaches 0.84-0.91 of peak; the STREAM-like probe on the published rows' box 0.54. A host described
-# by its memory gets the geometric mean; its band spans the lowest to the highest.
-DRAM_MEASUREMENTS: tuple[DramMeasurement, ...] = (
-    DramMeasurement("Intel i5-7600K", "DDR4-3000, 2 channels", 48.0, 26.1, "quantprobe bandwidth probe",
-                    "FedericoTs/quantprobe docs/HARDWARE.md (prereg #27)"),
-    DramMeasurement("Intel Z370/Z390 desktop (G.Skill TridentZ Royal kit)", "DDR4-3200 XMP, 2 channels", 51.2, 46.0,
-                    "AIDA64 memory read",
-                    "https://guru3d.com/review/g-skill-tridentz-royal-ddr4-3200-mhz-review/page-10"),
-    DramMeasurement("Intel Z370/Z390 desktop (same kit at its SPD default)", "DDR4-2133, 2 channels", 34.1, 31.0,
-                    "AIDA64 memory read ('30~32 GB/s')",
-                    "https://guru3d.com/review/g-skill-tridentz-royal-ddr4-3200-mhz-review/page-9"),
-    DramMeasurement("Intel Skylake, Gigabyte Z170X Gaming G1", "DDR4-3200, 2 channels", 51.2, 43.0,
-                    "AIDA64 memory read ('way over 43K')",
-                    "https://guru3d.com/review/gigabyte-z170x-gaming-g1-review/page-17"),
-)
-_FRACTIONS = [m.fraction for m in DRAM_MEASUREMENTS]
-DELIVERED_FRACTION = math.exp(sum(math.log(f) for f in _FRACTIONS) / len(_FRACTIONS))
-DELIVERED_FRACTION_RANGE = (min(_FRACTIONS), max(_FRACTIONS))
-_ASSUMED = (f"delivered = peak x {DELIVERED_FRACTION:.2f}, the geometric mean of {len(DRAM_MEASUREMENTS)} published "
-            f"desktop measurements (band {DELIVERED_FRACTION_RANGE[0]:.2f}-{DELIVERED_FRACTION_RANGE[1]:.2f} x peak; "
-            "pricing.profiles.DRAM_MEASUREMENTS): not measured on this box")
-
-
-def _assumed_range(peak: float) -> tuple[float, float]:
-    return (peak * DELIVERED_FRACTION_RANGE[0], peak * DELIVERED_FRACTION_RANGE[1])
-
-
-HOSTS: dict[str, HostCPU] = {
-    h.name: h
-    for h in [
-        HostCPU(name="i5-7600k-ddr4-3000", cpu="Intel Core i5-7600K (4C/4T, Kaby Lake, AVX2)", cores=4,
-                dram="DDR4-3000, 2 channels", dram_peak=48.0 * GB, dram_delivered=26.1 * GB,
-                flops=4 * 4.0e9 * 32, delivered_range=(26.1 * GB * 0.95, 26.1 * GB * 1.05),
-                source="Intel ARK (4 cores, 4.2 GHz turbo, 2 channels); delivered 26.1 GB/s measured on the box of "
-                       "the published rows (FedericoTs/quantprobe docs/HARDWARE.md; band +/-5 %); 32 FLOP/cycle "
-                       "(2 AVX2 FMA)"),
-        HostCPU(name="i9-10900x-ddr4-2933", cpu="Intel Core i9-10900X (10C/20T, Cascade Lake-X, AVX-512)", cores=10,
-                dram="DDR4-2933, 4 channels", dram_peak=93.9 * GB, dram_delivered=93.9 * GB * DELIVERED_FRACTION,
-                flops=10 * 4.0e9 * 64, delivered_range=_assumed_range(93.9 * GB),
-                source=f"Intel ARK (10 cores, quad-channel DDR4-2933 = 93.9 GB/s); {_ASSUMED}; 64 FLOP/cycle "
-                       "(2 AVX-512 FMA)"),
-        HostCPU(name="epyc-9355-ddr5-6400", cpu="AMD EPYC 9355 (32C, Zen 5), one socket, AVX2 path", cores=32,
-                dram="DDR5-6400, 12 channels", dram_peak=614.4 * GB, dram_delivered=614.4 * GB * DELIVERED_FRACTION,
-                flops=32 * 3.5e9 * 32, delivered_range=_assumed_range(614.4 * GB),
-                source=f"AMD spec (32 cores, 12 channels DDR5-6400 = 614 GB/s per socket); {_ASSUMED}; "
-                       "32 FLOP/cycle on the AVX2 path the published run used"),
-    ]
-}
-
-
 def get_host(host: "str | HostCPU | float | None", arg: str = "host") -> HostCPU | None:
     """Resolve ``host=``: None (not given), a HostCPU, a name in HOSTS (a unique prefix such as ``"i9-10900x"`` is
     enough), a memory description (``"ddr5-5600x2"``), a measured GB/s or ``"calibrated"``
     (:func:`specter_lab.pricing.hosts.parse_host`)."""
-    from .hosts import parse_host  # hosts builds on this module
-
     return parse_host(host, arg)
 
 
@@ -245,13 +156,6 @@ def with_host_cpu(profile: HardwareProfile, host: HostCPU) -> HardwareProfile:
     says which host priced the host lane."""
     return replace(profile, name=f"{profile.name}+{host.name}", cpu_mem_bandwidth=host.dram_delivered,
                    cpu_flops=host.flops, notes=f"{profile.notes}; host {host.cpu}, {host.dram} ({host.source})")
-
-
-def profile_dir() -> Path:
-    return Path(os.environ.get("SPECTER_LAB_PROFILES", Path.home() / ".cache" / "specter_lab" / "profiles"))
-
-
-HOST_FILE = "host.json"  # written by calibrate_host() (offload/hostcal.py)
 
 
 def saved_host(path: Path | None = None) -> dict:
@@ -307,9 +211,7 @@ def get_profile(hardware: "str | HardwareProfile | None") -> HardwareProfile:
             return with_host_cpu(get_profile(base), get_host(host))
         except ValueError:
             pass
-    from .gpus import catalog_profile  # a catalog card by its profile name ("rtx3060-12gb-pcie4")
-
-    built = catalog_profile(hardware)
+    built = catalog_profile(hardware)  # a catalog card by its profile name ("rtx3060-12gb-pcie4")
     if built is not None:
         return built
     for candidate in (Path(hardware), profile_dir() / f"{hardware}.json"):
@@ -322,3 +224,43 @@ def get_profile(hardware: "str | HardwareProfile | None") -> HardwareProfile:
         + ", a path to a profile .json, or a HardwareProfile(...)."
     )
 
+
+# ------------------------------------------------------------------ the GPU catalog as profiles
+def gpu_profile(card: GPU) -> HardwareProfile:
+    """The cost model's profile of ``card``: its hand-set profile when one exists (the published rows' GPUs),
+    else built from the datasheet (effective link = raw PCIe x LINK_EFFICIENCY; effective VRAM = 0.8 x datasheet;
+    peak_flops = the FP32 shader rate, halved without tensor cores: an assumption that only prefill reads)."""
+    if card.profile:
+        return replace(PROFILES[card.profile], hbm_datasheet=PROFILES[card.profile].hbm_datasheet
+                       or card.bandwidth_gbs * GB)
+    latency = {3: 10e-6, 4: 9e-6, 5: 8e-6}[card.pcie_gen]
+    return HardwareProfile(
+        name=f"{card.key}-pcie{card.pcie_gen}", pcie_bandwidth=card.link_raw * LINK_EFFICIENCY, copy_latency=latency,
+        hbm_bandwidth=0.8 * card.bandwidth_gbs * GB, hbm_datasheet=card.bandwidth_gbs * GB,
+        peak_flops=card.tflops * 1e12 * (1.0 if card.tensor_cores else 0.5), launch_overhead=6e-6,
+        pageable_bandwidth=card.link_raw * 0.4, device_memory=card.vram_gb * 2**30,
+        notes=f"{card.name}: {card.memory} = {card.bandwidth_gbs:g} GB/s, {card.pcie}, {card.tflops:g} TFLOPS FP32 "
+              f"({card.source})")
+
+
+def resolve_gpu(gpu: "str | HardwareProfile", vram: float | None = None) -> tuple[HardwareProfile, GPU | None]:
+    """``gpu=`` as the estimator takes it: a HardwareProfile (as given), a profile name in PROFILES, or a catalog
+    name; returns the profile and the catalog card (None for a profile given directly)."""
+    if isinstance(gpu, HardwareProfile):
+        return gpu, None
+    if str(gpu) in PROFILES:
+        return PROFILES[str(gpu)], next((c for c in CARDS.values() if c.profile == str(gpu)), None)
+    built = catalog_profile(str(gpu))
+    if built is not None:
+        return built, CARDS[str(gpu).rsplit("-pcie", 1)[0]]
+    card = find_gpu(gpu, vram)
+    return gpu_profile(card), card
+
+
+def catalog_profile(name: str) -> HardwareProfile | None:
+    """The profile of a catalog card by its profile name (``"rtx3060-12gb-pcie4"``), so an emitted
+    ``hardware=`` resolves; None when ``name`` is not one."""
+    key, sep, gen = name.rpartition("-pcie")
+    if sep and key in CARDS and gen == str(CARDS[key].pcie_gen):
+        return gpu_profile(CARDS[key])
+    return None
