@@ -403,11 +403,17 @@ def cmd_estimate(a) -> int:
                "host_given": e.machine.host is not None, "unknowns": e.unknowns, "depth": e.depth,
                "cache_sizing": (lambda s: None if s is None else {"cliff_mib": s.cliff_mib, "enough_mib": s.enough_mib,
                                 "budget_mib": s.budget_mib, "command": s.command()})(e.cache_sizing()),
+               "prefill": e.prefill(a.prompt).to_dict(orient="records") if a.prompt else None,
                "llama_cpp": e.llama_cpp(a.gguf), "engine_call": e.engine_call(), "routing": e.routing_label,
                "assumptions": e.assumptions}
         print(json.dumps(out, indent=1, default=lambda v: v.item() if hasattr(v, "item") else str(v)))
         return 0
     print(str(e).replace("model.gguf", a.gguf))
+    if a.prompt:
+        print(f"\nPrefill, modelled, at a {a.prompt}-token prompt (micro-batches of 512; host-held experts copied "
+              "per micro-batch; attention's prompt x depth term not priced):")
+        cols = ["strategy", "ttft_s", "ttft_band_s", "prefill_tok_s", "gpu_s", "link_s", "host_s", "decode_tok_s"]
+        print(e.prefill(a.prompt)[cols].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     return 0
 
 
@@ -507,6 +513,8 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--depth", type=int, default=None,
                    help="tokens already in the KV cache while decoding (default: unknown, priced at --context and "
                         "banded down to empty)")
+    e.add_argument("--prompt", type=int, default=None,
+                   help="also the time to first token at a prompt of this many tokens, per placement (modelled)")
     e.add_argument("--placement", default=None,
                    help="the llama.cpp flags you run today, priced as given beside the best; give them after '=' (e.g. --placement='--n-cpu-moe 20', "
                         "'--cpu-moe --moe-cache-mib 6000', \"-ot 'blk\\.(0|1)\\.ffn_.*_exps\\.=CPU'\")")

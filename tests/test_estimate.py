@@ -295,3 +295,22 @@ def test_the_cache_cliff_is_one_token_of_every_layer():
     assert (s.sweep[s.sweep.cache_mib >= s.token_cycle_mib].hit_rate > 0).all()
     assert "--moe-cache-mib" in s.command() and "hits 0 %" in str(e)
     assert estimate(QWEN3, gpu="rtx4090", vram="24GB", weights="q4_k_m").cache_sizing() is None  # all fit
+
+
+def test_prefill_prices_what_each_placement_moves_per_micro_batch(capsys):
+    from specter_lab.cli import main
+
+    w = estimate(QWEN3, gpu="w7800", weights="q4_k_m", host="ddr5-5600x2", depth=0).prefill(512)
+    lo, hi = (float(x) for x in w.set_index("strategy").loc["resident", "ttft_band_s"].split("-"))
+    assert lo <= 512 / 2254 and 512 / 3186 <= hi  # llama.cpp #24546: W7800 pp512 2254-3186 tok/s (a check)
+    e = estimate(QWEN3, gpu="rtx3060", weights="q4_k_m", host="ddr4-3200x2", placement="--cpu-moe")
+    p = e.prefill(4096).set_index("strategy")
+    assert p.loc["yours", "link_s"] > p.loc["static_split", "link_s"] > 0  # more experts in host memory, more copies
+    assert p.loc["yours", "ttft_s"] >= p.loc["static_split", "ttft_s"]
+    with pytest.raises(ValueError, match="prompt=0"):
+        e.prefill(0)
+    s = e.summary(prompt=1024)
+    assert s["best"] == e.best and s["prefill"] is not None and s["cache_sizing"].cliff_mib > 0
+    assert main(["estimate", "--config", "qwen3-30b-a3b", "--gpu", "rtx3060", "--host", "ddr4-3200x2",
+                 "--weights", "q4_k_m", "--prompt", "2048"]) == 0
+    assert "Prefill, modelled, at a 2048-token prompt" in capsys.readouterr().out

@@ -30,6 +30,7 @@ from . import replay
 from .budget import RUNTIME_OVERHEAD, VramBudget, precision_for, vram_budget
 from .bands import Scenario, combine, unknowns
 from .placement import UserPlacement, parse_placement
+from .prefill import prefill_table
 from .sizing import CacheSizing, cache_sizing
 from .pricing import HOST_DECODE_EFFICIENCY, Machine, TokenTime, price_token
 
@@ -134,6 +135,23 @@ class Estimate:
     def best(self) -> str:
         """The fastest placement the estimate chose (the user's own flags, row ``yours``, are priced beside it)."""
         return str(self.table[self.table.strategy != "yours"].iloc[0]["strategy"])
+
+    def prefill(self, prompt: int) -> pd.DataFrame:
+        """Time to first token at a ``prompt``-token prompt for every placement, modelled, beside its decode
+        tokens/s: what each placement trades (see :mod:`.prefill`)."""
+        return prefill_table(self, prompt)
+
+    def summary(self, prompt: int | None = None) -> dict:
+        """What a notebook shows, as plain values: the table, the best placement and its band with the unknown
+        that dominates it, the cache cliff, TTFT at ``prompt`` tokens, the commands and the assumptions."""
+        best = self.row(self.best)
+        sizing = self.cache_sizing()
+        return {"model": self.model.name, "machine": self.machine.label, "weights": self.precision.label,
+                "host_given": self.machine.host is not None, "table": self.table, "best": self.best,
+                "band_tok_s": (float(best.low_tok_s), float(best.high_tok_s)),
+                "dominant_unknown": best.dominant_unknown, "unknowns": self.unknowns,
+                "cache_sizing": sizing, "prefill": self.prefill(prompt) if prompt else None,
+                "llama_cpp": self.llama_cpp(), "engine_call": self.engine_call(), "assumptions": self.assumptions}
 
     def cache_sizing(self) -> CacheSizing | None:
         """The cliff and the knee of a global expert cache (``--moe-cache-mib``) for this model on this machine:
