@@ -314,3 +314,24 @@ def test_prefill_prices_what_each_placement_moves_per_micro_batch(capsys):
     assert main(["estimate", "--config", "qwen3-30b-a3b", "--gpu", "rtx3060", "--host", "ddr4-3200x2",
                  "--weights", "q4_k_m", "--prompt", "2048"]) == 0
     assert "Prefill, modelled, at a 2048-token prompt" in capsys.readouterr().out
+
+
+def test_speculative_strategies_are_priced_with_the_modelled_draft():
+    from specter_lab.estimate.speculative import ACCEPTANCE_RANGE, SPECULATIVE, draft_model
+    from specter_lab.routing.importing import MEASURED_DRAFT
+
+    e = estimate(QWEN3, gpu="rtx4090", vram="24GB", host="ddr5-5600x2", weights="bf16")
+    assert set(SPECULATIVE) <= set(e.table.strategy)
+    for name in SPECULATIVE:
+        r, p = e.row(name), e.placements[name]
+        assert "MODELLED" in r.placement and p["acceptance"] == MEASURED_DRAFT[p["draft_bits"]].acceptance
+        assert r.low_tok_s < r.tokens_per_s < r.high_tok_s
+    assert e.row("specter").tokens_per_s >= e.row("spec_lru").tokens_per_s  # prefetch hides copies, never adds
+    assert any("MODELLED" in a for a in e.assumptions)
+    d = draft_model(e.model, e.budget, 16.0)
+    assert d.tokens_per_window(8, 1.0) == 9 and d.tokens_per_window(8, 0.0) == 1
+    assert ACCEPTANCE_RANGE[0] < d.acceptance <= ACCEPTANCE_RANGE[1] + 0.01
+    assert "draft acceptance" in e.unknowns
+    # a draft is narrower than the experts: q4_k_m experts get a 3- or 2-bit draft, never an int4 one
+    q4 = estimate(QWEN3, gpu="rtx4070", host="ddr5-5600x2", weights="q4_k_m")
+    assert all(q4.placements[n]["draft_bits"] < 4 for n in SPECULATIVE if n in q4.placements)

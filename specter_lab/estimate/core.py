@@ -32,6 +32,7 @@ from .bands import Scenario, combine, unknowns
 from .placement import UserPlacement, parse_placement
 from .prefill import prefill_table
 from .sizing import CacheSizing, cache_sizing
+from .speculative import ACCEPTANCE_RANGE, speculative_rows, window_time
 from .pricing import HOST_DECODE_EFFICIENCY, Machine, TokenTime, price_token
 
 __all__ = ["estimate", "Estimate", "PLACEMENTS", "NOT_ESTIMATED", "get_gpu", "routing_for"]
@@ -50,10 +51,17 @@ PLACEMENTS = {
     "lru": ("a per-layer LRU; every miss is copied over the link", "mixtral-offloading"),
     "on_demand": ("nothing kept: every routed expert copied every token", "accelerate-style offload"),
     "yours": ("your llama.cpp flags, priced as given", "llama.cpp (your flags)"),
+    "spec_lru": ("a low-bit draft of every expert resident; a per-layer LRU of full-precision slots, misses of the "
+                 "verify window copied on demand (modelled draft)", "specter_lab spec_lru"),
+    "specter": ("a low-bit draft resident; the draft's forecast prefetches the window's misses while it drafts "
+                "(modelled draft)", "specter_lab specter"),
+    "specter_host": ("a low-bit draft resident; forecast misses reused in the window prefetched, the rest computed on "
+                     "the host CPU (modelled draft)", "specter_lab specter_host"),
 }
-# Speculative strategies need a draft's acceptance and the union of a window's routing: measured on a loaded
-# model (sl.plan), not estimated from a config.
-NOT_ESTIMATED = ("spec_lru", "specmoeoff", "specter", "specter_plus", "specter_host", "oracle", "gate_lookahead")
+# Priced from a config with the modelled draft (estimate/speculative.py): spec_lru, specter, specter_host. Not
+# estimated: the ones whose schedule the replay does not model (a K governor, forecast eviction, SpecMoEOff's
+# chunked top-M, a gate predictor) and the oracle bound.
+NOT_ESTIMATED = ("specmoeoff", "specter_plus", "oracle", "gate_lookahead")
 
 _TOKENS, _WARMUP = 320, 64  # replayed decode tokens; the first _WARMUP warm the caches (the prompt would)
 _CPU_SHARES = (0.0, 0.25, 0.5, 0.75)  # global_lru's share of misses computed on the host: the fastest is kept
@@ -220,6 +228,10 @@ def estimate(config, gpu: "str | HardwareProfile" = "rtx4090", vram=None, host=N
             params = {**params, "cpu_share": share}
         placements[name] = params
         rows.append(_priced_row(name, geom, central, unknown, counts, params, extra))
+    draft, spec = speculative_rows(geom, budget, routing, _WARMUP, prec.experts.bits)
+    for name, counts, pre, params in spec:
+        placements[name] = params
+        rows.append(_speculative_row(name, geom, central, unknown, counts, pre, params, draft))
     yours = None
     if placement is not None:
         yours = parse_placement(placement, geom)
@@ -232,6 +244,9 @@ def estimate(config, gpu: "str | HardwareProfile" = "rtx4090", vram=None, host=N
     e = Estimate(geom, machine, prec, context, budget, table, label,
                  _assumptions(machine, prec, label, overhead, eta_host), placements)
     e.depth, e.unknowns = depth, {u.name: u.why for u in unknown}
+    if spec:
+        e.unknowns["draft acceptance"] = (f"speculative rows only: {ACCEPTANCE_RANGE[0]}-{ACCEPTANCE_RANGE[1]} per "
+                                          f"token ({draft.describe()})")
     e._inputs = {"routing": routing, "central": central, "unknowns": unknown}
     return e
 
@@ -246,6 +261,18 @@ def _priced_row(name, geom, central: Scenario, unknown, counts, params, extra) -
     swings = {u.name: (_price(geom, u.slow, counts, extra).tokens_per_s,
                        _price(geom, u.fast, counts, extra).tokens_per_s) for u in unknown}
     return _row(name, t, counts, params, combine(t.tokens_per_s, swings))
+
+
+def _speculative_row(name, geom, central: Scenario, unknown, counts, prefetched, params, draft) -> dict:
+    """A speculative strategy's row: per committed token, with the draft's acceptance as one more unknown."""
+    t = window_time(geom, central, counts, prefetched, draft)
+    swings = {u.name: (window_time(geom, u.slow, counts, prefetched, draft).tokens_per_s,
+                       window_time(geom, u.fast, counts, prefetched, draft).tokens_per_s) for u in unknown}
+    swings["draft acceptance"] = tuple(window_time(geom, central, counts, prefetched, draft, a).tokens_per_s
+                                       for a in ACCEPTANCE_RANGE)
+    per = draft.tokens_per_window()
+    shown = replay.Counts(counts.device / per, counts.copied / per, counts.host / per, counts.host_trips / per)
+    return _row(name, t, shown, params, combine(t.tokens_per_s, swings))
 
 
 def _user_counts(p: UserPlacement, routing: np.ndarray, budget: VramBudget) -> replay.Counts:
@@ -320,6 +347,9 @@ def _placement_text(name: str, params: dict, what: str) -> str:
         "fiddler": lambda: f"{n} most routed experts/layer pinned on the GPU; the rest on the host CPU",
         "host_lru": lambda: f"LRU of {n} experts/layer; misses reused lately copied, the rest on the host CPU",
         "lru": lambda: f"LRU of {n} experts/layer; misses copied",
+        **{sp: (lambda sp=sp: f"{PLACEMENTS[sp][0].split(';')[1].strip()}; {n} full-precision slots/layer, "
+                              f"K={params['k']}, int{params['draft_bits']} draft {params['draft_gib']:.2f} GiB, acceptance "
+                              f"{params['acceptance']:.3f} (MODELLED)") for sp in ("spec_lru", "specter", "specter_host")},
         "yours": lambda: (f"{params['flags']}: {params['n_host_layers']} expert layers in host memory"
                           + (f", an expert cache of {params['cache_mib']:g} MiB" if params["cache_mib"] else "")
                           + ("" if params["fits"] else " (DOES NOT FIT: more expert bytes in VRAM than it has)")),
@@ -349,6 +379,10 @@ def _assumptions(m: Machine, prec: WeightPrecision, label: str, overhead: float,
         "the host; KV cache at 2 bytes/value, read at the stated depth (default: the full context)",
         f"runtime overhead {overhead / 2**30:.2f} GiB of VRAM (CUDA context + compute buffers)",
         f"routing: {label}; {_TOKENS - _WARMUP} decode tokens replayed after {_WARMUP} warm-up tokens",
-        f"speculative strategies ({', '.join(NOT_ESTIMATED)}) are not estimated: they need a draft's acceptance, "
-        "measured on a loaded model (sl.plan)",
+        "speculative rows (spec_lru, specter, specter_host; only where a draft narrower than the experts fits beside "
+        "one full-precision slot per layer) are MODELLED: an RTN-g64 draft of every expert resident (the dense "
+        "weights shared), K=8, per-token acceptance and forecast recall measured at the draft's bits on the bundled "
+        f"model (routing/importing.MEASURED_DRAFT), acceptance banded {ACCEPTANCE_RANGE[0]}-{ACCEPTANCE_RANGE[1]}; "
+        "sl.plan measures them on a loaded model",
+        f"not estimated: {', '.join(NOT_ESTIMATED)} (their schedules are not modelled by this replay)",
     ]
