@@ -335,3 +335,16 @@ def test_speculative_strategies_are_priced_with_the_modelled_draft():
     # a draft is narrower than the experts: q4_k_m experts get a 3- or 2-bit draft, never an int4 one
     q4 = estimate(QWEN3, gpu="rtx4070", host="ddr5-5600x2", weights="q4_k_m")
     assert all(q4.placements[n]["draft_bits"] < 4 for n in SPECULATIVE if n in q4.placements)
+
+
+def test_the_emitted_command_read_back_prices_the_same_placement():
+    # DeepSeek's dense block 0 counts in llama.cpp's --n-cpu-moe: the emitted flag must say n + 1 for n expert layers
+    e = estimate("deepseek-v2-lite", gpu="rtx3060", vram="8GB", host="ddr4-3200x2", weights="q4_k_m")
+    split = e.placements["static_split"]
+    cmd = e.llama_cpp().splitlines()
+    flags = next(line for line in cmd if "--n-cpu-moe" in line and "--moe-cache-mib" not in line)
+    flags = flags.split("--no-mmap", 1)[1].split(":")[-1]
+    again = estimate("deepseek-v2-lite", gpu="rtx3060", vram="8GB", host="ddr4-3200x2", weights="q4_k_m",
+                     placement=flags)
+    assert again.placements["yours"]["n_host_layers"] == split["n_cpu_moe"]
+    assert again.row("yours").tokens_per_s == pytest.approx(again.row("static_split").tokens_per_s)

@@ -31,19 +31,20 @@ def llama_cpp_command(e, model_path: str = "model.gguf") -> str:  # e: an estima
     if best == "static_split":
         n = e.placements["static_split"]["n_cpu_moe"]
         ot = _ot_regex([dense_offset + i for i in range(n)])
-        flags = " ".join(parts) + f" --n-cpu-moe {n}"
+        # --n-cpu-moe counts blocks from 0, dense ones included (DeepSeek's block 0): n expert layers need n + offset
+        flags = " ".join(parts) + f" --n-cpu-moe {n + dense_offset if n else 0}"
         return f"{flags}\n# or, the same layers by name: {' '.join(parts)} -ot \"{ot}\""
     if best == "global_lru":
         mib = int(e.budget.experts // MiB)
         share = e.placements["global_lru"]["cpu_share"]
-        cached = " ".join(parts) + f" --n-cpu-moe {L} --moe-cache-mib {mib}" + (
+        cached = " ".join(parts) + f" --cpu-moe --moe-cache-mib {mib}" + (
             f" --moe-cache-cpu-share {share:g}" if share else "")
         split = e.placements.get("static_split")
         if split is None:
             return cached
         tps = e.row("static_split").tokens_per_s
         return (f"{cached}\n# without the expert cache (llama.cpp before b12191), the split at {tps:.3g} tok/s: "
-                f"{' '.join(parts)} --n-cpu-moe {split['n_cpu_moe']}")
+                f"{' '.join(parts)} --n-cpu-moe {split['n_cpu_moe'] + dense_offset if split['n_cpu_moe'] else 0}")
     return " ".join(parts)
 
 

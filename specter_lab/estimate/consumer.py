@@ -91,7 +91,8 @@ CONSUMER_ROWS: tuple[ConsumerRow, ...] = (
                 "kvcache-ai/ktransformers#1914", "fit",
                 "28 fixed experts per layer on the GPU chosen without a routing profile (a uniform 28/128 of "
                 "routed experts served there), the host's experts overlapped with the GPU's (ktransformers runs "
-                "them concurrently); the host's delivered bandwidth is 0.54 x peak (not measured on this box)"),
+                "them concurrently); the host's delivered bandwidth is 0.78 x peak, the published desktop "
+                "measurements' geometric mean (not measured on this box)"),
     ConsumerRow("gpt-oss-20B MXFP4", "gpt-oss-20b", "mxfp4+q8_0", "rtx2080-pcie3", "i9-10900x-ddr4-2933", 8.0,
                 "llama.cpp --n-cpu-moe 12", "static_split", {"layers_on_gpu": 12}, (36.4, 36.4), 64,
                 "AlexsJones/llmfit#775", "fit",
