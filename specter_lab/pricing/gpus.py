@@ -7,8 +7,11 @@ memory interface width (bits) and data rate (Gbps per pin), so each figure can b
 bandwidth = bits / 8 x Gbps (RTX 3060 12GB: 192 / 8 x 15 = 360 GB/s). ``tflops`` (FP32 shader rate at boost
 clock) only prices prefill, which is compute-bound; decode at batch 1 is bandwidth-bound and never reads it.
 
-Laptop parts: NVIDIA's laptop pages give the memory size, type and interface; the memory clock is the OEM's.
-The row holds the common clock, and an estimate on a laptop part widens its VRAM-bandwidth band (``LAPTOP_SPREAD``).
+Laptop parts: NVIDIA's laptop pages give the memory size, type and interface; the memory clock (and the PCIe
+lanes) are the OEM's. The row holds the common clock, and an estimate on a laptop part widens its VRAM-bandwidth
+band (``LAPTOP_SPREAD``). The FP32 rates of the laptop and RTX PRO Blackwell rows are approximate (prefill only).
+The rows were entered from the vendors' pages as published, not fetched when this file was written (no network
+on the build machine): a number found wrong is a one-line fix, with its source.
 
 :func:`specter_lab.pricing.profiles.gpu_profile` turns a row into the :class:`~specter_lab.pricing.profiles.HardwareProfile` the cost model
 prices (effective link = raw PCIe x ``LINK_EFFICIENCY``, effective VRAM = 0.8 x datasheet as the hand-set
