@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from typing import Any
@@ -233,19 +234,30 @@ def _bench_published(a) -> int:
 
 
 def _bench_consumer(a) -> int:
-    """``bench --consumer``: published offloaded decode on consumer machines against the estimator."""
-    from .studies.bench import consumer_anchors
+    """``bench --consumer``: published offloaded decode on consumer machines against the estimator, the fit and
+    check rows' errors reported apart."""
     from .estimate import HOST_DECODE_EFFICIENCY
+    from .estimate.consumer import consumer_summary
+    from .studies.bench import consumer_anchors
 
     df = consumer_anchors()
-    return _print_anchors(
+    summary = consumer_summary(df)
+    if a.json:
+        print(json.dumps({"consumer": df.to_dict(orient="records"), "summary": summary.to_dict(orient="records")},
+                         indent=1, default=str))
+        return 0
+    _print_anchors(
         a, "consumer", df,
         "Published offloaded decode on consumer machines (llama.cpp, ktransformers) vs the estimator (modelled: "
         "sl.estimate's pricing of the row's placement from the model's config, weights format, GPU profile and "
-        f"host CPU; host efficiency {HOST_DECODE_EFFICIENCY} fitted to the 'host fit' rows).",
-        ["model", "machine", "engine", "strategy", "placement", "published_tok_s", "simulated_tok_s", "ratio",
-         "loo_ratio", "row_host_efficiency", "role"],
+        f"host; host efficiency {HOST_DECODE_EFFICIENCY} fitted to the 'fit' rows only; 'check' rows never fitted).",
+        ["model", "machine", "engine", "published_tok_s", "simulated_tok_s", "ratio", "loo_ratio", "band_tok_s",
+         "in_band", "dominant_unknown", "split"],
         [f"{r.model}, {r.engine}: {r.note} [{r.source}]" for _, r in df.iterrows()])
+    print("\nErrors by group (|simulated / published midpoint - 1|; in_band: the published figure or range meets "
+          "the printed band):")
+    print(_fmt(summary))
+    return 0
 
 
 def _print_anchors(a, key: str, df, intro: str, cols: list[str], notes: list[str]) -> int:
@@ -368,7 +380,9 @@ def cmd_calibrate(a) -> int:
     if a.host:  # no GPU needed: the host CPU's expert times, combined with any profile as '<profile>+host'
         host = calibrate_host(hidden=a.hidden, intermediate=a.intermediate, save=True)
         print(host.to_json())
-        print("saved: use hardware='<profile>+host', e.g. 'rtx4090-pcie4+host'")
+        print(f"saved: DRAM read {host.dram_bandwidth / 1e9:.1f} GB/s on {host.dram_threads} threads. Use "
+              "`specter-lab estimate --host calibrated ...` (sl.estimate(host='calibrated')), or "
+              "hardware='<profile>+host', e.g. 'rtx4090-pcie4+host'")
         return 0
     prof = calibrate(a.name, save=True)
     print(prof.to_json())
@@ -380,15 +394,28 @@ def cmd_calibrate(a) -> int:
 def cmd_estimate(a) -> int:
     from .estimate import estimate
 
-    e = estimate(a.config, gpu=a.gpu, vram=a.vram, host=a.host, weights=a.weights, context=a.context)
+    host = a.host
+    if host is not None and re.fullmatch(r"\d+(\.\d+)?", host):
+        host = float(host)  # a measured GB/s
+    e = estimate(a.config, gpu=a.gpu, vram=a.vram, host=host, weights=a.weights, context=a.context, depth=a.depth,
+                 placement=a.placement)
     if a.json:
         out = {"model": e.model.name, "machine": e.machine.label, "weights": e.precision.label, "context": e.context,
                "budget": e.budget.describe(), "best": e.best, "table": e.table.to_dict(orient="records"),
+               "host_given": e.machine.host is not None, "unknowns": e.unknowns, "depth": e.depth,
+               "cache_sizing": (lambda s: None if s is None else {"cliff_mib": s.cliff_mib, "enough_mib": s.enough_mib,
+                                "budget_mib": s.budget_mib, "command": s.command()})(e.cache_sizing()),
+               "prefill": e.prefill(a.prompt).to_dict(orient="records") if a.prompt else None,
                "llama_cpp": e.llama_cpp(a.gguf), "engine_call": e.engine_call(), "routing": e.routing_label,
                "assumptions": e.assumptions}
         print(json.dumps(out, indent=1, default=lambda v: v.item() if hasattr(v, "item") else str(v)))
         return 0
     print(str(e).replace("model.gguf", a.gguf))
+    if a.prompt:
+        print(f"\nPrefill, modelled, at a {a.prompt}-token prompt (micro-batches of 512; host-held experts copied "
+              "per micro-batch; attention's prompt x depth term not priced):")
+        cols = ["strategy", "ttft_s", "ttft_band_s", "prefill_tok_s", "gpu_s", "link_s", "host_s", "decode_tok_s"]
+        print(e.prefill(a.prompt)[cols].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     return 0
 
 
@@ -474,13 +501,25 @@ def _parser() -> argparse.ArgumentParser:
                    help="a Hugging Face config.json (or its folder), or a bundled name (qwen3-30b-a3b, gpt-oss-20b, "
                         "deepseek-v2-lite)")
     e.add_argument("--gpu", default="rtx4090",
-                   help="gtx1060, rtx2080, rtx3090, rtx4090, rtx5090, ... or a profile name")
+                   help="a card of the catalog (specter_lab.pricing.gpus: rtx3060, 'rtx 4060 ti 16gb', rtx5070, "
+                        "rtx4070laptop, a4000, l40s, w7800, ...) or a profile name")
     e.add_argument("--vram", default=None, help="usable VRAM, e.g. 24GB or 8GiB (default: the card's)")
-    e.add_argument("--host", default=None, help="host CPU: i5-7600k, i9-10900x, epyc-9355 (default: the GPU profile's)")
+    e.add_argument("--host", default=None,
+                   help="the host's memory as type-MT/s x channels (ddr4-3200x2, ddr5-5600x2, ddr4-3200x4), a "
+                        "measured GB/s (45 or 45GB/s), 'calibrated' (after `specter-lab calibrate --host`) or a named "
+                        "host (i5-7600k, i9-10900x, epyc-9355). Default: not given, the band spans a desktop")
     e.add_argument("--weights", default=None,
                    help="bf16, int8, q8_0, q6_k, q5_k_m, q4_k_m, q4_0, q3_k_m, q2_k, mxfp4, or '<experts>+<dense>' "
                         "(default: the checkpoint's format)")
     e.add_argument("--context", type=int, default=4096, help="tokens the KV cache holds (default 4096)")
+    e.add_argument("--depth", type=int, default=None,
+                   help="tokens already in the KV cache while decoding (default: unknown, priced at --context and "
+                        "banded down to empty)")
+    e.add_argument("--prompt", type=int, default=None,
+                   help="also the time to first token at a prompt of this many tokens, per placement (modelled)")
+    e.add_argument("--placement", default=None,
+                   help="the llama.cpp flags you run today, priced as given beside the best; give them after '=' (e.g. --placement='--n-cpu-moe 20', "
+                        "'--cpu-moe --moe-cache-mib 6000', \"-ot 'blk\\.(0|1)\\.ffn_.*_exps\\.=CPU'\")")
     e.add_argument("--gguf", default="model.gguf", help="the GGUF path to put in the emitted llama.cpp command")
     e.add_argument("--json", action="store_true")
     e.set_defaults(fn=cmd_estimate)
