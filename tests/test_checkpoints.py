@@ -1,0 +1,254 @@
+"""Checkpoint folders: the memory a load and a run will hold is known from headers alone and equals what a loaded
+model holds; every bad checkpoint is refused with a CheckpointError before any weight is read; a corrupted folder
+(Hypothesis, fixed seeds) is refused at load or loads and runs, never a crash or a hang."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import specter_lab as sl
+from specter_lab.errors import CheckpointError, NotEnoughMemory
+from specter_lab.model import BUNDLED
+from specter_lab.model.checkpoint_check import check_checkpoint
+from specter_lab.model.memory import plan_memory
+from specter_lab.run.quant import DraftExperts
+
+sys.path.insert(0, str(Path(__file__).parent))
+from checkpoint_fuzz import MUTATIONS, SIZES, corrupt, make_checkpoint, outcome  # noqa: E402
+
+IDS = [5, 6, 7, 8]
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory):
+    """Two small multi-shard bf16 checkpoints of the same random OLMoE: per-expert (as transformers saves it) and
+    fused (the model's own [E, ...] tensors)."""
+    base = tmp_path_factory.mktemp("ckpt")
+    out = {layout: make_checkpoint(base / layout, layout=layout) for layout in ("per-expert", "fused")}
+    yield out
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def no_weights_read(monkeypatch):
+    """Fail the test if transformers is asked to load weights (a refusal must come before)."""
+    import transformers
+
+    def refuse(*a, **k):
+        raise AssertionError("from_pretrained was called: the refusal came after work started")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
+
+
+def _bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _file_backed(t: torch.Tensor, folder: Path) -> bool:
+    """Whether ``t``'s storage lies in a memory mapping of a file in ``folder`` (Linux /proc/self/maps)."""
+    ptr = t.data_ptr()
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        parts = line.split()
+        lo, hi = (int(x, 16) for x in parts[0].split("-"))
+        if lo <= ptr < hi:
+            return len(parts) >= 6 and Path(parts[5]).parent == folder.resolve()
+    return False
+
+
+# ------------------------------------------------------------------------------------------- accounting
+@pytest.mark.parametrize("layout", ["per-expert", "fused"])
+@pytest.mark.parametrize("dtype", [None, "float32"])
+def test_memory_plan_equals_the_loaded_bytes(ckpts, layout, dtype):
+    """Dense and routed-expert bytes from headers alone equal what the loaded model's parameters hold, at the
+    checkpoint's dtype (kept by default: bf16 stays bf16) or the asked one."""
+    path = ckpts[layout]
+    plan = plan_memory(path, dtype=dtype)
+    model, tok = sl.load_model(path, dtype=dtype)
+    assert tok is None
+    assert model.dtype == (torch.bfloat16 if dtype is None else torch.float32)
+    assert plan.dtype == str(model.dtype).replace("torch.", "")
+    info = sl.inspect_model(model)
+    routed = [getattr(l.experts, n) for l in info.layers for n in l.param_names]
+    assert plan.expert_bytes == _bytes(routed)
+    assert plan.dense_bytes + plan.expert_bytes == _bytes(model.parameters())
+    assert plan.experts_mapped == (layout == "fused" and dtype is None)
+    if sys.platform.startswith("linux"):  # the plan's "mapped" is what the OS really did
+        assert all(_file_backed(t, path) for t in routed) == plan.experts_mapped
+    assert plan.required == plan.dense_bytes + (0 if plan.experts_mapped else plan.expert_bytes)
+
+
+def test_kv_draft_and_slots_terms_equal_what_a_run_holds(ckpts):
+    """The KV cache term equals a real cache's bytes after a forward of ``context`` tokens; the draft term equals
+    DraftExperts' stored bytes on the CPU (dequantized once) and its packed bytes on a device; the slots term is
+    the budget."""
+    path = ckpts["fused"]
+    model, _ = sl.load_model(path)
+    spec = sl.QuantSpec(4, 64)
+    plan = plan_memory(path, context=40, draft=spec, expert_budget=0.5)
+    out = model(torch.arange(40).unsqueeze(0) % SIZES["vocab_size"], use_cache=True)
+    cache = out.past_key_values
+    assert plan.kv_bytes == _bytes([t for layer in cache.layers for t in (layer.keys, layer.values)])
+    draft = DraftExperts(sl.inspect_model(model), spec, device="cpu")
+    assert plan.draft_bytes == draft.stored_bytes()
+    assert plan_memory(path, draft=spec, device="cuda").draft_bytes == draft.packed_bytes
+    assert plan.slot_bytes == plan.expert_bytes // 2
+    assert plan.quantizer_bytes > 0
+    assert plan.required == sum(b for _, b, _ in plan.terms) - plan.expert_bytes  # fused + own dtype: mapped
+    text = str(plan)
+    for term in ("dense weights", "routed experts", "draft", "KV cache (40 tokens)", "store slots", "fits"):
+        assert term in text
+    assert "<table>" in plan._repr_html_()
+
+
+def test_too_big_is_refused_before_loading_with_the_numbers(ckpts, no_weights_read):
+    plan = plan_memory(ckpts["per-expert"], dtype="float32")
+    with pytest.raises(NotEnoughMemory) as e:
+        sl.load_model(ckpts["per-expert"], dtype="float32", memory_limit=plan.required - 1)
+    msg = str(e.value)
+    assert e.value.plan.required == plan.required
+    assert "routed experts" in msg and "DOES NOT FIT" in msg
+    assert "load in the checkpoint's own dtype" in msg and "experts read from disk" in msg
+    assert isinstance(e.value, ValueError)
+
+
+def test_a_limit_that_fits_loads(ckpts):
+    plan = plan_memory(ckpts["fused"])
+    model, _ = sl.load_model(ckpts["fused"], memory_limit=plan.required)
+    ref = model.generate(torch.tensor([IDS]), max_new_tokens=4, do_sample=False)[0, len(IDS):].tolist()
+    assert sl.Engine(model, None, "lru", cache_slots=2).generate(IDS, max_new_tokens=4).token_ids == ref
+
+
+def test_bundled_tiny_model_is_float32_and_stays_float32():
+    """The bundled checkpoint is stored in float32: the default keeps it (the lossless tests' precision)."""
+    assert check_checkpoint(BUNDLED["tiny"]).dtype == torch.float32
+    model, _ = sl.load_model("tiny")
+    assert model.dtype == torch.float32
+
+
+# ------------------------------------------------------------------------------------------- bad checkpoints
+def _edit_json(path: Path, fn) -> None:
+    doc = json.loads(path.read_text())
+    fn(doc)
+    path.write_text(json.dumps(doc))
+
+
+def _first_shard(p: Path) -> Path:
+    return sorted(p.glob("*.safetensors"))[0]
+
+
+def _dense(p: Path) -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    for f in p.iterdir():
+        f.unlink()
+    LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                 num_attention_heads=2, num_key_value_heads=1)).save_pretrained(p)
+
+
+def _drop_a_tensor(p: Path) -> None:
+    """Rewrite the shard holding one norm weight without it, and the index without its entry."""
+    from safetensors.torch import load_file, save_file
+
+    name = "model.layers.0.input_layernorm.weight"
+    index = p / "model.safetensors.index.json"
+    doc = json.loads(index.read_text())
+    shard = p / doc["weight_map"].pop(name)
+    tensors = load_file(str(shard))
+    del tensors[name]
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    index.write_text(json.dumps(doc))
+
+
+def _cut_last_byte(p: Path) -> None:
+    f = _first_shard(p)
+    with f.open("r+b") as h:
+        h.truncate(f.stat().st_size - 1)
+
+
+def _corrupt_header(p: Path) -> None:
+    f = _first_shard(p)
+    data = bytearray(f.read_bytes())
+    data[9] = 0xFF  # inside the JSON header: not UTF-8 any more
+    f.write_bytes(bytes(data))
+
+
+BAD = {
+    "missing shard": (lambda p: _first_shard(p).unlink(), r"weight_map names 'model-00001-of-\d+.safetensors'.*no "
+                      r"such file"),
+    "truncated shard": (_cut_last_byte, r"truncated safetensors file: its tensors need [\d,]+ bytes of data but the "
+                        r"file holds [\d,]+"),
+    "empty shard": (lambda p: _first_shard(p).write_bytes(b""), r"corrupt or truncated safetensors file \(0 bytes"),
+    "index names a missing file": (lambda p: _edit_json(
+        p / "model.safetensors.index.json",
+        lambda d: d["weight_map"].update({next(iter(d["weight_map"])): "model-00042-of-00099.safetensors"})),
+        r"weight_map names 'model-00042-of-00099.safetensors' \(1 tensors\)"),
+    "shards without their index": (lambda p: (p / "model.safetensors.index.json").unlink(),
+                                   r"\.safetensors files .* but no model.safetensors.index.json"),
+    "shape disagrees with config": (lambda p: _edit_json(p / "config.json", lambda d: d.update(intermediate_size=512)),
+                                    r"has shape \[\d+, \d+\] but config.json implies \[\d+, \d+\]"),
+    "fewer experts in config": (lambda p: _edit_json(p / "config.json", lambda d: d.update(num_experts=4)),
+                                r"is expert [4-7], but config.json gives 4 experts per layer"),
+    "more experts in config": (lambda p: _edit_json(p / "config.json", lambda d: d.update(num_experts=16)),
+                               r"'model.layers.0.mlp.gate.weight' has shape \[8, 128\] but config.json implies "
+                               r"\[16, 128\]"),
+    "a tensor missing": (_drop_a_tensor, r"no shard holds 'model.layers.0.input_layernorm.weight'"),
+    "top-k beyond experts": (lambda p: _edit_json(p / "config.json", lambda d: d.update(num_experts_per_tok=9)),
+                             r"num_experts_per_tok = 9; expected an integer in \[1, 8\]"),
+    "config not MoE": (_dense, r"model LlamaForCausalLM has no MoE layers"),
+    "corrupt header": (_corrupt_header, r"corrupt safetensors header \(not valid JSON"),
+    "config not JSON": (lambda p: (p / "config.json").write_text("{\"model_type\": "), r"config.json: not valid JSON"),
+    "config field of the wrong type": (lambda p: _edit_json(p / "config.json", lambda d: d.update(hidden_act=None)),
+                                       r"config.json: transformers cannot build model_type 'olmoe'.*hidden_act"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_checkpoint_is_refused_before_any_weight_is_read(ckpts, tmp_path, case, no_weights_read):
+    bad = tmp_path / "bad"
+    shutil.copytree(ckpts["per-expert"], bad)
+    mutate, match = BAD[case]
+    mutate(bad)
+    with pytest.raises(CheckpointError, match=match) as e:
+        sl.load_model(bad)
+    assert e.value.path is not None and str(bad) in e.value.path  # names the file at fault
+    with pytest.raises(CheckpointError):  # the same from the accounting alone
+        plan_memory(bad)
+
+
+def test_a_refusal_leaves_no_open_file(ckpts, tmp_path):
+    if not Path("/proc/self/fd").is_dir():
+        pytest.skip("needs /proc/self/fd")
+    before = len(os.listdir("/proc/self/fd"))
+    for i, case in enumerate(sorted(BAD)):
+        bad = tmp_path / f"bad{i}"
+        shutil.copytree(ckpts["per-expert"], bad)
+        BAD[case][0](bad)
+        with pytest.raises(CheckpointError):
+            sl.load_model(bad)
+    assert len(os.listdir("/proc/self/fd")) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"bad{i}" for i in range(len(BAD)))  # no temp files
+
+
+# ------------------------------------------------------------------------------------------- fuzz
+FUZZ_EXAMPLES = int(os.environ.get("SPECTER_FUZZ_EXAMPLES", "30"))
+
+
+@settings(max_examples=FUZZ_EXAMPLES, derandomize=True, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31 - 1), kind=st.sampled_from(sorted(MUTATIONS)),
+       layout=st.sampled_from(["per-expert", "fused"]))
+def test_a_corrupted_folder_is_refused_or_runs(ckpts, tmp_path, seed, kind, layout):
+    """Each corruption (a truncated, flipped or removed shard, an edited index, edited config fields): refused with
+    a project error at load, or loaded and run; never another exception, never past 30 s."""
+    what = corrupt(ckpts[layout], tmp_path / "x", seed, kind)
+    result, detail = outcome(tmp_path / "x", timeout_s=30)
+    assert result in ("refused", "accepted"), f"{what}: {result} {detail}"
