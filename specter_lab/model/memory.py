@@ -11,8 +11,9 @@ Terms (bytes at the dtype the run uses):
 * **draft**: the low-bit copies of the routed experts the speculative draft keeps; on the CPU they are dequantized
   once to the run's dtype (``DraftExperts``' ``dense`` layout: as many bytes as the experts), on a GPU packed
   (``QuantSpec.packed_bytes``: codes + an fp16 scale and zero per group);
-* **quantizer working set**: one MoE layer's experts in float32, about three times over, while the draft is made
-  (it quantizes a layer at a time);
+* **quantizer working set**: while the draft is made it quantizes one fused tensor at a time (a layer's
+  gate/up, two thirds of its experts) in float32 about three times over: counted as 8 bytes per parameter of one
+  layer's experts (an estimate; ``scripts/real_checkpoint.py`` measures the peak);
 * **KV cache** for the asked context (at the run's dtype; sliding layers capped at their window);
 * **store slots**: the expert budget's device slots (on the CPU they are separate host memory); counted at the
   whole budget, an upper bound (the budget also pays for the packed draft on a GPU).
@@ -241,7 +242,7 @@ def plan_memory(checkpoint: "str | Path | CheckpointInfo", *, dtype: "torch.dtyp
         model=str(ck.path), dtype=str(run).replace("torch.", ""), stored_dtype=str(ck.dtype).replace("torch.", ""),
         device=str(dev), layout=ck.layout, dense_bytes=dense, expert_bytes=experts,
         experts_mapped=(ck.layout == "fused" and run == ck.dtype and dev.type == "cpu"),
-        draft_bytes=draft_b, draft_label=label, quantizer_bytes=(3 * 4 * per_layer if draft_b else 0),
+        draft_bytes=draft_b, draft_label=label, quantizer_bytes=(8 * per_layer if draft_b else 0),
         kv_bytes=_kv_bytes(ck, context, itemsize), context=context, slot_bytes=min(slots, experts),
         allowance=allowance, allowance_source=source, checkpoint_bytes=ck.file_bytes)
     plan.fixes = _fixes(plan, ck, stored_size, itemsize)
