@@ -79,8 +79,9 @@ def _print_memory_plan(a, spec, speculative: bool) -> None:
     ck = check_checkpoint(path, a.trust_remote_code)
     budget = a.expert_budget if a.expert_budget is not None else 0.5  # the Engine's default
     if a.cache_slots is not None:  # slots per layer as a fraction of the layer's experts
-        experts = max(int(v) for k, v in ck.config.items() if k in ("num_experts", "num_local_experts",
-                                                                     "n_routed_experts") and isinstance(v, int)), default=1)
+        experts = max((int(v) for k, v in ck.config.items() if k in ("num_experts", "num_local_experts",
+                                                                      "n_routed_experts") and isinstance(v, int)),
+                      default=1)
         budget = min(1.0, a.cache_slots / max(1, experts))
     print(plan_memory(ck, device="cuda" if a.hardware == "cuda" else "cpu", draft=spec if speculative else None,
                       context=len(a.prompt) + a.max_new_tokens, expert_budget=budget))

@@ -252,3 +252,39 @@ def test_a_corrupted_folder_is_refused_or_runs(ckpts, tmp_path, seed, kind, layo
     what = corrupt(ckpts[layout], tmp_path / "x", seed, kind)
     result, detail = outcome(tmp_path / "x", timeout_s=30)
     assert result in ("refused", "accepted"), f"{what}: {result} {detail}"
+
+
+# ------------------------------------------------------------------------------------------- pinned staging
+def test_staging_ring_copies_every_expert_exactly_and_stays_bounded():
+    """The ring that carries unpinned (mapped) experts to the device: each copy lands exactly, buffers are reused
+    round-robin, and what it holds is ``buffers`` experts whatever the number copied (unpinned here: the CPU)."""
+    from specter_lab.model.placement import PinnedStaging
+
+    ring = PinnedStaging(buffers=2, pin=False)
+    g = torch.Generator().manual_seed(0)
+    host = {"gate_up_proj": torch.randn(6, 8, 4, generator=g), "down_proj": torch.randn(6, 4, 4, generator=g)}
+    for e in range(6):
+        dst = {n: torch.empty_like(t[0]) for n, t in host.items()}
+        ring.copy_into({n: t[e] for n, t in host.items()}, dst)
+        assert all(torch.equal(dst[n], host[n][e]) for n in host)
+    assert ring.copies == 6
+    assert ring.nbytes == 2 * sum(t[0].numel() * t.element_size() for t in host.values())
+    with pytest.raises(ValueError, match="buffers=0"):
+        PinnedStaging(buffers=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU-only: pinned staging on a real copy stream")
+def test_unpinned_experts_run_through_the_staging_ring_on_cuda(ckpts):
+    """Experts too big to pin (pin_limit=0) stay unpinned where they lie; the CUDA run copies them through the
+    bounded ring and stays lossless."""
+    from specter_lab.model.placement import place_for_offload
+
+    cpu, _ = sl.load_model(ckpts["fused"])
+    ref = cpu.generate(torch.tensor([IDS]), max_new_tokens=6, do_sample=False)[0, len(IDS):].tolist()
+    model, _ = sl.load_model(ckpts["fused"])
+    place_for_offload(model, pin_limit=0)
+    info = sl.inspect_model(model)
+    assert not any(getattr(l.experts, n).is_pinned() for l in info.layers for n in l.param_names)
+    for strategy in ("lru", "specter"):
+        r = sl.Engine(model, None, strategy, cache_slots=2, hardware="cuda").generate(IDS, max_new_tokens=6)
+        assert r.token_ids == ref, strategy
