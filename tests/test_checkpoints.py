@@ -121,7 +121,12 @@ def test_too_big_is_refused_before_loading_with_the_numbers(ckpts, no_weights_re
 
 
 def test_a_limit_that_fits_loads(ckpts):
+    """An allowance smaller than the weights: the fused checkpoint's experts stay mapped (paged in from disk on
+    use), so it loads and runs lossless; the per-expert one would copy them, so it is refused before loading."""
     plan = plan_memory(ckpts["fused"])
+    assert plan.required < plan.dense_bytes + plan.expert_bytes
+    with pytest.raises(NotEnoughMemory, match="experts read from disk"):
+        sl.load_model(ckpts["per-expert"], memory_limit=plan.required)
     model, _ = sl.load_model(ckpts["fused"], memory_limit=plan.required)
     ref = model.generate(torch.tensor([IDS]), max_new_tokens=4, do_sample=False)[0, len(IDS):].tolist()
     assert sl.Engine(model, None, "lru", cache_slots=2).generate(IDS, max_new_tokens=4).token_ids == ref
@@ -252,6 +257,27 @@ def test_a_corrupted_folder_is_refused_or_runs(ckpts, tmp_path, seed, kind, layo
     what = corrupt(ckpts[layout], tmp_path / "x", seed, kind)
     result, detail = outcome(tmp_path / "x", timeout_s=30)
     assert result in ("refused", "accepted"), f"{what}: {result} {detail}"
+
+
+def test_fuse_experts_turns_a_published_layout_into_a_mapped_one(ckpts, tmp_path):
+    """A per-expert checkpoint rewritten with fused experts (one layer at a time) loads to the same weights and
+    output, and its experts are then mapped from the files instead of copied."""
+    fused = sl.fuse_experts(ckpts["per-expert"], tmp_path / "fused")
+    assert check_checkpoint(fused).layout == "fused"
+    plan = plan_memory(fused)
+    assert plan.experts_mapped and plan.expert_bytes == plan_memory(ckpts["per-expert"]).expert_bytes
+    a, _ = sl.load_model(ckpts["per-expert"])
+    b, _ = sl.load_model(fused)
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+    if sys.platform.startswith("linux"):
+        info = sl.inspect_model(b)
+        assert all(_file_backed(getattr(l.experts, n), fused) for l in info.layers for n in l.param_names)
+    ref = a.generate(torch.tensor([IDS]), max_new_tokens=4, do_sample=False)[0, len(IDS):].tolist()
+    assert sl.Engine(b, None, "specter", cache_slots=2).generate(IDS, max_new_tokens=4).token_ids == ref
+    with pytest.raises(CheckpointError, match="already fused"):
+        sl.fuse_experts(fused, tmp_path / "again")
+    assert not (tmp_path / "again").exists()
 
 
 # ------------------------------------------------------------------------------------------- pinned staging

@@ -196,8 +196,9 @@ def _fixes(plan: MemoryPlan, ck: CheckpointInfo, stored_size: int, itemsize: int
     if not plan.experts_mapped:
         why = ("per-expert tensors are concatenated into a copy at load" if ck.layout == "per-expert"
                else "another dtype than the file's is a converted copy")
-        out.append(f"experts read from disk instead of copied ({why}): keep the file's dtype and store the experts "
-                   f"fused, as the model's state_dict names them; saves {format_bytes(plan.expert_bytes)}")
+        how = ("rewrite the checkpoint once with sl.fuse_experts(folder, new_folder) and load that"
+               if ck.layout == "per-expert" else "load in the file's own dtype")
+        out.append(f"experts read from disk instead of copied ({why}): {how}; saves {format_bytes(plan.expert_bytes)}")
     if plan.draft_bytes:
         out.append(f"a smaller draft (fewer bits, draft='hybrid', or draft='resident'/'host' with no low-bit "
                    f"copies): saves up to {format_bytes(plan.draft_bytes)}")
