@@ -24,7 +24,11 @@ import torch
 from ..errors import CheckpointError
 from .inspect import inspect_model
 
-__all__ = ["TensorEntry", "CheckpointInfo", "check_checkpoint", "read_safetensors_header", "SAFETENSORS_DTYPES"]
+__all__ = ["TensorEntry", "CheckpointInfo", "check_checkpoint", "read_safetensors_header", "SAFETENSORS_DTYPES",
+           "BUNDLED"]
+
+# the models shipped with the package, by name (load_model, plan_memory and check_checkpoint accept the name)
+BUNDLED = {"tiny": Path(__file__).resolve().parents[1] / "assets" / "tiny-moe"}
 
 # safetensors dtype codes → (torch dtype, bytes per element)
 SAFETENSORS_DTYPES: dict[str, tuple[torch.dtype, int]] = {
@@ -367,8 +371,8 @@ def check_checkpoint(path: str | Path, trust_remote_code: bool = False) -> Check
     config that is not MoE or not sane, a missing/extra shard, a corrupt or truncated shard, an index that disagrees
     with its shards, a tensor whose shape disagrees with the config, or a tensor the model needs that is absent.
     A config that asks for custom code (``auto_map``) is refused unless ``trust_remote_code``; with it, only the
-    files are checked (building its model would run that code)."""
-    path = Path(path)
+    files are checked (building its model would run that code). ``path`` may name a bundled model ("tiny")."""
+    path = BUNDLED.get(str(path), Path(path))
     if not (path / "config.json").is_file():
         raise _refuse(f"{path}: no config.json; a Hugging Face model folder needs one.", path / "config.json")
     cfg = _read_config(path)

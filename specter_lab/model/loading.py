@@ -12,15 +12,13 @@ from urllib.parse import urlparse
 import torch
 
 from ..errors import CheckpointError
-from .checkpoint_check import CheckpointInfo, check_checkpoint
+from .checkpoint_check import BUNDLED, CheckpointInfo, check_checkpoint
 from .inspect import inspect_model
 from .memory import check_fits, plan_memory
 from .placement import place_for_offload
 
 __all__ = ["load_model", "BUNDLED"]
 
-ASSETS = Path(__file__).resolve().parents[1] / "assets"
-BUNDLED = {"tiny": ASSETS / "tiny-moe"}
 
 
 def _refuse_pickles(path: Path) -> None:
