@@ -84,9 +84,10 @@ def load_config(name: str, layers: int | None, scale: float) -> dict:
     cfg = json.loads(path.read_text())
     if layers is not None:
         cfg["num_hidden_layers"] = layers
-        for key in ("layer_types", "mlp_only_layers"):
-            if isinstance(cfg.get(key), list) and key == "layer_types":
-                cfg[key] = cfg[key][:layers]
+        if isinstance(cfg.get("layer_types"), list):
+            cfg["layer_types"] = cfg["layer_types"][:layers]
+        if isinstance(cfg.get("mlp_only_layers"), list):
+            cfg["mlp_only_layers"] = [i for i in cfg["mlp_only_layers"] if i < layers]
     if scale != 1.0:
         for key in _WIDTHS:
             if isinstance(cfg.get(key), int):
@@ -211,11 +212,10 @@ def main(argv=None) -> int:
                                                  min_new_tokens=a.tokens)[0, len(ids):].tolist(), a.tokens)
         equal = {}
         for strategy in ("lru", "specter"):
-            engine = sl.Engine(model, tok, strategy, expert_budget=budget)
-            got = stage(strategy, lambda: engine.generate(ids, max_new_tokens=a.tokens).token_ids, a.tokens)
-            equal[strategy] = got == ref[: len(got)] and len(got) == len(ref)
+            got = stage(strategy, lambda s=strategy: sl.Engine(model, tok, s, expert_budget=budget).generate(
+                ids, max_new_tokens=a.tokens).token_ids, a.tokens)
+            equal[strategy] = got == ref
             print(f"  {strategy} equals HF generate: {equal[strategy]} ({got} vs {ref})", flush=True)
-            del engine
         stage("record", lambda: sl.record(model, tok, [ids], max_new_tokens=a.tokens, k_max=a.k_max,
                                           progress=False), a.tokens)
     finally:
@@ -237,9 +237,9 @@ def _table(a, cfg, rows, disk, written, plan, resettable, equal) -> str:
     for name, dt, per, peak, _ in rows:
         lines.append(f"| {name} | {dt:.1f} | {'' if per is None else f'{per * 1e3:.0f}'} | {format_bytes(peak)} | "
                      f"{peak / disk:.2f}× |")
+    same = ", ".join(f"{k} {'==' if v else '!='} HF generate" for k, v in equal.items())
     lines += ["", f"Planned: {format_bytes(plan.required)} resident + {format_bytes(plan.mapped)} mapped "
-              f"(allowance {format_bytes(plan.allowance)}). Lossless: " + ", ".join(f"{k} {'==' if v else '!='} HF "
-                                                                                    f"generate" for k, v in equal.items())]
+              f"(allowance {format_bytes(plan.allowance)}). Lossless: {same}"]
     if not resettable:
         lines.append("Peak RSS could not be reset per stage here: each row is the process peak so far.")
     return "\n".join(lines)

@@ -300,7 +300,6 @@ def _projection(part: str, fused: dict[str, torch.Tensor]) -> tuple[str, int] | 
 def _check_shapes(path: Path, cfg: dict, tensors: dict[str, TensorEntry], model, info):
     """(routed-expert tensor names, layout, unexpected names). Raises on a shape that disagrees with the config, an
     expert id beyond ``num_experts`` or a tensor the model needs that no shard holds."""
-    cfg_path = path / "config.json"
     params = dict(model.named_parameters())
     expected = {**{n: tuple(p.shape) for n, p in params.items()},
                 **{n: tuple(b.shape) for n, b in model.state_dict().items() if n not in params}}
@@ -310,7 +309,8 @@ def _check_shapes(path: Path, cfg: dict, tensors: dict[str, TensorEntry], model,
     expert_tensors, unexpected, seen = set(), [], set()
     per_expert = False
     for name, t in tensors.items():
-        key = name if name in expected else ("model." + name if "model." + name in expected else _renamed(name, cfg["model_type"]))
+        key = name if name in expected else (
+            "model." + name if "model." + name in expected else _renamed(name, cfg["model_type"]))
         if key in expected:
             if t.shape != expected[key]:
                 raise _refuse(f"{path / t.file}: tensor {name!r} has shape {list(t.shape)} but config.json implies "

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from ..errors import CheckpointError
-from .checkpoint_check import _PER_EXPERT, _projection, _renamed, check_checkpoint
+from .checkpoint_check import _PER_EXPERT, _renamed, check_checkpoint
 
 __all__ = ["fuse_experts"]
 

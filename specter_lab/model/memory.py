@@ -192,7 +192,8 @@ def _fixes(plan: MemoryPlan, ck: CheckpointInfo, stored_size: int, itemsize: int
         out.append(f"load in the checkpoint's own dtype (dtype=None, i.e. {plan.stored_dtype}): saves "
                    f"{format_bytes(save)}")
     elif itemsize > 2:
-        out.append(f"load in bfloat16 (dtype='bfloat16'): saves {format_bytes((plan.dense_bytes + plan.expert_bytes) // 2)}")
+        half = (plan.dense_bytes + plan.expert_bytes) // 2
+        out.append(f"load in bfloat16 (dtype='bfloat16'): saves {format_bytes(half)}")
     if not plan.experts_mapped:
         why = ("per-expert tensors are concatenated into a copy at load" if ck.layout == "per-expert"
                else "another dtype than the file's is a converted copy")
