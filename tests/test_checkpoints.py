@@ -314,3 +314,24 @@ def test_unpinned_experts_run_through_the_staging_ring_on_cuda(ckpts):
     for strategy in ("lru", "specter"):
         r = sl.Engine(model, None, strategy, cache_slots=2, hardware="cuda").generate(IDS, max_new_tokens=6)
         assert r.token_ids == ref, strategy
+
+
+def test_a_gpu_plan_splits_device_and_host_memory(ckpts):
+    """With device='cuda' (no GPU needed: nothing is allocated) the dense weights, packed draft, KV cache and
+    slots count against the GPU allowance and the experts against host RAM; either short is refused, naming it."""
+    from specter_lab.model.memory import check_fits
+
+    spec = sl.QuantSpec(4, 64)
+    cpu = plan_memory(ckpts["fused"], draft=spec, context=40, expert_budget=0.5)
+    gpu = plan_memory(ckpts["fused"], device="cuda", draft=spec, context=40, expert_budget=0.5, device_limit="1GiB")
+    assert gpu.device_required == gpu.dense_bytes + gpu.draft_bytes + gpu.kv_bytes + gpu.slot_bytes
+    assert gpu.draft_bytes < cpu.draft_bytes  # packed on the device, dequantized on the CPU
+    assert gpu.required == gpu.expert_bytes + gpu.quantizer_bytes and not gpu.experts_mapped  # pinned: it fits
+    assert gpu.fits
+    small = plan_memory(ckpts["fused"], device="cuda", draft=spec, context=40, expert_budget=0.5,
+                        device_limit=gpu.device_required - 1)
+    with pytest.raises(NotEnoughMemory, match=r"of GPU memory but .* is allowed \(device_limit\)") as e:
+        check_fits(small)
+    assert "fuse_experts" not in str(e.value)  # host RAM fits: only the GPU's fixes
+    big = plan_memory(ckpts["fused"], device="cuda", device_limit="1GiB", memory_limit=gpu.expert_bytes)
+    assert big.experts_mapped and big.required < big.expert_bytes  # too big to pin: mapped, staged

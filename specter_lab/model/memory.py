@@ -82,22 +82,41 @@ class MemoryPlan:
     allowance_source: str = ""
     checkpoint_bytes: int = 0
     fixes: list[str] = field(default_factory=list)
+    device_allowance: int = 0  # on a GPU: its free memory (or device_limit)
+    device_allowance_source: str = ""
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device.startswith("cuda")
+
+    def _where(self, term: str) -> str:
+        """"device" for what a GPU run keeps on the GPU (dense weights, draft, KV cache, slots), else "host"."""
+        return "device" if self.on_gpu and term.startswith(_DEVICE_TERMS) else "host"
 
     @property
     def terms(self) -> list[tuple[str, int, str]]:
         """(term, bytes, note) rows, in the order the module docstring lists them."""
-        return [("dense weights", self.dense_bytes, "resident"),
-                ("routed experts", self.expert_bytes,
-                 "mapped from the files (paged in on use)" if self.experts_mapped else "copied into RAM"),
+        experts = ("mapped from the files (paged in on use)" if self.experts_mapped else
+                   "pinned in host RAM" if self.on_gpu else "copied into RAM")
+        if self.on_gpu and self.experts_mapped:
+            experts += "; copied through a bounded pinned ring"
+        rows = [("dense weights", self.dense_bytes, "resident"), ("routed experts", self.expert_bytes, experts),
                 ("draft", self.draft_bytes, self.draft_label),
                 ("quantizer (one layer, transient)", self.quantizer_bytes, "while the draft is made"),
                 (f"KV cache ({self.context} tokens)", self.kv_bytes, "resident"),
                 ("store slots", self.slot_bytes, "the expert budget, upper bound")]
+        return [(t, b, n + (" (GPU)" if self._where(t) == "device" else "")) for t, b, n in rows]
 
     @property
     def required(self) -> int:
-        """Bytes that must be resident: everything but mapped experts."""
-        return sum(b for _, b, _ in self.terms) - (self.expert_bytes if self.experts_mapped else 0)
+        """Host bytes that must be resident: every host term but mapped experts."""
+        return sum(b for t, b, _ in self.terms if self._where(t) == "host") - (
+            self.expert_bytes if self.experts_mapped else 0)
+
+    @property
+    def device_required(self) -> int:
+        """GPU bytes (0 for a CPU run)."""
+        return sum(b for t, b, _ in self.terms if self._where(t) == "device")
 
     @property
     def mapped(self) -> int:
@@ -105,14 +124,23 @@ class MemoryPlan:
 
     @property
     def fits(self) -> bool:
-        return self.required <= self.allowance
+        return self.required <= self.allowance and self.device_required <= (self.device_allowance if self.on_gpu
+                                                                           else 0)
+
+    def _verdicts(self) -> list[tuple[str, int, int, str, bool]]:
+        out = [("must be resident" if not self.on_gpu else "host RAM", self.required, self.allowance,
+                self.allowance_source, self.required <= self.allowance)]
+        if self.on_gpu:
+            out.append(("GPU memory", self.device_required, self.device_allowance, self.device_allowance_source,
+                        self.device_required <= self.device_allowance))
+        return out
 
     def __str__(self) -> str:
         rows = [f"memory plan for {self.model} ({self.dtype} on {self.device}; checkpoint {self.stored_dtype}, "
                 f"experts {self.layout}, {format_bytes(self.checkpoint_bytes)} on disk)"]
         rows += [f"  {t:<34} {format_bytes(b):>11}  {note}" for t, b, note in self.terms]
-        rows.append(f"  {'must be resident':<34} {format_bytes(self.required):>11}  of {format_bytes(self.allowance)} "
-                    f"allowed ({self.allowance_source}): {'fits' if self.fits else 'DOES NOT FIT'}")
+        rows += [f"  {name:<34} {format_bytes(need):>11}  of {format_bytes(have)} allowed ({src}): "
+                 f"{'fits' if ok else 'DOES NOT FIT'}" for name, need, have, src, ok in self._verdicts()]
         rows += [f"  fix: {f}" for f in (self.fixes if not self.fits else [])]
         return "\n".join(rows)
 
@@ -121,13 +149,17 @@ class MemoryPlan:
 
         cells = "".join(f"<tr><td>{html.escape(t)}</td><td style='text-align:right'>{format_bytes(b)}</td>"
                         f"<td>{html.escape(n)}</td></tr>" for t, b, n in self.terms)
-        verdict = "fits" if self.fits else "<b>does not fit</b>"
+        cells += "".join(f"<tr><td><b>{name}</b></td><td style='text-align:right'><b>{format_bytes(need)}</b></td>"
+                         f"<td>of {format_bytes(have)} allowed ({html.escape(src)}): "
+                         f"{'fits' if ok else '<b>does not fit</b>'}</td></tr>"
+                         for name, need, have, src, ok in self._verdicts())
         fixes = "".join(f"<li>{html.escape(f)}</li>" for f in (self.fixes if not self.fits else []))
         return (f"<div><p>Memory plan for <code>{html.escape(self.model)}</code>: {self.dtype} on {self.device} "
-                f"(checkpoint {self.stored_dtype}, experts {self.layout})</p><table>{cells}<tr><td><b>must be "
-                f"resident</b></td><td style='text-align:right'><b>{format_bytes(self.required)}</b></td><td>of "
-                f"{format_bytes(self.allowance)} allowed ({html.escape(self.allowance_source)}): {verdict}</td></tr>"
-                f"</table>{'<ul>' + fixes + '</ul>' if fixes else ''}</div>")
+                f"(checkpoint {self.stored_dtype}, experts {self.layout})</p><table>{cells}</table>"
+                f"{'<ul>' + fixes + '</ul>' if fixes else ''}</div>")
+
+
+_DEVICE_TERMS = ("dense weights", "draft", "KV cache", "store slots")
 
 
 def _dtype(dtype, stored: torch.dtype, device: torch.device) -> torch.dtype:
@@ -187,6 +219,11 @@ def _kv_bytes(ck: CheckpointInfo, context: int, itemsize: int) -> int:
 def _fixes(plan: MemoryPlan, ck: CheckpointInfo, stored_size: int, itemsize: int) -> list[str]:
     short = plan.required - plan.allowance
     out = []
+    if plan.on_gpu and plan.device_required > plan.device_allowance:
+        out.append(f"on the GPU: a smaller expert_budget or draft, or a shorter context (it needs "
+                   f"{format_bytes(plan.device_required - plan.device_allowance)} more)")
+    if short <= 0:
+        return out  # host RAM fits: only the GPU's fixes apply
     if itemsize > stored_size:
         save = (plan.dense_bytes + plan.expert_bytes) * (itemsize - stored_size) // itemsize
         out.append(f"load in the checkpoint's own dtype (dtype=None, i.e. {plan.stored_dtype}): saves "
@@ -214,13 +251,17 @@ def _fixes(plan: MemoryPlan, ck: CheckpointInfo, stored_size: int, itemsize: int
 def plan_memory(checkpoint: "str | Path | CheckpointInfo", *, dtype: "torch.dtype | str | None" = None,
                 device: "str | torch.device" = "cpu", draft: Any = None, context: int = 0,
                 expert_budget: "float | int | str | None" = None,
-                memory_limit: "int | str | None" = None) -> MemoryPlan:
+                memory_limit: "int | str | None" = None, device_limit: "int | str | None" = None) -> MemoryPlan:
     """What loading ``checkpoint`` (a folder, or its :func:`check_checkpoint` result) and running it will hold,
     computed from its config and safetensors headers alone; compared with ``memory_limit`` (bytes or '8GiB') or,
     by default, the RAM available now. ``dtype`` None = the checkpoint's own. ``draft``: a ``sl.QuantSpec`` /
     ``sl.DraftSpec`` for a speculative run, None for none. ``context``: prompt + new tokens for the KV cache.
     ``expert_budget``: the run's budget (fraction of the routed-expert bytes, bytes or '2GiB'), None for a load
-    alone. Never raises for not fitting (see :func:`check_fits`); raises CheckpointError for a bad checkpoint."""
+    alone. On a GPU (``device="cuda"``) the dense weights, draft (packed), KV cache and slots are counted against
+    ``device_limit`` or the GPU's free memory, the experts against host RAM: pinned when they take at most half of
+    it (:func:`~specter_lab.model.placement.place_for_offload`'s rule), else left mapped and copied through the
+    bounded pinned ring. Never raises for not fitting (see :func:`check_fits`); raises CheckpointError for a bad
+    checkpoint."""
     ck = checkpoint if isinstance(checkpoint, CheckpointInfo) else check_checkpoint(checkpoint)
     dev = torch.device(device)
     run = _dtype(dtype, ck.dtype, dev)
@@ -233,22 +274,34 @@ def plan_memory(checkpoint: "str | Path | CheckpointInfo", *, dtype: "torch.dtyp
     layer_numel = max((math.prod(ck.tensors[n].shape) for n in ck.expert_tensors), default=0)
     per_layer = layer_numel * max(1, len(ck.expert_tensors) // max(1, _moe_layers(ck)))
     slots = parse_budget(expert_budget).resolve(experts) if expert_budget is not None else 0
-    if memory_limit is not None:
-        allowance, source = (parse_bytes(memory_limit, "memory_limit") if isinstance(memory_limit, str)
-                             else int(memory_limit)), "memory_limit"
-        if allowance <= 0:
-            raise ValueError(f"memory_limit={memory_limit!r}: a positive size (bytes or '8GiB').")
-    else:
-        allowance, source = available_memory()
+    allowance, source = _limit(memory_limit, "memory_limit") if memory_limit is not None else available_memory()
+    dev_allowance, dev_source = 0, ""
+    if dev.type == "cuda":
+        dev_allowance, dev_source = (_limit(device_limit, "device_limit") if device_limit is not None
+                                     else _gpu_free(dev))
+    mapped = ck.layout == "fused" and run == ck.dtype and (dev.type == "cpu" or experts > allowance // 2)
     plan = MemoryPlan(
         model=str(ck.path), dtype=str(run).replace("torch.", ""), stored_dtype=str(ck.dtype).replace("torch.", ""),
         device=str(dev), layout=ck.layout, dense_bytes=dense, expert_bytes=experts,
-        experts_mapped=(ck.layout == "fused" and run == ck.dtype and dev.type == "cpu"),
+        experts_mapped=mapped, device_allowance=dev_allowance, device_allowance_source=dev_source,
         draft_bytes=draft_b, draft_label=label, quantizer_bytes=(8 * per_layer if draft_b else 0),
         kv_bytes=_kv_bytes(ck, context, itemsize), context=context, slot_bytes=min(slots, experts),
         allowance=allowance, allowance_source=source, checkpoint_bytes=ck.file_bytes)
     plan.fixes = _fixes(plan, ck, stored_size, itemsize)
     return plan
+
+
+def _limit(value: "int | str", name: str) -> tuple[int, str]:
+    n = parse_bytes(value, name) if isinstance(value, str) else value
+    if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+        raise ValueError(f"{name}={value!r}: a positive size (bytes or '8GiB').")
+    return n, name
+
+
+def _gpu_free(dev: torch.device) -> tuple[int, str]:
+    if not torch.cuda.is_available():
+        return 0, "no CUDA here"
+    return int(torch.cuda.mem_get_info(dev)[0]), "free GPU memory"
 
 
 def _moe_layers(ck: CheckpointInfo) -> int:
@@ -262,7 +315,8 @@ def check_fits(plan: MemoryPlan) -> MemoryPlan:
     """Raise :class:`~specter_lab.errors.NotEnoughMemory` (a ValueError) with every term and the fixes when
     ``plan`` does not fit its allowance; return it unchanged otherwise."""
     if not plan.fits:
-        raise NotEnoughMemory(f"{plan.model} would need {format_bytes(plan.required)} resident but "
-                              f"{format_bytes(plan.allowance)} is allowed ({plan.allowance_source}); nothing was "
-                              f"loaded.\n{plan}", plan)
+        short = [f"{format_bytes(need)} of {name} but {format_bytes(have)} is allowed ({src})"
+                 for name, need, have, src, ok in plan._verdicts() if not ok]
+        raise NotEnoughMemory(f"{plan.model} would need " + " and ".join(short) + f"; nothing was loaded.\n{plan}",
+                              plan)
     return plan
