@@ -335,3 +335,14 @@ def test_a_gpu_plan_splits_device_and_host_memory(ckpts):
     assert "fuse_experts" not in str(e.value)  # host RAM fits: only the GPU's fixes
     big = plan_memory(ckpts["fused"], device="cuda", device_limit="1GiB", memory_limit=gpu.expert_bytes)
     assert big.experts_mapped and big.required < big.expert_bytes  # too big to pin: mapped, staged
+
+
+def test_a_quantized_checkpoint_is_sized_at_the_dtype_it_loads_in(ckpts, tmp_path):
+    """Packed weights (a quantization_config) are dequantized at load: the plan counts the model's parameters at the
+    run's dtype, not the file's bytes, and never calls them mapped."""
+    q = tmp_path / "q"
+    shutil.copytree(ckpts["fused"], q)
+    _edit_json(q / "config.json", lambda d: d.update(quantization_config={"quant_method": "mxfp4"}))
+    plain, packed = plan_memory(ckpts["fused"]), plan_memory(q)
+    assert packed.expert_bytes == plain.expert_bytes and packed.dense_bytes == plain.dense_bytes  # bf16 files here
+    assert not packed.experts_mapped and plain.experts_mapped

@@ -3,7 +3,9 @@ headers alone (:mod:`.checkpoint_check`), never a tensor read.
 
 Terms (bytes at the dtype the run uses):
 
-* **dense weights**: attention, routers, shared experts, norms, embeddings, head; resident (read every token);
+* **dense weights**: attention, routers, shared experts, norms, embeddings, head; resident (read every token). A
+  quantized checkpoint (``quantization_config``, e.g. MXFP4) is dequantized at load, so its terms are the model's
+  parameter counts at the run's dtype rather than the file's bytes;
 * **routed experts**: *mapped* when the file already holds them as the model's fused ``[E, ...]`` tensors in the
   run's dtype (transformers maps such a tensor from the file without a copy; the OS pages it in when an expert is
   read and may drop it again, so it need not fit in RAM), otherwise *copied* (per-expert tensors are concatenated
@@ -207,13 +209,16 @@ def _num_experts(cfg: dict) -> int:
     return max([tc.get(k) or 0 for k in ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")])
 
 
+def _geometry(ck: CheckpointInfo):
+    from .geometry import geometry_from_config
+
+    return geometry_from_config(dict(ck.config), arg=str(ck.path / "config.json"))
+
+
 def _kv_bytes(ck: CheckpointInfo, context: int, itemsize: int) -> int:
     if context <= 0:
         return 0
-    from .geometry import geometry_from_config
-
-    geom = geometry_from_config(dict(ck.config), arg=str(ck.path / "config.json"))
-    return int(geom.kv_bytes(context) * itemsize / 2)  # geometry prices 2 bytes a value
+    return int(_geometry(ck).kv_bytes(context) * itemsize / 2)  # geometry prices 2 bytes a value
 
 
 def _fixes(plan: MemoryPlan, ck: CheckpointInfo, stored_size: int, itemsize: int) -> list[str]:
@@ -268,6 +273,10 @@ def plan_memory(checkpoint: "str | Path | CheckpointInfo", *, dtype: "torch.dtyp
     itemsize, stored_size = _FLOAT_BYTES[run], _FLOAT_BYTES.get(ck.dtype, 4)
     scale = lambda b: b * itemsize // stored_size
     dense, experts = scale(ck.dense_bytes), scale(ck.expert_bytes)
+    quantized = "quantization_config" in ck.config
+    if quantized:  # packed in the files, dequantized at load: sized from the model's own parameter counts
+        geom = _geometry(ck)
+        dense, experts = (geom.total_params - geom.routed_params) * itemsize, geom.routed_params * itemsize
     if not isinstance(context, int) or isinstance(context, bool) or context < 0:
         raise ValueError(f"context={context!r}: the number of tokens (prompt + new), an integer >= 0.")
     draft_b, label = _draft_bytes(ck, draft, dev, itemsize)
@@ -279,7 +288,8 @@ def plan_memory(checkpoint: "str | Path | CheckpointInfo", *, dtype: "torch.dtyp
     if dev.type == "cuda":
         dev_allowance, dev_source = (_limit(device_limit, "device_limit") if device_limit is not None
                                      else _gpu_free(dev))
-    mapped = ck.layout == "fused" and run == ck.dtype and (dev.type == "cpu" or experts > allowance // 2)
+    mapped = (not quantized and ck.layout == "fused" and run == ck.dtype
+              and (dev.type == "cpu" or experts > allowance // 2))
     plan = MemoryPlan(
         model=str(ck.path), dtype=str(run).replace("torch.", ""), stored_dtype=str(ck.dtype).replace("torch.", ""),
         device=str(dev), layout=ck.layout, dense_bytes=dense, expert_bytes=experts,
