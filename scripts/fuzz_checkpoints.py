@@ -6,7 +6,7 @@ written to a temporary folder; each case copies one, corrupts it one way (tests/
 bit-flipped or removed shard, an edited or deleted index, one or two config.json fields replaced by None / -1 / 0
 / 10^12 / a string / a list / a neighbouring value, or a truncated config) and loads it; an accepted folder then
 generates 2 tokens with ``lru``. Outcomes: refused at load (a CheckpointError / NotEnoughMemory), accepted (loaded
-and ran), crashed (any other exception, at load or after), hung (past ``--timeout`` s, by SIGALRM in-process).
+and ran), refused late (loaded, then a ValueError from the run), crashed (any other exception), hung (past ``--timeout`` s, by SIGALRM in-process).
 Also reported: the slowest refusal, and the largest peak-RSS growth during any refusal (VmHWM reset per case).
 
     python scripts/fuzz_checkpoints.py --cases 200 --report docs/measured/checkpoint_fuzz.md
@@ -73,7 +73,7 @@ def main(argv=None) -> int:
             if result == "refused":
                 slowest = max(slowest, (dt, f"{what} ({detail[:160]})"))
                 largest = max(largest, (grew, what))
-            if result in ("crashed", "hung"):
+            if result in ("refused late", "crashed", "hung"):
                 bad.append(f"seed {seed} {layout}: {what}: {result} {detail}")
     finally:
         shutil.rmtree(base, ignore_errors=True)
@@ -83,10 +83,10 @@ def main(argv=None) -> int:
              f"{transformers.__version__}). Checkpoints: a random OLMoE (3 layers, 8 experts, hidden 128) in bf16, "
              "multi-shard with an index, per-expert (odd seeds) and fused (even seeds).", "",
              "| outcome | folders |", "|---|---|"]
-    lines += [f"| {k} | {counts.get(k, 0)} |" for k in ("refused", "accepted", "crashed", "hung")]
-    lines += ["", "| corruption | refused | accepted | crashed | hung |", "|---|---|---|---|---|"]
-    lines += [f"| {k} | " + " | ".join(str(c.get(o, 0)) for o in ("refused", "accepted", "crashed", "hung")) + " |"
-              for k, c in sorted(by_kind.items())]
+    kinds = ("refused", "accepted", "refused late", "crashed", "hung")
+    lines += [f"| {k} | {counts.get(k, 0)} |" for k in kinds]
+    lines += ["", "| corruption | " + " | ".join(kinds) + " |", "|---" * (len(kinds) + 1) + "|"]
+    lines += [f"| {k} | " + " | ".join(str(c.get(o, 0)) for o in kinds) + " |" for k, c in sorted(by_kind.items())]
     lines += ["", f"Slowest refusal: {slowest[0] * 1e3:.0f} ms: {slowest[1]}",
               f"Largest peak-RSS growth during a refusal: {largest[0] / 2**20:.1f} MiB ({largest[1]})", "",
               "Accepted folders are corruptions the model survives: bits flipped inside tensor data (the values "

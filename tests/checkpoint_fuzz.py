@@ -156,8 +156,9 @@ class Hung(Exception):
 
 def outcome(path: Path, timeout_s: int = 30, ids=(5, 6, 7)) -> tuple[str, str]:
     """Load ``path`` with sl.load_model and, if it loads, generate 2 tokens with ``lru``: ("refused", message) for
-    a project error at load, ("accepted", "") when the load and the run both work, ("crashed", repr) for any other
-    exception (a refusal that names nothing, or a failure after the load), ("hung", "") past ``timeout_s``."""
+    a project error at load, ("accepted", "") when the load and the run both work, ("refused late", message) for a
+    ValueError from the run after a load that passed, ("crashed", repr) for any other exception, ("hung", "") past
+    ``timeout_s``."""
 
     def alarm(*_):
         raise Hung()
@@ -169,7 +170,10 @@ def outcome(path: Path, timeout_s: int = 30, ids=(5, 6, 7)) -> tuple[str, str]:
             model, _ = sl.load_model(path)
         except PROJECT_ERRORS as e:
             return "refused", f"{type(e).__name__}: {e}"
-        sl.Engine(model, None, "lru", cache_slots=2).generate(list(ids), max_new_tokens=2)
+        try:
+            sl.Engine(model, None, "lru", cache_slots=2).generate(list(ids), max_new_tokens=2)
+        except ValueError as e:  # accepted at load, refused by the run: the check at load missed it
+            return "refused late", f"{type(e).__name__}: {str(e)[:300]}"
         return "accepted", ""
     except Hung:
         return "hung", ""
