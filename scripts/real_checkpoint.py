@@ -170,7 +170,7 @@ def main(argv=None) -> int:
     ap.add_argument("--layout", choices=("per-expert", "fused"), default="per-expert",
                     help="per-expert: as published (fused into a copy at load); fused: mapped from the files")
     ap.add_argument("--out", default="/tmp/specter_real_checkpoint")
-    ap.add_argument("--shard-mb", type=int, default=2000)
+    ap.add_argument("--shard-mb", type=int, default=1000, help="shard size (writing peaks near twice one shard)")
     ap.add_argument("--tokens", type=int, default=8, help="new tokens per generate")
     ap.add_argument("--budget", default="0.5", help="expert budget for lru/specter")
     ap.add_argument("--k-max", type=int, default=4, help="sl.record's draft chain length")
