@@ -123,8 +123,26 @@ def tensor_plan(cfg: dict, layout: str) -> list[tuple[str, tuple[int, ...]]]:
     return out
 
 
-def write_checkpoint(cfg: dict, out: Path, layout: str, shard_bytes: int, seed: int) -> int:
-    """Random bf16 weights (norms at 1), written shard by shard; returns the bytes written."""
+def _write_sparse(path: Path, group: list[tuple[str, tuple[int, ...]]]) -> int:
+    """A safetensors file whose header is real and whose data is a hole (no disk blocks): what the header-only
+    checks and the memory plan read, at full size, for free. Returns its tensor bytes."""
+    header, off = {"__metadata__": {"format": "pt"}}, 0
+    for name, shape in group:
+        n = math.prod(shape) * 2
+        header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [off, off + n]}
+        off += n
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # safetensors pads the header to 8 bytes
+    with path.open("wb") as f:
+        f.write(len(raw).to_bytes(8, "little"))
+        f.write(raw)
+        f.truncate(8 + len(raw) + off)
+    return off
+
+
+def write_checkpoint(cfg: dict, out: Path, layout: str, shard_bytes: int, seed: int, sparse: bool = False) -> int:
+    """Random bf16 weights (norms at 1), written shard by shard; returns the bytes written. ``sparse``: headers
+    only, the data left as holes (for ``--plan-only``: nothing can load it, but its sizes are the real ones)."""
     from safetensors.torch import save_file
 
     plan = tensor_plan(cfg, layout)
@@ -142,6 +160,10 @@ def write_checkpoint(cfg: dict, out: Path, layout: str, shard_bytes: int, seed: 
     g = torch.Generator().manual_seed(seed)
     for i, group in enumerate(groups):
         fname = f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
+        if sparse:
+            total += _write_sparse(out / fname, group)
+            weight_map.update({name: fname for name, _ in group})
+            continue
         tensors = {}
         for name, shape in group:
             if "norm" in name and len(shape) == 1:
@@ -177,6 +199,9 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--keep", action="store_true", help="keep the checkpoint (default: delete it at the end)")
     ap.add_argument("--report", default=None, help="also write the table as markdown to this file")
+    ap.add_argument("--plan-only", action="store_true",
+                    help="write headers only (sparse files, no disk blocks), print the checks and the memory plan at "
+                         "full size, delete, stop: what the real run would hold, known before writing it")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     import transformers
@@ -200,6 +225,14 @@ def main(argv=None) -> int:
         return result
 
     rows.append(("start (imports)", 0.0, None, rss.peak(), rss.now()))
+    if a.plan_only:
+        try:
+            write_checkpoint(cfg, out, a.layout, a.shard_mb * 2**20, seed=0, sparse=True)
+            for draft in (None, sl.QuantSpec()):
+                print(sl.plan_memory(out, draft=draft, context=64 + a.tokens, expert_budget=budget), "\n")
+        finally:
+            shutil.rmtree(out, ignore_errors=True)
+        return 0
     try:
         written = stage("write", lambda: write_checkpoint(cfg, out, a.layout, a.shard_mb * 2**20, seed=0))
         disk = sum(p.stat().st_size for p in out.glob("*.safetensors"))

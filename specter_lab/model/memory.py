@@ -280,8 +280,7 @@ def plan_memory(checkpoint: "str | Path | CheckpointInfo", *, dtype: "torch.dtyp
     if not isinstance(context, int) or isinstance(context, bool) or context < 0:
         raise ValueError(f"context={context!r}: the number of tokens (prompt + new), an integer >= 0.")
     draft_b, label = _draft_bytes(ck, draft, dev, itemsize)
-    layer_numel = max((math.prod(ck.tensors[n].shape) for n in ck.expert_tensors), default=0)
-    per_layer = layer_numel * max(1, len(ck.expert_tensors) // max(1, _moe_layers(ck)))
+    per_layer = sum(math.prod(ck.tensors[n].shape) for n in ck.expert_tensors) // _moe_layers(ck)
     slots = parse_budget(expert_budget).resolve(experts) if expert_budget is not None else 0
     allowance, source = _limit(memory_limit, "memory_limit") if memory_limit is not None else available_memory()
     dev_allowance, dev_source = 0, ""
