@@ -347,3 +347,16 @@ def test_a_quantized_checkpoint_is_sized_at_the_dtype_it_loads_in(ckpts, tmp_pat
     plain, packed = plan_memory(ckpts["fused"]), plan_memory(q)
     assert packed.expert_bytes == plain.expert_bytes and packed.dense_bytes == plain.dense_bytes  # bf16 files here
     assert not packed.experts_mapped and plain.experts_mapped
+
+
+def test_specter_lab_run_prints_the_plan_before_loading(tmp_path, capsys):
+    from specter_lab.cli import main
+
+    folder = make_checkpoint(tmp_path / "m", layout="fused", vocab_size=4096)  # the bundled tokenizer's vocabulary
+    for f in BUNDLED["tiny"].glob("tokenizer*"):
+        shutil.copy(f, folder / f.name)
+    assert main(["run", "--model", str(folder), "--strategy", "lru", "--max-new-tokens", "2", "--cache-slots",
+                 "2"]) == 0
+    out = capsys.readouterr().out
+    assert out.index("memory plan for") < out.index("strategy lru")
+    assert "mapped from the files" in out and "store slots" in out
