@@ -44,6 +44,7 @@ def cmd_run(a) -> int:
     for flag, v in (("--max-new-tokens", a.max_new_tokens), ("--cache-slots", a.cache_slots), ("--k", a.k)):
         if isinstance(v, int) and v < 1:
             raise ValueError(f"{flag} {v}: use an integer >= 1.")
+    _print_memory_plan(a, spec, get_strategy(a.strategy).speculative)
     # --hardware cuda: load straight into the offloading layout (dense on the GPU, experts pinned on the host).
     model, tok = sl.load_model(a.model, trust_remote_code=a.trust_remote_code, **_cuda_load(a.hardware))
     kw = dict(cache_slots=a.cache_slots) if a.cache_slots is not None else dict(expert_budget=a.expert_budget)
@@ -61,6 +62,31 @@ def cmd_run(a) -> int:
         r.to_html(a.html)
         print(f"report written to {a.html}")
     return 0
+
+
+def _print_memory_plan(a, spec, speculative: bool) -> None:
+    """What the run will hold, from the checkpoint's headers, before anything is loaded (a local folder or a
+    bundled model; a hub id is not here yet). The context is counted as prompt characters + new tokens (an upper
+    bound for byte-level tokenizers)."""
+    from pathlib import Path
+
+    from .model import BUNDLED
+    from .model.checkpoint_check import check_checkpoint
+    from .model.memory import plan_memory
+
+    path = BUNDLED.get(a.model, Path(a.model).expanduser())
+    if a.json or not (path / "config.json").is_file():
+        return
+    ck = check_checkpoint(path, a.trust_remote_code)
+    budget = a.expert_budget if a.expert_budget is not None else 0.5  # the Engine's default
+    if a.cache_slots is not None:  # slots per layer as a fraction of the layer's experts
+        experts = max((int(v) for k, v in ck.config.items() if k in ("num_experts", "num_local_experts",
+                                                                      "n_routed_experts") and isinstance(v, int)),
+                      default=1)
+        budget = min(1.0, a.cache_slots / max(1, experts))
+    print(plan_memory(ck, device="cuda" if a.hardware == "cuda" else "cpu", draft=spec if speculative else None,
+                      context=len(a.prompt) + a.max_new_tokens, expert_budget=budget))
+    print()
 
 
 _RUN_KEYS = ["tpot_ms", "tokens_per_s", "hit_rate", "h2d_bytes_per_token", "stall_ms_per_token", "acceptance_rate",

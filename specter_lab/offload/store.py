@@ -25,6 +25,7 @@ from typing import Callable, Iterable
 import torch
 
 from ..errors import CopyFault
+from ..model.placement import PinnedStaging
 from .cache import EvictionPolicy
 from .clock import Handle, stamper
 
@@ -70,6 +71,13 @@ def _host_copy(t: torch.Tensor, pin: bool) -> torch.Tensor:
     return t if t.is_pinned() else t.pin_memory()
 
 
+def _unpinned(ts: list[torch.Tensor]) -> bool:
+    """Whether routed experts sit unpinned on the host (placed so on purpose: too big to pin; see
+    :func:`~specter_lab.model.placement.place_for_offload`). The store then stages its copies through a bounded
+    pinned ring instead of pinning a second copy of every expert."""
+    return bool(ts) and all(t.device.type == "cpu" and not t.is_pinned() for t in ts)
+
+
 def _signature(host: dict[str, torch.Tensor]) -> tuple:
     return tuple((n, tuple(t.shape[1:]), t.dtype) for n, t in host.items())
 
@@ -112,10 +120,15 @@ class ExpertStore:
         self.pool = pool
         self.materialize = materialize
         pin = self.device.type == "cuda"
+        # experts left unpinned where they lie (too big to pin): copied through a bounded pinned ring
+        stage = pin and materialize and _unpinned(
+            [t for h in host for t in h.values()] if host is not None else
+            [getattr(l.experts, n) for l in info.layers for n in l.param_names])
+        self.staging = PinnedStaging() if stage else None
         if materialize:
             self.host: list[dict[str, torch.Tensor]] = host if host is not None else [
-                {name: _host_copy(getattr(layer.experts, name).detach(), pin) for name in layer.param_names}
-                for layer in info.layers]
+                {name: _host_copy(getattr(layer.experts, name).detach(), pin and self.staging is None)
+                 for name in layer.param_names} for layer in info.layers]
             sigs = [_signature(h) for h in self.host]
         else:
             self.host = [{} for _ in info.layers]
@@ -277,7 +290,9 @@ class ExpertStore:
         def do_copy() -> None:
             if self.fault_hook is not None:
                 self.fault_hook(layer, expert)
-            if src is not None:
+            if src is not None and self.staging is not None:
+                self.staging.copy_into(src, dst)
+            elif src is not None:
                 for name, t in src.items():
                     dst[name].copy_(t, non_blocking=True)
 
