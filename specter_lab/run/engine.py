@@ -25,7 +25,8 @@ from .assembly import (RunParts, assemble, computes_on_host, dispatch_implementa
                        places_whole_layers, run_clock)
 from .budget import BudgetSplit, split_budget, split_slots, split_static
 from ..decode import Decoder, Sampling, Speculation, StepInfo, StopGeneration, reference_greedy
-from ..decode.exactness import family_speculation_check
+from ..decode.exactness import model_speculation_check
+from ..decode.speculative import check_verify_mode
 from ..decode.kv import rollback_blockers
 from .drafts import DraftSpec, as_draft_spec, draft_device_experts, draft_expert_bytes
 from ..errors import Diverged, NotExact
@@ -132,7 +133,7 @@ def _as_host_dtype(host_dtype) -> "torch.dtype | None":
     return dt
 
 
-def _check_rewindable(model, info: MoEModelInfo, strategy: str) -> None:
+def _check_rewindable(model, info: MoEModelInfo, strategy: str, verify: str = "batched") -> None:
     """Speculation rewinds the cache after every window; refuse (before any work) where that is not exact."""
     blockers = rollback_blockers(model)
     if blockers:
@@ -140,7 +141,7 @@ def _check_rewindable(model, info: MoEModelInfo, strategy: str) -> None:
             f"strategy={strategy!r} cannot run exactly on {info.model_type}: its cache has layers of kind "
             f"{', '.join(blockers)}, which cannot be rewound after a rejected draft (no crop, no known checkpoint). "
             "The non-speculative strategies (on_demand, lru, gate_lookahead) are exact on this model.")
-    why = family_speculation_check(info.model_type)
+    why = model_speculation_check(model, info.model_type, verify)
     if why:
         raise NotExact(
             f"strategy={strategy!r} cannot run exactly on {info.model_type}: {why} (checked on a tiny random "
@@ -176,6 +177,10 @@ class Engine:
         verify_lossless: after every greedy speculative run, check the committed tokens against a plain greedy
             pass of the target (off the clock) and raise :class:`~specter_lab.errors.Diverged` if they differ.
             Off by default (it doubles the work); the tests turn it on.
+        verify: how speculative strategies verify a window: ``"batched"`` (default; one target pass over the
+            K+1 positions: the target's greedy choice under that pass's rounding, which in bf16/fp16 can differ
+            from token-by-token decoding at a near-tie: docs/lossless.md) or ``"exact"`` (one-token passes:
+            equal to HF generate in every dtype, at up to K+1 dense forwards per window).
 
     Attribute ``fault_hook`` (default None): a ``fn(layer, expert)`` that each run's ExpertStore calls before
     every host→device copy; it may raise to inject a failed copy (tests).
@@ -188,8 +193,9 @@ class Engine:
                  eviction: str | None = None, prefetch: str | None = None,
                  chunking: "str | tuple[float, ...] | None" = None, shared_slots: bool | None = None,
                  cpu_share: float | None = None, record_routing: bool = True, verify_lossless: bool = False, trace: str = "full",
-                 host_dtype: "str | torch.dtype | None" = None) -> None:
+                 host_dtype: "str | torch.dtype | None" = None, verify: str = "batched") -> None:
         self.info = inspect_model(model)  # raises on a dense model
+        self.verify = check_verify_mode(verify)
         _as_host_dtype(host_dtype)  # a bad value fails before anything is planned or placed
         if trace not in TRACE_LEVELS:
             raise ValueError(f"trace={trace!r}: use 'full' (every copy, span and routing: the views need it) or "
@@ -206,7 +212,7 @@ class Engine:
                                                              chunking=chunking, shared_slots=shared_slots,
                                                              cpu_share=cpu_share)
         if self.strategy.speculative:
-            _check_rewindable(model, self.info, self.strategy.name)
+            _check_rewindable(model, self.info, self.strategy.name, self.verify)
         self.draft_cfg = as_draft_spec(draft)
         self.clocks = make_clock(hardware)  # raises on an unknown profile, or 'cuda' without CUDA
         if self.clocks.measured and cost_shape is not None:
@@ -416,6 +422,8 @@ class Engine:
                          host_weights=self._host_weights if replay is None else None, governor=self.governor,
                          callback=callback, fault_hook=self.fault_hook, replay=replay)
         self._host = parts.store.host
+        if parts.speculation is not None:
+            parts.speculation.verify = self.verify
         return Run(self, ids, trace, clock, parts)
 
     def _draft_source(self, with_weights: bool = True) -> DraftSource:
