@@ -19,6 +19,7 @@ difference stands out by orders of magnitude) and the run dtype is checked for r
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 
 import torch
@@ -128,3 +129,13 @@ def family_speculation_check(model_type: str, dtype: str = "float32", verify: st
     except Exception as exc:  # noqa: BLE001 - the family's own forward fails on the pattern speculation needs
         return (f"a short multi-token pass on a non-empty cache fails in transformers ({dtype}): "
                 f"{type(exc).__name__}: {exc}")
+
+
+def tie_steps(logits: torch.Tensor) -> float:
+    """How near a tie the greedy choice of one row of ``logits`` is: top-1 minus top-2, in units in the last place
+    of the logits' dtype at the top-1 value (bf16: one step in [4, 8) is 2⁻⁵ = 0.03125). Where
+    speculative verification in bf16/fp16 departs from token-by-token decoding, this is small (docs/lossless.md)."""
+    top = logits.detach().float().topk(2).values.tolist()
+    info = torch.finfo(logits.dtype)
+    ulp = info.eps * 2.0 ** math.floor(math.log2(abs(top[0]))) if top[0] else info.tiny
+    return (top[0] - top[1]) / ulp
