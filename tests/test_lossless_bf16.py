@@ -152,3 +152,17 @@ def test_exactness_probe_runs_in_the_dtype_and_mode():
     assert why and "verification pass differs" in why
     # ... and exact in one-token verification, which never runs that pass
     assert family_speculation_check("deepseek_v32", "bfloat16", "exact") is None
+
+
+def test_a_reproduction_that_differs_on_the_device_is_refused(wide, monkeypatch):
+    """The device check catches a mismatch before generating: with the eager (bf16 running) sum forced on a
+    grouped_mm model the per-expert reproduction rounds differently, and the Engine refuses instead of diverging."""
+    import specter_lab.model.experts as ex
+
+    model = copy.deepcopy(wide).to(torch.bfloat16)
+    model.set_experts_implementation("grouped_mm")
+    eager_sum = ex.combine
+    monkeypatch.setattr(ex, "combine", lambda x, outs, groups, w, impl="eager": eager_sum(x, outs, groups, w))
+    monkeypatch.setattr(ex, "_GAPS", {})
+    with pytest.raises(NotExact, match="differ"):
+        sl.Engine(model, None, "lru", cache_slots=9).prepare(PROMPT, max_new_tokens=4)

@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 __all__ = ["expert_apply", "route_groups", "combine", "exact_forward", "Group", "EXACT_IMPLEMENTATIONS",
-           "implementation_of"]
+           "implementation_of", "implementation_gap"]
 
 # transformers' experts implementations whose numerics the runtime reproduces
 EXACT_IMPLEMENTATIONS = ("eager", "grouped_mm", "batched_mm")
@@ -200,3 +200,50 @@ def exact_forward(mod, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, weig
     groups = route_groups(idx, idx_np)
     outs = {e: expert_apply(mod, g.take(x), weights_of(e), impl=impl, pairs=g.pairs) for e, g in groups.items()}
     return combine(x, outs, groups, w, impl)
+
+
+class _Stand:
+    """``mod`` with other expert weights: what HF's implementation function runs on in :func:`implementation_gap`
+    (everything but the weights and the expert count is the module's own: gate, activation, norm, flags)."""
+
+    def __init__(self, mod, weights: dict[str, torch.Tensor]) -> None:
+        self.__dict__.update(weights)
+        self.__dict__["_mod"] = mod
+        self.num_experts = next(iter(weights.values())).shape[0]
+        self._is_expert_parallel = False
+
+    def __getattr__(self, name):
+        return getattr(self.__dict__["_mod"], name)
+
+
+_GAPS: dict[tuple, float] = {}
+
+
+def implementation_gap(mod, impl: str, param_names, top_k: int, device, dtype: torch.dtype) -> float:
+    """Largest difference between transformers' ``impl`` and this module's math (:func:`exact_forward`) on
+    ``device`` in ``dtype``, for random weights of ``mod``'s expert shapes (top-k + 2 experts), one decoding
+    token and a 5-token pass: the per-expert calls and the sum must give what HF's one call gives. 0.0: bit for bit on this device. Cached per module class, shapes, device and dtype."""
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+
+    shapes = tuple((n, tuple(getattr(mod, n).shape[1:])) for n in param_names)
+    n_exp = min(getattr(mod, param_names[0]).shape[0], top_k + 2)  # few experts: real-size shapes stay cheap
+    key = (type(mod), impl, shapes, n_exp, top_k, str(device), dtype)
+    if key in _GAPS:
+        return _GAPS[key]
+    fn = type(mod).forward.__wrapped__ if impl == "eager" else ALL_EXPERTS_FUNCTIONS[impl]
+    g = torch.Generator().manual_seed(0)
+    weights = {n: (torch.randn((n_exp,) + s, generator=g, dtype=dtype)
+                   * (0.02 if n.endswith("_bias") else s[-1] ** -0.5)).to(device) for n, s in shapes}
+    stand = _Stand(mod, weights)
+    hidden = getattr(mod, param_names[0]).shape[1 if mod.is_transposed else -1]
+    gap = 0.0
+    with torch.no_grad():
+        for t in (1, 5):
+            x = torch.randn(t, hidden, generator=g).to(device, dtype)
+            idx = torch.stack([torch.randperm(n_exp, generator=g)[:top_k] for _ in range(t)]).to(device)
+            w = torch.softmax(torch.randn(t, top_k, generator=g), -1).to(device, dtype)
+            ref = fn(stand, x, idx, w)
+            ours = exact_forward(stand, x, idx, w, lambda e: {n: v[e] for n, v in weights.items()}, impl=impl)
+            gap = max(gap, (ours.float() - ref.float()).abs().max().item())
+    _GAPS[key] = gap
+    return gap

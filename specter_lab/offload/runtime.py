@@ -28,8 +28,8 @@ import numpy as np
 import torch
 
 from ..errors import NotExact
-from ..model.experts import (EXACT_IMPLEMENTATIONS, Group, combine, exact_forward, expert_apply, implementation_of,
-                             route_groups)
+from ..model.experts import (EXACT_IMPLEMENTATIONS, Group, combine, exact_forward, expert_apply,
+                             implementation_gap, implementation_of, route_groups)
 from .schedule import HOOK_POINTS, DraftSource, ForwardInfo, LayerSchedule, rank_prediction
 
 __all__ = ["OffloadRuntime", "ForwardInfo", "DraftSource", "HOOK_POINTS", "gate_ids"]
@@ -97,7 +97,7 @@ class OffloadRuntime:
         self.hooks = schedule.hooks  # named hook points (HOOK_POINTS)
         self.fwd: ForwardInfo | None = None  # the forward in progress (set only by forward())
         if self.store.materialize:  # a replay computes nothing: any implementation can be priced
-            check_implementations(info)
+            check_implementations(info, self.store.device)
 
     @contextmanager
     def forward(self, info: ForwardInfo) -> Iterator[ForwardInfo]:
@@ -138,9 +138,10 @@ class OffloadRuntime:
         return combine(x, outs, groups, w, impl)
 
 
-def check_implementations(info) -> None:
+def check_implementations(info, device="cpu") -> None:
     """Refuse (before any generation) a model whose experts run an implementation the runtime does not
-    reproduce: its outputs would differ from HF's by rounding, token by token."""
+    reproduce, or whose reproduction differs from it on ``device`` (checked on random weights of the layer's
+    shapes, once per shape, device and dtype): its outputs would differ from HF's by rounding, token by token."""
     for layer in info.layers:
         impl = implementation_of(layer.experts)
         if impl not in EXACT_IMPLEMENTATIONS:
@@ -150,6 +151,15 @@ def check_implementations(info) -> None:
                 f"reproduce, so offloaded results would not be HF generate's bit for bit. Load the model with "
                 f"experts_implementation= one of {', '.join(EXACT_IMPLEMENTATIONS)} (or call "
                 "model.set_experts_implementation(...)) before building the Engine.")
+        dtype = getattr(layer.experts, layer.param_names[0]).dtype
+        gap = implementation_gap(layer.experts, impl, layer.param_names, layer.top_k, device, dtype)
+        if gap != 0.0:
+            raise NotExact(
+                f"{info.model_type or 'this model'}: on {device} in {dtype}, transformers' {impl!r} experts "
+                f"implementation and specter_lab's per-expert reproduction of it differ (by {gap:.3g} on random "
+                f"weights of layer {layer.index}'s shapes), so offloaded results would not be HF generate's bit "
+                f"for bit. Another implementation may match here: load the model with experts_implementation= "
+                f"one of {', '.join(i for i in EXACT_IMPLEMENTATIONS if i != impl)}.")
 
 
 def _renormalised(w: torch.Tensor, groups: dict[int, Group], outs) -> torch.Tensor:
