@@ -15,16 +15,20 @@ implementation  per-expert matmuls                            weighted sum
                                                               dtype (one rounding per added expert)
 ``grouped_mm``  one grouped GEMM over the tokens sorted by    ``[T, k, H].sum(dim=1)``: top-k position order,
                 expert (its kernel, or transformers' per-     accumulated in float32, rounded once
-                group ``mm`` fallback): called per expert
-                with one group
+                group ``mm`` fallback): per expert, the same
+                dispatcher with one group (on the CPU, where
+                torch's grouped kernel is a ``mm`` per group,
+                one ``mm``)
 ``batched_mm``  ``bmm`` over the (token, expert) pairs, one   as ``grouped_mm``
                 matrix-vector product per pair; called per
                 expert with the same batched shapes
 =============  ============================================  =====================================================
 
-The per-pair and per-group results do not depend on which other experts share the call (checked per dtype by
-``tests/test_lossless_bf16.py``), so the runtime can compute each expert where and when its weights are and still
-sum exactly what HF sums. One exception is mirrored explicitly: on the CPU a ``bmm`` of batch 1 takes another
+The per-pair and per-group results do not depend on which other experts share the call, so the runtime can
+compute each expert where and when its weights are and still sum exactly what HF sums. That is a property of the
+kernels, so it is checked where the run happens: :func:`implementation_gap` compares HF's implementation with this
+code on the run's device and dtype (random weights of the layer's shapes) and the runtime refuses a model where
+they differ (``tests/test_lossless_bf16.py`` checks every implementation × dtype on the CPU). One exception is mirrored explicitly: on the CPU a ``bmm`` of batch 1 takes another
 kernel (``mm``) than a batch of two or more, so a lone pair is computed in a batch of two when HF's call had more.
 
 The hot path of every MoE layer, kept lean for a GPU where the host dispatches every op: the routing is read
@@ -72,12 +76,22 @@ class Group:
         return x if self.rows is None else x[self.rows]
 
 
+_OFFS: dict[tuple[int, str], torch.Tensor] = {}
+
+
 def _grouped(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    """``x [n, in] @ m [in, out]`` as transformers' grouped_mm runs it: its own dispatcher (the grouped kernel
-    where the device has one, else its per-group ``mm``), with this expert as the only group."""
+    """``x [n, in] @ m [in, out]`` as transformers' grouped_mm runs it. On the CPU torch's grouped kernel is a
+    ``mm`` per group (bit for bit, checked per dtype by :func:`implementation_gap`): one ``mm``. Elsewhere
+    transformers' own dispatcher (the grouped kernel where the device has one, else its per-group ``mm``), with
+    this expert as the only group."""
+    if x.device.type == "cpu":
+        return x @ m
     from transformers.integrations.moe import _grouped_mm
 
-    offs = torch.tensor([x.shape[0]], dtype=torch.int32, device=x.device)
+    key = (x.shape[0], str(x.device))
+    offs = _OFFS.get(key)
+    if offs is None:  # one small device tensor per row count, made once
+        offs = _OFFS[key] = torch.tensor([x.shape[0]], dtype=torch.int32, device=x.device)
     return _grouped_mm(x, m.unsqueeze(0), offs=offs)
 
 
@@ -179,6 +193,11 @@ def _sum_over_topk(x: torch.Tensor, outs: dict[int, torch.Tensor], groups: dict[
     t, k = w.shape
     if not outs:
         return torch.zeros_like(x)
+    if t == 1 and len(outs) == k and all(g.rows is None for g in groups.values()):
+        # one token, every expert computed: its k products in top-k order are the [1, k, H] tensor itself
+        by_pos = sorted(outs, key=lambda e: groups[e].kpos)
+        prods = [outs[e] * w[:, groups[e].kpos:groups[e].kpos + 1] for e in by_pos]
+        return torch.cat(prods).view(1, k, -1).sum(dim=1).to(x.dtype)
     dtype = torch.result_type(next(iter(outs.values())), w)  # HF: proj_out * sample_weights (promoted)
     weighted = torch.zeros(t, k, x.shape[-1], dtype=dtype, device=x.device)
     for e, o in outs.items():
