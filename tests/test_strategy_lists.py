@@ -66,7 +66,7 @@ def test_replay_and_the_bound_need_no_engine_and_no_exactness_probe(recorded, mo
         raise AssertionError("a replay must not build an Engine or run the exactness probe")
 
     monkeypatch.setattr(engine_mod.Engine, "__init__", boom)
-    monkeypatch.setattr(engine_mod, "family_speculation_check", boom)
+    monkeypatch.setattr(engine_mod, "model_speculation_check", boom)
     monkeypatch.setattr(engine_mod, "_check_rewindable", boom)
     for strategy in ("lru", "specter"):
         (r,) = sl.replay(recorded, strategy, k=4, expert_budget=0.5) if strategy == "specter" else \

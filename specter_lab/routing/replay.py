@@ -197,6 +197,9 @@ def replay_setup(trace: RoutingTrace, strategy="lru", *, draft: "QuantSpec | Non
                         f"{type(trace).__name__}.")
     if is_measured(options.get("hardware")):
         raise ValueError("hardware='cuda' measures a live run; a replay prices on a simulated profile: give one.")
+    if options.get("verify", "batched") != "batched":
+        raise ValueError(f"verify={options['verify']!r}: a trace holds each window's one K+1-token verification "
+                         "pass (verify='batched'); the exact mode's one-token passes are run live.")
     if strategy == "auto":
         raise ValueError("strategy='auto' plans on a model; on a trace plan first, then replay the plan: "
                          "sl.replay(trace, sl.plan(None, None, trace=trace, ...)).")

@@ -22,7 +22,7 @@ from typing import Any, Callable, Protocol
 import torch
 
 from ..decode import Sampling, StepInfo
-from ..decode.exactness import family_speculation_check
+from ..decode.exactness import model_speculation_check
 from ..decode.kv import rollback_blockers
 from ..errors import NotExact
 from ..model import MoEModelInfo, inspect_model
@@ -73,7 +73,7 @@ def register_auto_planner(fn: Callable[..., PlanLike]) -> None:
     _AUTO_PLANNER[:] = [fn]
 
 
-def _check_rewindable(model, info: MoEModelInfo, strategy: str) -> None:
+def _check_rewindable(model, info: MoEModelInfo, strategy: str, verify: str = "batched") -> None:
     """Speculation rewinds the cache after every window; refuse (before any work) where that is not exact."""
     blockers = rollback_blockers(model)
     if blockers:
@@ -81,7 +81,7 @@ def _check_rewindable(model, info: MoEModelInfo, strategy: str) -> None:
             f"strategy={strategy!r} cannot run exactly on {info.model_type}: its cache has layers of kind "
             f"{', '.join(blockers)}, which cannot be rewound after a rejected draft (no crop, no known checkpoint). "
             "The non-speculative strategies (on_demand, lru, gate_lookahead) are exact on this model.")
-    why = family_speculation_check(info.model_type)
+    why = model_speculation_check(model, info.model_type, verify)
     if why:
         raise NotExact(
             f"strategy={strategy!r} cannot run exactly on {info.model_type}: {why} (checked on a tiny random "
@@ -90,7 +90,8 @@ def _check_rewindable(model, info: MoEModelInfo, strategy: str) -> None:
 
 
 # The keyword options an Engine passes to resolve() as given (the named ones it also plans with).
-_SETUP_OPTIONS = {"eviction", "prefetch", "chunking", "shared_slots", "cpu_share", "trace", "host_dtype", "ignore_eos"}
+_SETUP_OPTIONS = {"eviction", "prefetch", "chunking", "shared_slots", "cpu_share", "trace", "host_dtype", "ignore_eos",
+                  "verify"}
 
 
 class Engine:
@@ -119,6 +120,10 @@ class Engine:
             at both levels): what sweeps run, and a speed run on CUDA creates one untimed event per op instead of
             three timed ones (there the duration sums, e.g. stall, are NaN: untimed events carry no time).
         ignore_eos: every run commits ``max_new_tokens`` (a benchmark protocol's fixed output length).
+        verify: how speculative strategies verify a window: ``"batched"`` (default; one target pass over the
+            K+1 positions: the target's greedy choice under that pass's rounding, which in bf16/fp16 can differ
+            from token-by-token decoding at a near-tie: docs/lossless.md) or ``"exact"`` (one-token passes:
+            equal to HF generate in every dtype, at up to K+1 dense forwards per window).
         verify_lossless: after every greedy speculative run, check the committed tokens against a plain greedy
             pass of the target (off the clock) and raise :class:`~specter_lab.errors.Diverged` if they differ.
             Off by default (it doubles the work); the tests turn it on.
@@ -166,7 +171,7 @@ class Engine:
         clock, and the host lane's precision on this device."""
         st = self.strategy
         if st.speculative:
-            _check_rewindable(self.model, self.info, st.name)
+            _check_rewindable(self.model, self.info, st.name, self.setup.verify)
         if self.setup.measured:  # dense weights on the GPU, experts in pinned host memory (done here if not yet)
             ensure_offload_layout(self.model, self.info)
             if looks_at_the_target(st):
@@ -194,6 +199,7 @@ class Engine:
     draft_cfg = property(lambda self: self.setup.draft)
     host_dtype = property(lambda self: self.setup.host_dtype)
     trace_level = property(lambda self: self.setup.trace_level)
+    verify = property(lambda self: self.setup.verify)
 
     @classmethod
     def from_plan(cls, model, tokenizer, plan: PlanLike, **kwargs) -> "Engine":

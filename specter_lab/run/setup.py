@@ -20,6 +20,7 @@ from typing import Any, Callable
 import torch
 
 from ..decode import Decoder, Sampling, Speculation, StepInfo, StopGeneration, reference_greedy
+from ..decode.speculative import check_verify_mode
 from ..errors import Diverged
 from ..model import MoEModelInfo, attached
 from ..offload.clock import Clock, ClockFactory, make_clock
@@ -116,6 +117,7 @@ class RunSetup:
     host_dtype: torch.dtype | None = None
     budget_given: bool = True
     ignore_eos: bool = False
+    verify: str = "batched"  # how a speculative window is verified: one K+1-token pass, or one-token passes
 
     @property
     def profile(self) -> HardwareProfile:
@@ -177,6 +179,7 @@ class RunSetup:
                  f"pricing    {self.cost.assumptions}",
                  f"budget     {s.budget_bytes:,} B: draft {s.draft_bytes:,} B + {min(s.slots_per_layer)}"
                  f"–{max(s.slots_per_layer)} slots/layer × {s.expert_bytes:,} B",
+                 f"verify     {self.verify}" if st.speculative else "verify     —",
                  f"trace      {self.trace_level}"]
         return "\n".join(lines)
 
@@ -207,7 +210,7 @@ def resolve(info: MoEModelInfo, strategy: "str | Strategy" = "specter", *,
             eviction: str | None = None, prefetch: str | None = None,
             chunking: "str | tuple[float, ...] | None" = None, shared_slots: bool | None = None,
             cpu_share: float | None = None, trace: str = "full", host_dtype: "str | torch.dtype | None" = None,
-            ignore_eos: bool = False) -> RunSetup:
+            ignore_eos: bool = False, verify: str = "batched") -> RunSetup:
     """Check every argument and resolve them into a :class:`RunSetup` for the model ``info`` describes (a live
     model's or a weightless skeleton's: only sizes are read). Nothing runs, nothing is allocated.
 
@@ -219,6 +222,7 @@ def resolve(info: MoEModelInfo, strategy: "str | Strategy" = "specter", *,
     if cache_slots is not None and expert_budget is not None:
         raise ValueError("give either expert_budget= or cache_slots=, not both.")
     hdt = as_host_dtype(host_dtype)
+    check_verify_mode(verify)
     check_options(k=k, eviction=eviction, prefetch=prefetch, chunking=chunking, cpu_share=cpu_share)
     st = get_strategy(strategy).with_options(k=k, eviction=eviction, prefetch=prefetch, chunking=chunking,
                                              shared_slots=shared_slots, cpu_share=cpu_share)
@@ -236,7 +240,7 @@ def resolve(info: MoEModelInfo, strategy: "str | Strategy" = "specter", *,
                             implementation=dispatch_implementation(st))
     split, per_draft = _split(info, st, draft_cfg, cost, shape, expert_budget, cache_slots)
     return RunSetup(st, draft_cfg, clocks, shape, cost, split, per_draft, trace, None if hdt == native else hdt,
-                    budget_given=cache_slots is None, ignore_eos=bool(ignore_eos))
+                    budget_given=cache_slots is None, ignore_eos=bool(ignore_eos), verify=verify)
 
 
 @dataclass
@@ -344,4 +348,6 @@ def prepare_run(setup: RunSetup, info: MoEModelInfo, prompt_ids: list[int], max_
                      cost=setup.cost, trace=trace, sampling=sampling, eos=eos, max_new_tokens=max_new_tokens,
                      device=device, host=host, draft=draft, host_weights=host_weights, governor=governor,
                      callback=callback, fault_hook=fault_hook, replay=replay)
+    if parts.speculation is not None:
+        parts.speculation.verify = setup.verify
     return Run(setup, info, list(prompt_ids), trace, clock, parts, model=model)
