@@ -10,8 +10,9 @@ Terms (bytes at the dtype the run uses):
   run's dtype (transformers maps such a tensor from the file without a copy; the OS pages it in when an expert is
   read and may drop it again, so it need not fit in RAM), otherwise *copied* (per-expert tensors are concatenated
   at load, and another dtype is a converted copy): then they must fit;
-* **draft**: the low-bit copies of the routed experts the speculative draft keeps; on the CPU they are dequantized
-  once to the run's dtype (``DraftExperts``' ``dense`` layout: as many bytes as the experts), on a GPU packed
+* **draft**: the low-bit copies of the routed experts the speculative draft keeps; on the CPU a small model's are
+  dequantized once to the run's dtype (``DraftExperts``' ``dense`` layout: as many bytes as the experts, under
+  :data:`DENSE_DRAFT_LIMIT`), a real-size model's and a GPU's packed
   (``QuantSpec.packed_bytes``: codes + an fp16 scale and zero per group);
 * **quantizer working set**: while the draft is made it quantizes one fused tensor at a time (a layer's
   gate/up, two thirds of its experts) in float32 about three times over: counted as 8 bytes per parameter of one
@@ -38,7 +39,12 @@ from ..errors import NotEnoughMemory
 from ..units import format_bytes, parse_budget, parse_bytes
 from .checkpoint_check import CheckpointInfo, check_checkpoint
 
-__all__ = ["MemoryPlan", "plan_memory", "available_memory", "check_fits"]
+__all__ = ["MemoryPlan", "plan_memory", "available_memory", "check_fits", "DENSE_DRAFT_LIMIT"]
+
+# On the CPU a draft is dequantized once only while that copy stays this small (run/quant.py reads it): past it
+# a dequantized copy would double a real-size model's resident memory (12 GiB of OLMoE-1B-7B experts), and the
+# packed codes (a quarter of that at 4 bits) are dequantized per expert instead. Same values either way.
+DENSE_DRAFT_LIMIT = 1 << 30
 
 _FLOAT_BYTES = {torch.float32: 4, torch.float64: 8, torch.float16: 2, torch.bfloat16: 2}
 
@@ -199,9 +205,10 @@ def _draft_bytes(ck: CheckpointInfo, draft: Any, device: torch.device, itemsize:
         e = max(1, _num_experts(ck.config))
         frac = min(1.0, getattr(draft, "hybrid_experts", e) / e)
         numel, packed, label = int(numel * frac), int(packed * frac), f"hybrid {label}"
-    if device.type == "cpu":
+    if device.type == "cpu" and numel * itemsize <= DENSE_DRAFT_LIMIT:
         return numel * itemsize, f"{label}, dequantized once on the CPU (packed it would be {format_bytes(packed)})"
-    return packed, f"{label}, packed on the device"
+    return packed, f"{label}, packed" + (" on the device" if device.type != "cpu" else
+                                         f" (a dequantized copy would be {format_bytes(numel * itemsize)})")
 
 
 def _num_experts(cfg: dict) -> int:

@@ -16,7 +16,6 @@ named hook points) before :meth:`Run.execute`. :meth:`Engine.generate` is prepar
 from __future__ import annotations
 
 import warnings
-import weakref
 from typing import Any, Callable, Protocol
 
 import torch
@@ -36,16 +35,12 @@ from ..units import parse_budget
 from .assembly import computes_on_host, looks_at_the_target
 from .budget import BudgetSplit
 from .drafts import DraftSpec, as_draft_spec
-from .quant import DraftExperts, QuantSpec
+from .quant import DraftExperts, QuantSpec, shared_draft
 from .setup import GenerationResult, Run, RunSetup, as_host_dtype, check_generation, check_options, prepare_run
 from .setup import resolve
 from .strategies import Strategy
 
 __all__ = ["Engine", "GenerationResult", "BudgetSplit", "Run", "PlanLike", "register_auto_planner"]
-
-# Quantizing the draft is the slow part of building an engine; engines on the same model share drafts.
-_DRAFTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
 
 class PlanLike(Protocol):
     """What an Engine needs of a plan (``sl.plan`` returns one): the chosen engine options and a label."""
@@ -252,16 +247,10 @@ class Engine:
         a draft they no longer use is freed rather than sitting outside every budget."""
         if self._draft is not None and self._draft.spec == self.draft_spec:
             return self._draft
-        shared = _DRAFTS.setdefault(self.model, {})
-        key = (self.draft_spec, str(self.device))
-        if key not in shared:
-            if self.device.type != "cpu":
-                for other in [k for k in shared if k[1] == key[1]]:
-                    del shared[other]
-            shared[key] = DraftExperts(self.info, self.draft_spec, device=self.device)
+        draft = shared_draft(self.model, self.info, self.draft_spec, self.device)
         if self.device.type == "cpu":
-            self._draft = shared[key]  # host memory, outside the budget: keep it
-        return shared[key]
+            self._draft = draft  # host memory, outside the budget: keep it
+        return draft
 
     def set_draft(self, spec: "QuantSpec | DraftSpec | str") -> None:
         """Change the draft (re-quantized on next use). The slot split follows its new size; on an error (the
