@@ -283,7 +283,8 @@ def simulate(routing, slots: "int | Sequence[int]", *, policy: "str | Callable[.
     T, L, _ = arr.shape
     rows = arr.tolist()
     make = POLICIES[policy] if isinstance(policy, str) else policy
-    nu = NextUse.of(rows) if make is Belady or getattr(make, "func", None) is Belady else None
+    base = getattr(make, "func", make)  # a functools.partial of a policy class
+    nu = NextUse.of(rows) if isinstance(base, type) and issubclass(base, Belady) else None
     if pool == "global":
         if not isinstance(slots, (int, np.integer)):
             raise ValueError(f"slots={slots!r}: a global pool takes one total number of slots.")
