@@ -55,9 +55,10 @@ import numpy as np
 
 from ..run.engine import Engine
 from ..offload.schedule import counts_of, host_lane_time
-from .cachesim import Belady, NextUse
 from .replay import _recorded_draft, skeleton
 from .trace_file import RoutedSequence, RoutingTrace, TraceError
+
+from .cachesim import Belady, NextUse  # the cache simulator's Belady ranks the timed pool (below)
 
 __all__ = ["BoundResult", "bound", "trace_bound", "x_of_bound", "bound_column", "VARIANTS"]
 
