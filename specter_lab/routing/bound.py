@@ -52,13 +52,12 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
+from .cachesim import Belady, NextUse  # the cache simulator's Belady ranks the timed pool (_Pool, below)
 
 from ..run.engine import Engine
 from ..offload.schedule import counts_of, host_lane_time
 from .replay import _recorded_draft, skeleton
 from .trace_file import RoutedSequence, RoutingTrace, TraceError
-
-from .cachesim import Belady, NextUse  # the cache simulator's Belady ranks the timed pool (below)
 
 __all__ = ["BoundResult", "bound", "trace_bound", "x_of_bound", "bound_column", "VARIANTS"]
 
