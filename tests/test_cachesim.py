@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 import specter_lab as sl
-from specter_lab.routing.cachesim import (LFU, NextUse, lru_stack_positions, simulate, stack_requests)
+from specter_lab.offload import cache
+from specter_lab.offload.cache import ForecastEviction
+from specter_lab.routing.cachesim import LFU, NextUse, lru_stack_positions, simulate, stack_requests
 from specter_lab.routing.locality import TARGET_HIT_AT_HALF
-from specter_lab.routing.replay import ReplayDecoder, skeleton
 
 BUDGETS = (0.1, 0.25, 0.5)  # 3 slots of 32 a layer (top-4 streams through them), 8, 16
 
@@ -28,17 +29,24 @@ def traces():
     return {"recorded": rec, "deepseek-v2-lite-like": imported}
 
 
-class _Oracle:
-    """A perfect forecast for the store's ``forecast`` eviction: each key's true next request after the current
-    one (the ``moe.routing`` hook says which request runs), in the simulator's time (forward · layers + layer)."""
+class _OracleEviction(ForecastEviction):
+    """The store's ``forecast`` eviction given a perfect forecast: each key's true next request after the current
+    one, in the simulator's time (forward · layers + layer). The current request is read off the store's own
+    calls (every layer of a forward touches an expert, in layer order; a victim is chosen before its layer's
+    first touch, but then only experts the layer needs, which are protected, are asked for at that time)."""
 
-    def __init__(self, routing: np.ndarray) -> None:
-        self.uses = NextUse.of(routing.tolist())
-        self.layers = routing.shape[1]
-        self.now = -1
+    def __init__(self, uses: NextUse, layers: int) -> None:
+        super().__init__()
+        self.uses, self.layers, self.now = uses, layers, -1
+        self.forecast = self
 
-    def at(self, fwd, layer, idx) -> None:
-        self.now = (self.now // self.layers + (layer == 0)) * self.layers + layer
+    def follow(self, forecast) -> None:  # keep the oracle (a run's end calls follow(None))
+        pass
+
+    def touch(self, layer: int, expert: int) -> None:
+        t, last = divmod(self.now, self.layers) if self.now >= 0 else (-1, self.layers)
+        self.now = (t + (layer < last)) * self.layers + layer
+        super().touch(layer, expert)
 
     def next_use(self, layer: int, expert: int) -> float:
         return self.uses.after((layer, expert), self.now)
@@ -52,23 +60,16 @@ def _requests(seq, layers: int) -> np.ndarray:
     return stack_requests(per_layer)
 
 
-def _store_run(trace, seq_index: int, strategy: str, eviction: str, budget: float, oracle: _Oracle | None):
+def _store_run(trace, seq_index: int, strategy: str, eviction: str, budget: float):
     """Replay one sequence with the store's own eviction (prefetch off): per-layer hits and misses, and the
     slots per layer it had."""
-    eng = sl.Engine(skeleton(trace.config), None, strategy, expert_budget=budget, eviction=eviction)
-    assert eng.strategy.prefetch == "none"
-    seq = trace.sequences[seq_index]
-    run = eng.prepare(seq.prompt.tolist(), len(seq.tokens), replay=partial(ReplayDecoder, seq))
-    if oracle is not None:
-        run.runtime.hooks["moe.routing"].append(oracle.at)
-        run.store.policy.follow(oracle)
-    slots = run.store.slots_per_layer
-    result = run.execute()
+    (result,) = sl.replay(trace, strategy, expert_budget=budget, eviction=eviction, sequences=[seq_index])
+    assert result.config["strategy"].prefetch == "none"
     ce = result.trace.frames()["cache"]
-    L = eng.info.num_layers
+    L = trace.num_layers
     count = {ev: ce[ce.event == ev].groupby("layer").size().reindex(range(L), fill_value=0).to_numpy()
              for ev in ("hit", "miss")}
-    return count["hit"], count["miss"], slots
+    return count["hit"], count["miss"], list(result.config["split"].slots_per_layer)
 
 
 # the store's eviction policies (offload/cache.POLICIES) and the simulator's that stands for each
@@ -78,23 +79,27 @@ POLICY_PAIRS = [("lru", "lru"), ("lfu", "lfu"), ("forecast", "belady")]
 @pytest.mark.parametrize("which", ["recorded", "deepseek-v2-lite-like"])
 @pytest.mark.parametrize("eviction,policy", POLICY_PAIRS)
 @pytest.mark.parametrize("strategy,pool", [("lru", "layer"), ("global_lru", "global")])
-def test_the_simulator_hits_what_the_store_hits(traces, which, eviction, policy, strategy, pool):
-    from specter_lab.offload.cache import POLICIES as STORE_POLICIES
-    assert set(STORE_POLICIES) == {e for e, _ in POLICY_PAIRS}, "a store policy the simulator is not held to"
+def test_the_simulator_hits_what_the_store_hits(traces, which, eviction, policy, strategy, pool, monkeypatch):
+    assert set(cache.POLICIES) == {e for e, _ in POLICY_PAIRS}, "a store policy the simulator is not held to"
     trace = traces[which]
     layers = trace.num_layers
-    rates, evictions = [], 0
+    rates, evictions, unlike_lru = [], 0, 0
     for i in range(len(trace.sequences)):
         routing = _requests(trace.sequences[i], layers)
         for budget in BUDGETS:
-            oracle = _Oracle(routing) if eviction == "forecast" else None
-            hits, misses, slots = _store_run(trace, i, strategy, eviction, budget, oracle)
+            if eviction == "forecast":  # the store's make_policy builds this run's policy from POLICIES
+                monkeypatch.setitem(cache.POLICIES, "forecast", partial(_OracleEviction, NextUse.of(routing.tolist()),
+                                                                       layers))
+            hits, misses, slots = _store_run(trace, i, strategy, eviction, budget)
             sim = simulate(routing, slots if pool == "layer" else sum(slots), policy=policy, pool=pool)
             what = f"{which} seq {i} budget {budget}: {strategy}/{eviction}"
             assert sim.hits.tolist() == hits.tolist() and sim.misses.tolist() == misses.tolist(), what
             rates.append(sim.hit_rate)
             evictions += int((sim.loads - sim.fills).sum())
+            lru = simulate(routing, slots if pool == "layer" else sum(slots), pool=pool)
+            unlike_lru += int(sim.hits.tolist() != lru.hits.tolist())
     assert max(rates) > 0 and min(rates) < 1 and evictions > 0  # the budgets made the caches choose
+    assert (unlike_lru > 0) == (policy != "lru")  # LFU and the oracle forecast really rank otherwise
 
 
 # ------------------------------------------------------------------------------------------ the rules, by hand
