@@ -86,14 +86,12 @@ def layer_lru(routing: np.ndarray, slots: int, warmup: int, miss: str = "copy", 
     miss is copied and cached (``lru``); ``"reuse"``: a miss is copied only if a slot is free or the layer routed
     that expert in the last ``reuse_window`` tokens (its reuse pays for the copy), else computed on the host
     (``host_lru``, whose per-miss rule is approximated here by recent reuse)."""
-    admit = None
-    if miss != "copy":
-        rows = routing.tolist()
+    rows = routing.tolist()
 
-        def admit(layer: int, e: int, t: int, free: int) -> bool:  # a free slot costs nothing
-            return free > 0 or any(e in rows[u][layer] for u in range(max(0, t - reuse_window), t))
+    def reused(layer: int, e: int, t: int, free: int) -> bool:  # a free slot costs nothing
+        return free > 0 or any(e in rows[u][layer] for u in range(max(0, t - reuse_window), t))
 
-    return _from_stats(simulate(routing, slots, warmup=warmup, admit=admit))
+    return _from_stats(simulate(routing, slots, warmup=warmup, admit=None if miss == "copy" else reused))
 
 
 def global_lru(routing: np.ndarray, slots: int, warmup: int, cpu_share: float = 0.0) -> Counts:

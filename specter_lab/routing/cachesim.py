@@ -32,8 +32,9 @@ of one step; requests run step by step, layer by layer (the time of request (t, 
 
 * ``"lru"``: least recently used first (a load or a use touches).
 * ``"lfu"``: fewest uses first; a use is a touch (a load is not a use, as in the store's ``LFU``), counts are
-  kept after eviction. Ties: the least recently touched (load or use) first. A variant (a decay of the counts,
-  say) is one constructor argument of :class:`LFU`: ``policy=functools.partial(LFU, decay=...)``.
+  kept after eviction. Ties: the least recently touched (load or use) first. A decay of the counts (as a decaying
+  LFU of the store would have) is one more constructor argument of :class:`LFU`, applied in ``LFU._bump``, and
+  reaches :func:`simulate` as ``policy=functools.partial(LFU, decay=...)``.
 * ``"belady"``: clairvoyant (MIN): the resident whose next request is furthest away (never = infinitely far);
   a resident requested now is never a victim. Ties: the least recently touched first (the store's ``forecast``
   eviction with a perfect forecast ranks so: the test holds them equal).
@@ -103,7 +104,7 @@ LRU = Policy
 
 class LFU(Policy):
     """Fewest uses first, then least recently touched (a load or a use); counts survive eviction (the store's
-    ``offload.cache.LFU``). ``_bump`` is the one place a use is counted: a decay is one argument here."""
+    ``offload.cache.LFU``). ``_bump`` is the one place a use is counted: a decay would be one argument here."""
 
     name = "lfu"
 
