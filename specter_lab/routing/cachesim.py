@@ -49,7 +49,7 @@ import heapq
 import math
 from bisect import bisect_left, bisect_right
 from collections import OrderedDict, defaultdict
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Callable, Container, Hashable, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -243,21 +243,10 @@ class CacheStats:
     roomy: np.ndarray
     steps: int = 0
 
-    @classmethod
-    def zeros(cls, layers: int) -> "CacheStats":
-        return cls(*(np.zeros(layers, dtype=np.int64) for _ in _COUNTS))
-
-    def __add__(self, other: "CacheStats") -> "CacheStats":
-        return CacheStats(*(getattr(self, n) + getattr(other, n) for n in _COUNTS), steps=self.steps + other.steps)
-
     @property
     def hit_rate(self) -> float:
         n = int(self.lookups.sum())
         return int(self.hits.sum()) / n if n else float("nan")
-
-    def as_dict(self) -> dict:
-        return {f.name: (v.tolist() if isinstance(v := getattr(self, f.name), np.ndarray) else v)
-                for f in fields(self)}
 
 
 Admit = Callable[[int, int, int, int], bool]  # (layer, expert, step, free slots) → copy it into the pool?
@@ -300,43 +289,48 @@ def simulate(routing, slots: "int | Sequence[int]", *, policy: "str | Callable[.
         for e in experts:
             if pools[l].free > 0:
                 pools[l].loaded((l, int(e)), -1)
-    stats = CacheStats.zeros(L)
     step = _store_request if rule == "store" else _moe_lrc_request
     admit_all = admit is None
+    acc = [[0] * len(_COUNTS) for _ in range(L)]  # plain ints: numpy element updates cost more than the cache
     for t in range(T):
-        counted = t >= warmup
         for l in range(L):
             ids = [e for e in rows[t][l] if e >= 0]
-            if ids:
-                step(pools[l], l, ids, t, t * L + l, stats if counted else None, admit, admit_all)
-    stats.steps = max(0, T - warmup)
-    return stats
+            if not ids:
+                continue
+            n, hits, loads, bypassed, fills, roomy = step(pools[l], l, ids, t, t * L + l, admit, admit_all)
+            if t >= warmup:
+                a = acc[l]
+                a[0] += n
+                a[1] += hits
+                a[2] += n - hits
+                a[3] += loads
+                a[4] += bypassed
+                a[5] += bypassed > 0
+                a[6] += fills
+                a[7] += (n - hits) if roomy else 0
+    cols = np.asarray(acc, dtype=np.int64).reshape(L, len(_COUNTS)).T
+    return CacheStats(*cols, steps=max(0, T - warmup))
 
 
-def _count(stats: CacheStats, l: int, n: int, hits: int, loads: int, bypassed: int, fills: int,
-           roomy: bool) -> None:
-    stats.lookups[l] += n
-    stats.hits[l] += hits
-    stats.misses[l] += n - hits
-    stats.loads[l] += loads
-    stats.bypassed[l] += bypassed
-    stats.bypass_steps[l] += bypassed > 0
-    stats.fills[l] += fills
-    if roomy:
-        stats.roomy[l] += n - hits
+Outcome = tuple[int, int, int, int, int, bool]  # lookups, hits, loads, bypassed, fills, began with a free slot
 
 
-def _store_request(p: Policy, l: int, ids: list[int], t: int, now: int, stats, admit, admit_all) -> None:
+def _store_request(p: Policy, l: int, ids: list[int], t: int, now: int, admit, admit_all) -> Outcome:
     """The runtime's rule (module docstring): misses loaded over unneeded residents, hits then loads used,
     deferred misses streamed through the victim of all residents."""
     keys = [(l, e) for e in sorted(set(ids))]
+    res, touch = p.recency, p.touch
     roomy = p.free > 0
-    hit = [k for k in keys if k in p]
+    hit = [k for k in keys if k in res]
+    if len(hit) == len(keys):  # all resident: only the uses
+        for k in hit:
+            touch(k, now)
+        return len(keys), len(hit), 0, 0, 0, roomy
     loaded, deferred = [], []
     bypassed = fills = 0
     needed = None
     for k in keys:
-        if k in p:
+        if k in res:
             continue
         if not p.admits or not (admit_all or admit(l, k[1], t, p.free)):
             bypassed += 1
@@ -353,29 +347,29 @@ def _store_request(p: Policy, l: int, ids: list[int], t: int, now: int, stats, a
         p.loaded(k, now)
         loaded.append(k)
     for k in hit:
-        p.touch(k, now)
+        touch(k, now)
     for k in loaded:
-        p.touch(k, now)
+        touch(k, now)
     for k in deferred:  # the layer's other experts are computed: stream through one of their slots
         v = p.victim((), now)
         if v is None:  # no slot at all: the copy passes through, nothing stays
             continue
         p.evicted(v)
         p.loaded(k, now)
-        p.touch(k, now)
-    if stats is not None:
-        _count(stats, l, len(keys), len(hit), len(loaded) + len(deferred), bypassed, fills, roomy)
+        touch(k, now)
+    return len(keys), len(hit), len(loaded) + len(deferred), bypassed, fills, roomy
 
 
-def _moe_lrc_request(p: Policy, l: int, ids: list[int], t: int, now: int, stats, admit, admit_all) -> None:
+def _moe_lrc_request(p: Policy, l: int, ids: list[int], t: int, now: int, admit, admit_all) -> Outcome:
     """moe-lrc's rule (module docstring): hits looked up at the start, then each expert in routed order used,
     a miss loaded over the victim of all residents."""
     keys = [(l, e) for e in dict.fromkeys(ids)]
+    res, touch = p.recency, p.touch
     roomy = p.free > 0
-    hits = sum(k in p for k in keys)
+    hits = sum(k in res for k in keys)
     loads = bypassed = fills = 0
     for k in keys:
-        if k not in p:
+        if k not in res:
             if not p.admits or not (admit_all or admit(l, k[1], t, p.free)):
                 bypassed += 1
                 continue
@@ -388,9 +382,8 @@ def _moe_lrc_request(p: Policy, l: int, ids: list[int], t: int, now: int, stats,
                 p.evicted(v)
             p.loaded(k, now)
             loads += 1
-        p.touch(k, now)
-    if stats is not None:
-        _count(stats, l, len(keys), hits, loads, bypassed, fills, roomy)
+        touch(k, now)
+    return len(keys), hits, loads, bypassed, fills, roomy
 
 
 def stack_requests(per_layer: Sequence[Sequence[Iterable[int]]]) -> np.ndarray:
