@@ -133,12 +133,16 @@ def lru_hit_rate(routing: np.ndarray, slots: int) -> float:
 
 def hot_coverage(routing: np.ndarray, pinned: int) -> float:
     """Share of the second half's routed experts served by each layer's ``pinned`` most routed experts of the first
-    half (a static hot set chosen by a frequency profile, judged on held-out tokens)."""
+    half (a static hot set chosen by a frequency profile, judged on held-out tokens): the simulator's ``static``
+    pool, counted from the second half on."""
     tokens, layers, _ = routing.shape
     half = tokens // 2
-    served = 0.0
+    hot = {}
     for layer in range(layers):
         freq = np.bincount(routing[:half, layer].ravel(), minlength=int(routing.max()) + 1)
-        hot = np.argsort(-freq, kind="stable")[:pinned]
-        served += np.isin(routing[half:, layer], hot).mean()
+        hot[layer] = np.argsort(-freq, kind="stable")[:pinned].tolist()
+    stats = simulate(routing, pinned, policy="static", initial=hot, warmup=half)
+    served = 0.0
+    for h, n in zip(stats.hits.tolist(), stats.lookups.tolist()):
+        served += h / n
     return served / layers
