@@ -14,11 +14,12 @@ Terms (bytes at the dtype the run uses):
   dequantized once to the run's dtype (``DraftExperts``' ``dense`` layout: as many bytes as the experts, under
   :data:`DENSE_DRAFT_LIMIT`), a real-size model's and a GPU's packed
   (``QuantSpec.packed_bytes``: codes + an fp16 scale and zero per group);
-* **quantizer working set**: while the draft is made it quantizes one fused tensor at a time (a layer's
-  gate/up, two thirds of its experts) in float32 about three times over: counted as 8 bytes per parameter of one
-  layer's experts (an estimate; ``scripts/real_checkpoint.py`` measures the peak);
+* **quantizer working set**: while the draft is made it quantizes a chunk of one fused tensor at a time in float32
+  about three times over: counted as 8 bytes per parameter of one layer's experts, at most four
+  :data:`QUANT_CHUNK_BYTES` chunks (an estimate; ``scripts/real_checkpoint.py`` measures the peak);
 * **KV cache** for the asked context (at the run's dtype; sliding layers capped at their window);
-* **store slots**: the expert budget's device slots (on the CPU they are separate host memory); counted at the
+* **store slots**: the expert budget's device slots (on the CPU they are separate host memory while they stay
+  under :data:`CPU_SLOT_COPY_LIMIT`, views of the host copies past it); counted at the
   whole budget, an upper bound (the budget also pays for the packed draft on a GPU).
 
 The allowance is ``memory_limit`` when given, else the memory available now (``psutil`` when installed, else
@@ -39,12 +40,20 @@ from ..errors import NotEnoughMemory
 from ..units import format_bytes, parse_budget, parse_bytes
 from .checkpoint_check import CheckpointInfo, check_checkpoint
 
-__all__ = ["MemoryPlan", "plan_memory", "available_memory", "check_fits", "DENSE_DRAFT_LIMIT"]
+__all__ = ["MemoryPlan", "plan_memory", "available_memory", "check_fits", "DENSE_DRAFT_LIMIT",
+           "CPU_SLOT_COPY_LIMIT", "QUANT_CHUNK_BYTES"]
 
 # On the CPU a draft is dequantized once only while that copy stays this small (run/quant.py reads it): past it
 # a dequantized copy would double a real-size model's resident memory (12 GiB of OLMoE-1B-7B experts), and the
 # packed codes (a quarter of that at 4 bits) are dequantized per expert instead. Same values either way.
 DENSE_DRAFT_LIMIT = 1 << 30
+# On the CPU the store's "device" slots are real copies (a stale or wrong slot then changes the output, and the
+# lossless tests catch it) while they stay this small; past it they are views of the host copies (offload/store.py
+# reads it): the same floats, without a second host copy of half a real-size model's experts.
+CPU_SLOT_COPY_LIMIT = 1 << 30
+# The draft's quantizer works on as many experts at once as keep one chunk's float32 copy under this (run/quant.py;
+# a tiny model's fused tensor is one chunk): its transient memory is about four chunks, whatever the model's size.
+QUANT_CHUNK_BYTES = 256 << 20
 
 _FLOAT_BYTES = {torch.float32: 4, torch.float64: 8, torch.float16: 2, torch.bfloat16: 2}
 
@@ -86,6 +95,7 @@ class MemoryPlan:
     kv_bytes: int = 0
     context: int = 0
     slot_bytes: int = 0
+    slots_are_views: bool = False  # CPU slots past CPU_SLOT_COPY_LIMIT: views of the host copies, no bytes
     allowance: int = 0
     allowance_source: str = ""
     checkpoint_bytes: int = 0
@@ -112,7 +122,8 @@ class MemoryPlan:
                 ("draft", self.draft_bytes, self.draft_label),
                 ("quantizer (one layer, transient)", self.quantizer_bytes, "while the draft is made"),
                 (f"KV cache ({self.context} tokens)", self.kv_bytes, "resident"),
-                ("store slots", self.slot_bytes, "the expert budget, upper bound")]
+                ("store slots", self.slot_bytes, "views of the host copies (no second copy)" if self.slots_are_views
+                 else "the expert budget, upper bound")]
         return [(t, b, n + (" (GPU)" if self._where(t) == "device" else "")) for t, b, n in rows]
 
     @property
@@ -294,14 +305,16 @@ def plan_memory(checkpoint: "str | Path | CheckpointInfo", *, dtype: "torch.dtyp
     if dev.type == "cuda":
         dev_allowance, dev_source = (_limit(device_limit, "device_limit") if device_limit is not None
                                      else _gpu_free(dev))
+    views = dev.type == "cpu" and min(slots, experts) > CPU_SLOT_COPY_LIMIT
     mapped = (not quantized and ck.layout == "fused" and run == ck.dtype
               and (dev.type == "cpu" or experts > allowance // 2))
     plan = MemoryPlan(
         model=str(ck.path), dtype=str(run).replace("torch.", ""), stored_dtype=str(ck.dtype).replace("torch.", ""),
         device=str(dev), layout=ck.layout, dense_bytes=dense, expert_bytes=experts,
         experts_mapped=mapped, device_allowance=dev_allowance, device_allowance_source=dev_source,
-        draft_bytes=draft_b, draft_label=label, quantizer_bytes=(8 * per_layer if draft_b else 0),
-        kv_bytes=_kv_bytes(ck, context, itemsize), context=context, slot_bytes=min(slots, experts),
+        draft_bytes=draft_b, draft_label=label, quantizer_bytes=(min(8 * per_layer, 4 * QUANT_CHUNK_BYTES) if draft_b else 0),
+        kv_bytes=_kv_bytes(ck, context, itemsize), context=context,
+        slot_bytes=0 if views else min(slots, experts), slots_are_views=views,
         allowance=allowance, allowance_source=source, checkpoint_bytes=ck.file_bytes)
     plan.fixes = _fixes(plan, ck, stored_size, itemsize)
     return plan

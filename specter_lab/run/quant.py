@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..model.memory import DENSE_DRAFT_LIMIT
+from ..model.memory import DENSE_DRAFT_LIMIT, QUANT_CHUNK_BYTES
 
 SUPPORTED_BITS = (2, 3, 4, 8)
 METHODS = ("rtn", "hqq")
@@ -240,6 +240,12 @@ def _kernel_ok(device: torch.device, dtype: torch.dtype) -> bool:
         return False
 
 
+def _chunk_experts(t: torch.Tensor) -> int:
+    """How many experts of fused tensor ``t`` ([E, ...]) to quantize at once."""
+    per_expert = t[0].numel() * 4
+    return max(1, min(t.shape[0], QUANT_CHUNK_BYTES // max(1, per_expert)))
+
+
 def _dense_bytes(info, dtype: torch.dtype, experts: "list[set[int]] | None" = None) -> int:
     """Bytes a dequantized draft would hold: the routed experts' weights (those kept) at ``dtype``."""
     total = 0
@@ -294,21 +300,30 @@ class DraftExperts:
         packed = numel = 0
         errs = []
         for name in layer.param_names:
-            t = getattr(mod, name).detach()[ids]
             if name.endswith("_bias"):
-                t = t.to(self.device)
+                t = getattr(mod, name).detach()[ids].to(self.device)
                 for i, e in enumerate(ids):
                     views[e][name] = t[i]
                 packed += t.numel() * 2
                 self._stored += t.numel() * t.element_size()
                 continue
-            # Groups run along the input axis: a transposed layout ([E, in, out]) is quantized transposed.
-            src = t.transpose(1, 2) if mod.is_transposed else t
-            qt = quantize_tensor(src, self.spec)
-            packed, numel = packed + qt.packed_bytes, numel + t.numel()
-            errs.append((qt.rel_error, t.numel()))
-            for e, w in zip(ids, self._stored_weights(qt, name, mod.is_transposed)):
-                views[e].update(w)
+            # Groups run along the input axis: a transposed layout ([E, in, out]) is quantized transposed. A
+            # real-size tensor is quantized a few experts at a time (groups never span experts, so the codes are
+            # the same): its float32 working copies stay bounded instead of three times the whole tensor.
+            full = getattr(mod, name).detach()
+            step = _chunk_experts(full)
+            err2 = norm2 = 0.0
+            for c0 in range(0, len(ids), step):
+                chunk = ids[c0: c0 + step]
+                t = full[chunk] if keep is not None or step < len(ids) else full
+                src = t.transpose(1, 2) if mod.is_transposed else t
+                qt = quantize_tensor(src, self.spec)
+                packed, numel = packed + qt.packed_bytes, numel + t.numel()
+                n2 = float(t.float().norm()) ** 2 if step < len(ids) else 1.0
+                err2, norm2 = err2 + qt.rel_error ** 2 * n2, norm2 + n2
+                for e, w in zip(chunk, self._stored_weights(qt, name, mod.is_transposed)):
+                    views[e].update(w)
+            errs.append(((err2 / norm2) ** 0.5 if norm2 else 0.0, full[:1].numel() * len(ids)))
         return views, packed, numel, errs
 
     def _stored_weights(self, qt: QuantizedTensor, name: str, transposed: bool) -> list[dict]:
