@@ -20,8 +20,8 @@ __all__ = ["Strategy", "STRATEGIES", "BASELINES", "get_strategy", "Prefetch", "E
            "Chunking", "Dispatch", "PREFETCH", "EVICTION", "MISS", "POOL", "DISPATCH"]
 
 Prefetch = Literal["none", "gate", "draft", "oracle"]
-Eviction = Literal["lru", "lfu", "forecast"]
-Miss = Literal["copy", "host", "auto"]
+Eviction = Literal["lru", "lfu", "lfu_decay", "forecast"]
+Miss = Literal["copy", "host", "auto", "balance"]
 Pool = Literal["layer", "global"]
 Dispatch = Literal["specter", "mixtral_offloading"]
 Chunking = "Literal['adaptive', 'budgeted'] | tuple[float, ...]"
@@ -51,13 +51,15 @@ class Strategy:
       routing counts over the window) | ``oracle`` (the target's true routing of the window).
     * ``chunking``    – ``adaptive`` (the paper: first boundary at ⌊0.2·K⌋ steps, then just enough steps to hide
       the bytes just issued), ``budgeted`` (beyond the paper) or a tuple of draft fractions (``specmoeoff``).
-    * ``eviction``    – ``lru`` | ``lfu`` | ``forecast`` (furthest forecast next use, then recency).
+    * ``eviction``    – ``lru`` | ``lfu`` | ``lfu_decay`` (LFU whose counts decay per use of the layer:
+      :class:`~specter_lab.offload.cache.DecayLFU`) | ``forecast`` (furthest forecast next use, then recency).
     * ``pool``        – ``layer``: a fixed number of slots per layer; ``global``: one pool for all layers, the
       victim chosen over every layer's slots (llama.cpp's ``--moe-cache-mib``).
     * ``k``           – draft length, or ``"auto"`` for the per-window governor.
     * ``shared_slots`` – one slot pool for all layers, re-divided each window by the forecast's demand.
     * ``miss``        – what a miss after the prefill does: ``copy`` it (and keep it), compute it on the ``host``
-      CPU from its host copy (nothing copied on demand), or decide per miss (``auto``): see
+      CPU from its host copy (nothing copied on demand), decide per miss by expected reuse (``auto``), or per
+      layer by which lane ends the layer sooner, reuse credited (``balance``): see
       :mod:`specter_lab.offload.hostexec`.
     * ``cpu_share``   – with ``miss="copy"``: this share of the misses is computed on the host instead
       (llama.cpp's ``--moe-cache-cpu-share``).
@@ -160,12 +162,26 @@ STRATEGIES: dict[str, Strategy] = {
         Strategy("host_lru", miss="auto", description="LRU cache that copies a miss only when its expected reuse "
                  "pays for the copy, else computes it on the host CPU (llama.cpp / ktransformers users' choice, "
                  "decided per miss)"),
+        Strategy("lfu_decay", eviction="lfu_decay", description="per-layer cache evicting the least frequently "
+                 "used expert, counts decaying per use of the layer (the field's best online policy: layer+LFU, "
+                 "ARC-like), misses copied"),
+        Strategy("host_lfu", miss="auto", eviction="lfu_decay", description="host_lru with decayed-LFU eviction"),
+        Strategy("split_lru", miss="balance", description="per-token split (HybriMoE, DALI): the device computes "
+                 "the resident experts while the host computes the misses placed there, each miss to the lane that "
+                 "ends the layer sooner, a copy credited with its expected reuse; LRU cache"),
+        Strategy("split_lfu", miss="balance", eviction="lfu_decay", description="split_lru with decayed-LFU "
+                 "eviction"),
         Strategy("static_split", miss="host", static=True, description="llama.cpp --n-cpu-moe N at equal "
                  "memory: whole layers' experts on the device, the first N layers' experts computed on the host"),
         Strategy("specter_host", speculative=True, prefetch="draft", chunking="adaptive", eviction="lru", k=8,
                  miss="host", reuse=2, description="specter's draft and lookahead prefetch of the experts the window "
                  "reuses; the one-offs and what the forecast missed "
                  "is computed on the host during verification instead of copied (SpecMoEOff / MoE-SpAc style)"),
+        Strategy("specter_split", speculative=True, prefetch="draft", chunking="budgeted", eviction="lfu_decay",
+                 k="auto", miss="balance", description="Specter for small budgets: the window's forecast copies "
+                 "only what the link lands before verification needs it (most forecast first, evicting nothing more "
+                 "likely), verification splits what is still missing between the device and the host by lane "
+                 "(split_lfu's rule), K governor"),
         Strategy("auto", description="the planner's choice for this model, budget and hardware (sl.plan): "
                  "any of the above, a draft variant, bits, K, or no speculation"),
         Strategy("oracle", speculative=True, prefetch="oracle", chunking="adaptive", eviction="forecast", k=8,
@@ -177,7 +193,7 @@ STRATEGIES: dict[str, Strategy] = {
 # What the paper's method is compared with at equal memory: every strategy that is not Specter, its extension or
 # a bound, nor a replica of an artifact's implementation costs (mixtral_offloading: see specter_lab.studies.paper).
 BASELINES = ("on_demand", "lru", "global_lru", "gate_lookahead", "spec_lru", "specmoeoff", "fiddler", "host_lru",
-             "static_split")
+             "static_split", "lfu_decay", "host_lfu", "split_lru", "split_lfu")
 
 
 def get_strategy(name: "str | Strategy") -> Strategy:

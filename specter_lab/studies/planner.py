@@ -70,9 +70,15 @@ def default_candidates(num_experts: int, draft=None, k: "int | str | None" = Non
         ("fiddler", "fiddler", {}),
         ("host_lru", "host_lru", {}),
         ("static_split", "static_split", {}),  # whole layers resident: wins where the budget holds them all
+        # frequency-aware eviction, and the per-token split of misses between the device and the host by lane
+        ("lfu_decay", "lfu_decay", {}),
+        ("host_lfu", "host_lfu", {}),
+        ("split_lru", "split_lru", {}),
+        ("split_lfu", "split_lfu", {}),
     ]
     drafts = [
         ("int4", DraftSpec("quantized", QuantSpec(4, 64))),
+        ("int3", DraftSpec("quantized", QuantSpec(3, 64))),  # fits at a quarter of the experts, where int4 does not
         ("int2", DraftSpec("quantized", QuantSpec(2, 64))),
         ("resident", DraftSpec("resident")),
         ("hybrid-int2", DraftSpec("hybrid", QuantSpec(2, 64), max(1, num_experts // 8))),
@@ -85,9 +91,13 @@ def default_candidates(num_experts: int, draft=None, k: "int | str | None" = Non
     for dname, d in drafts:
         for kk in ks:
             cands.append((f"spec {dname} k={kk}", "specter_plus", {"draft": d, "k": kk}))
-    for dname, d in drafts[:1]:  # speculation + host execution of what the forecast missed
+    # speculation + host execution of what the forecast missed (every low-bit draft: a small budget holds only
+    # the smaller ones): the one-offs on the host (specter_host), or the window's copies as the link allows and
+    # the rest split by lane (specter_split)
+    for dname, d in [(n, d) for n, d in drafts if d.variant == "quantized"]:
         for kk in ks[-2:]:
             cands.append((f"spec+host {dname} k={kk}", "specter_host", {"draft": d, "k": kk}))
+        cands.append((f"spec+split {dname} k={ks[-1]}", "specter_split", {"draft": d, "k": ks[-1]}))
     return cands
 
 
