@@ -114,6 +114,24 @@ def test_the_split_puts_each_miss_on_the_lane_that_ends_the_layer_sooner():
     assert _split(sched, {0: 1, 6: 1}, [6]) == [6]  # the same miss, never seen before: on the host
 
 
+# ------------------------------------------------------------------------------------------- stall-ranked prefetch
+
+def test_stall_saved_prices_a_miss_as_the_lane_that_would_serve_it():
+    from specter_lab.offload.schedule import host_lane_time
+    from specter_lab.predict import LookaheadPrefetcher
+
+    cost = sl.Engine(sl.tiny_random_model("qwen2_moe", seed=1), None, "lru", hardware="rtx4090-pcie4@compiled",
+                     cost_shape="deepseek-v2-lite@full").cost
+    copy_only = LookaheadPrefetcher(None, cost, chunking="stall")
+    split = LookaheadPrefetcher(None, cost, chunking="stall", host_misses=True)
+    t_copy = cost.copy_time(cost.expert_bytes)
+    for n in (1, 3, 9):
+        assert copy_only.stall_saved(n) == pytest.approx(t_copy)  # a demand copy stalls its whole copy time
+        hit = cost.expert_time(n)
+        assert split.stall_saved(n) == pytest.approx(min(t_copy + hit, host_lane_time(cost, n)) - hit)
+        assert split.stall_saved(n) <= copy_only.stall_saved(n)
+
+
 # ------------------------------------------------------------------------------------------- lossless
 
 @pytest.fixture(scope="module")
@@ -121,7 +139,11 @@ def bundled():
     return sl.load_model("tiny")
 
 
-@pytest.mark.parametrize("strategy", NEW_PLAIN + ["specter_split"])
+STALL = sl.STRATEGIES["specter_split"].with_options(name="specter_split+stall", chunking="stall")
+
+
+@pytest.mark.parametrize("strategy", NEW_PLAIN + ["specter_split", STALL],
+                         ids=lambda s: s if isinstance(s, str) else s.name)
 def test_each_new_strategy_matches_hf_greedy(bundled, strategy):
     model, tok = bundled
     ids = tok("def fib(n):", return_tensors="pt").input_ids[0].tolist()
@@ -130,7 +152,7 @@ def test_each_new_strategy_matches_hf_greedy(bundled, strategy):
     assert r.token_ids == ref
     ev = r.frames()["cache"].event
     assert (ev == "evict").any()
-    if strategy.startswith("split") or strategy == "host_lfu":
+    if isinstance(strategy, str) and (strategy.startswith("split") or strategy == "host_lfu"):
         assert (ev == "host").any(), f"{strategy}: no miss was computed on the host"
 
 

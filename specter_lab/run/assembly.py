@@ -128,7 +128,8 @@ def speculation(st: Strategy, store: ExpertStore, governor: KGovernor | None) ->
     prefetcher = None
     if st.prefetch in ("draft", "oracle"):
         prefetcher = LookaheadPrefetcher(store, store.cost, chunking=st.chunking, protect=st.protect,
-                                         shared_slots=st.shared_slots and store.can_share(), min_count=st.reuse)
+                                         shared_slots=st.shared_slots and store.can_share(), min_count=st.reuse,
+                                         host_misses=computes_on_host(st))
     source = OracleForecast() if st.prefetch == "oracle" else DraftForecast()
     return Speculation(st.k, source, prefetcher, governor if st.k == "auto" else None)
 

@@ -24,14 +24,14 @@ Eviction = Literal["lru", "lfu", "lfu_decay", "forecast"]
 Miss = Literal["copy", "host", "auto", "balance"]
 Pool = Literal["layer", "global"]
 Dispatch = Literal["specter", "mixtral_offloading"]
-Chunking = "Literal['adaptive', 'budgeted'] | tuple[float, ...]"
+Chunking = "Literal['adaptive', 'budgeted', 'stall'] | tuple[float, ...]"
 
 PREFETCH: tuple[str, ...] = get_args(Prefetch)
 EVICTION: tuple[str, ...] = get_args(Eviction)
 MISS: tuple[str, ...] = get_args(Miss)
 POOL: tuple[str, ...] = get_args(Pool)
 DISPATCH: tuple[str, ...] = get_args(Dispatch)
-CHUNKING_NAMES = ("adaptive", "budgeted")
+CHUNKING_NAMES = ("adaptive", "budgeted", "stall")
 
 
 def _is_int(x) -> bool:
@@ -50,7 +50,9 @@ class Strategy:
     * ``prefetch``    – ``none`` | ``gate`` (next layer's router on this layer's state) | ``draft`` (the draft's
       routing counts over the window) | ``oracle`` (the target's true routing of the window).
     * ``chunking``    – ``adaptive`` (the paper: first boundary at ⌊0.2·K⌋ steps, then just enough steps to hide
-      the bytes just issued), ``budgeted`` (beyond the paper) or a tuple of draft fractions (``specmoeoff``).
+      the bytes just issued), ``budgeted`` (beyond the paper), ``stall`` (ranked across layers by expected stall
+      saved, none issued that would still wait for the link at verification) or a tuple of draft fractions
+      (``specmoeoff``).
     * ``eviction``    – ``lru`` | ``lfu`` | ``lfu_decay`` (LFU whose counts decay per use of the layer:
       :class:`~specter_lab.offload.cache.DecayLFU`) | ``forecast`` (furthest forecast next use, then recency).
     * ``pool``        – ``layer``: a fixed number of slots per layer; ``global``: one pool for all layers, the
@@ -106,8 +108,8 @@ class Strategy:
         c = self.chunking
         if c not in CHUNKING_NAMES and not (isinstance(c, tuple) and c and all(_is_number(f) and 0 <= f <= 1
                                                                                 for f in c)):
-            raise ValueError(f"Strategy {self.name!r}: chunking={c!r}: use 'adaptive', 'budgeted' or a tuple of "
-                             "draft fractions in [0, 1].")
+            raise ValueError(f"Strategy {self.name!r}: chunking={c!r}: use 'adaptive', 'budgeted', 'stall' or a "
+                             "tuple of draft fractions in [0, 1].")
         if self.k != "auto" and not (_is_int(self.k) and self.k >= 1):
             raise ValueError(f"Strategy {self.name!r}: k={self.k!r}: use an integer draft length >= 1 or 'auto'.")
         if not (_is_int(self.reuse) and self.reuse >= 1):
