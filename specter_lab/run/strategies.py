@@ -165,8 +165,8 @@ STRATEGIES: dict[str, Strategy] = {
                  "pays for the copy, else computes it on the host CPU (llama.cpp / ktransformers users' choice, "
                  "decided per miss)"),
         Strategy("lfu_decay", eviction="lfu_decay", description="per-layer cache evicting the least frequently "
-                 "used expert, counts decaying per use of the layer (the field's best online policy: layer+LFU, "
-                 "ARC-like), misses copied"),
+                 "used expert, counts decaying per use of the layer (the field's best online policy, layer+LFU), "
+                 "misses copied"),
         Strategy("host_lfu", miss="auto", eviction="lfu_decay", description="host_lru with decayed-LFU eviction"),
         Strategy("split_lru", miss="balance", description="per-token split (HybriMoE, DALI): the device computes "
                  "the resident experts while the host computes the misses placed there, each miss to the lane that "
