@@ -48,6 +48,7 @@ ABLATIONS = [  # (mechanism, from, to)
     ("prefetch ranked by stall saved, cancelled at verification (specter_split)", "specter_split",
      "specter_split+stall"),
     ("the same in specter_host (instead of the paper's adaptive chunks)", "specter_host", "specter_host+stall"),
+    ("specter_split: K=2 instead of the K governor", "specter_split", "specter_split k=2"),
 ]
 
 
@@ -116,13 +117,16 @@ def main() -> None:
             m = df.groupby(["hardware", "strategy"])[["tpot_ms", "bound_tpot_ms"]].mean()
             for h in HW:
                 means[label, h, b] = m.loc[h].copy()
-                # the stall-ranked prefetch is a chunking value, not a row: replayed as a variant of two rows
-                for row in ("specter_split", "specter_host"):
-                    st = sl.STRATEGIES[row].with_options(chunking="stall")
+                # variants replayed beside the rows: the stall-ranked prefetch (a chunking value, not a row) in
+                # two rows, and specter_split at a fixed K=2 against its governor
+                variants = {f"{row}+stall": (sl.STRATEGIES[row].with_options(chunking="stall"), {})
+                            for row in ("specter_split", "specter_host")}
+                variants["specter_split k=2"] = ("specter_split", {"k": 2})
+                for name, (st, opts) in variants.items():
                     runs = sl.replay(traces[label, bits], st, expert_budget=b, hardware=h, cost_shape=SHAPE,
-                                     draft=sl.QuantSpec(bits, 64))
-                    means[label, h, b].loc[f"{row}+stall"] = (np.mean([r.metrics["tpot_ms"] for r in runs]),
-                                                              m.loc[h].bound_tpot_ms.mean())
+                                     draft=sl.QuantSpec(bits, 64), **opts)
+                    means[label, h, b].loc[name] = (np.mean([r.metrics["tpot_ms"] for r in runs]),
+                                                    m.loc[h].bound_tpot_ms.mean())
                 p = sl.plan(None, None, h, b, cost_shape=SHAPE, trace=calib[label, bits],
                             candidates=candidates(bits), progress=False, executor=None)
                 runs = sl.replay(traces[label, bits], p.strategy, expert_budget=b, hardware=h, cost_shape=SHAPE,
@@ -132,7 +136,8 @@ def main() -> None:
     print("× of the bound = bound TPOT / TPOT (1.0 is the clairvoyant autoregressive schedule; a speculative row "
           "may exceed it). `auto` = the planner's pick, planned on the calibration routing and replayed on the "
           "evaluation routing.\n")
-    print("| routing | profile · budget | bound ms | `auto` (pick) ms | its × | best row | `lru` × | `host_lru` × | "
+    print("| routing | profile · budget | bound ms | `auto` (pick) ms | its × | best row | `lru` × | "
+          "`host_lru` × | "
           "`split_lfu` × | `specter` × | best Specter-family row × |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     rows = []
@@ -207,12 +212,15 @@ def regime_table(ev, ne) -> None:
     target = TARGET_HIT_AT_HALF["deepseek-v2-lite-chat"]
     plain = ["lru", "fiddler", "host_lru", "static_split", "split_lru", "split_lfu"]
     spec = ["specter", "specter_host", "specter_split"]
+    KS = {"specter_split": (2, 4, 8, "auto")}  # K: fixed lengths against the governor
     print("\n## Regimes: where the Specter family is the pick (item 2)\n")
     print("DeepSeek-V2-Lite-local routing, rtx4090-pcie4 compiled (25 GB/s link, 60 GB/s / 1 TFLOP/s host), "
           "varied one knob at a time: host bandwidth and FLOP/s ÷4 (a DDR4 desktop), the link ÷2 (PCIe 3), the "
-          "draft's modelled acceptance, and the cost shape (Mixtral-8x7B's 350 MB experts). \"Picked\": the best "
+          "draft's modelled acceptance, and the cost shape (Mixtral-8x7B's 350 MB experts); `specter_split` at "
+          "K = 2, 4, 8 and the governor (`specter` and `specter_host` at their K = 8). \"Picked\": the best "
           "Specter-family row beats the best non-speculative one by more than the planner's 10 % margin.\n")
-    print("| cost shape | budget · draft | host | link | draft acceptance | best plain (ms) | best Specter family (ms) "
+    print("| cost shape | budget · draft | host | link | draft acceptance | best plain (ms) | "
+          "best Specter family (ms) "
           "| plain / Specter | picked? |")
     print("|---|---|---|---|---|---|---|---|---|")
     for shape in ("deepseek-v2-lite@full", "mixtral-8x7b@full"):
@@ -228,8 +236,9 @@ def regime_table(ev, ne) -> None:
                         kw = dict(expert_budget=b, hardware=link, cost_shape=shape)
                         t = {s: float(np.mean([r.metrics["tpot_ms"] for r in sl.replay(tr, s, **kw)]))
                              for s in plain}
-                        ts = {s: float(np.mean([r.metrics["tpot_ms"] for r in sl.replay(
-                            tr, s, draft=sl.QuantSpec(bits, 64), **kw)])) for s in spec}
+                        ts = {f"{s} k={k}": float(np.mean([r.metrics["tpot_ms"] for r in sl.replay(
+                            tr, s, draft=sl.QuantSpec(bits, 64), k=k, **kw)]))
+                              for s in spec for k in KS.get(s, (sl.STRATEGIES[s].k,))}
                         bp, bs = min(t, key=t.get), min(ts, key=ts.get)
                         ratio = t[bp] / ts[bs]
                         print(f"| {shape} | {b} · int{bits} | {hname} | {lname} | {dname} | {bp} {t[bp]:.1f} | "

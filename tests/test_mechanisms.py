@@ -206,6 +206,6 @@ def test_the_planner_weighs_the_new_mechanisms_and_small_drafts(less_local):
     p = sl.plan(None, None, "rtx4090-pcie4@compiled", 0.25, cost_shape="deepseek-v2-lite@full", trace=less_local,
                 progress=False, executor=None)
     t = p.table.set_index("candidate")
-    for name in NEW_PLAIN + ["spec+split int2 k=auto", "spec+host int2 k=auto"]:
+    for name in NEW_PLAIN + ["spec+split int2 k=auto", "spec+split int2 k=2", "spec+host int2 k=auto"]:
         assert t.loc[name, "feasible"], name  # an int2 draft fits a quarter of the experts and is replayed
     assert not t.loc["spec int4 k=8", "feasible"]

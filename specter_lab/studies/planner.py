@@ -97,7 +97,10 @@ def default_candidates(num_experts: int, draft=None, k: "int | str | None" = Non
     for dname, d in [(n, d) for n, d in drafts if d.variant == "quantized"]:
         for kk in ks[-2:]:
             cands.append((f"spec+host {dname} k={kk}", "specter_host", {"draft": d, "k": kk}))
-        cands.append((f"spec+split {dname} k={ks[-1]}", "specter_split", {"draft": d, "k": ks[-1]}))
+        # K=2 besides the governor: a 2-bit draft's short accepted runs want short windows (the governor, sized
+        # on the verify estimate, drafts longer: docs/measured/closer_to_bound.md)
+        for kk in ((2, ks[-1]) if k is None else ks):
+            cands.append((f"spec+split {dname} k={kk}", "specter_split", {"draft": d, "k": kk}))
     return cands
 
 
