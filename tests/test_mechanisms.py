@@ -154,6 +154,8 @@ def test_each_new_strategy_matches_hf_greedy(bundled, strategy):
     assert (ev == "evict").any()
     if isinstance(strategy, str) and (strategy.startswith("split") or strategy == "host_lfu"):
         assert (ev == "host").any(), f"{strategy}: no miss was computed on the host"
+    if strategy is STALL:  # the stall-ranked prefetcher did issue copies
+        assert (r.frames()["transfers"].reason == "prefetch").any()
 
 
 def test_specter_fits_a_quarter_budget_with_a_small_draft_and_stays_lossless(bundled):
