@@ -9,13 +9,20 @@ cell is replayed at DeepSeek-V2-Lite's sizes (``deepseek-v2-lite@full``) on the 
 markdown of ``docs/measured/closer_to_bound.md``.
 
     nice python scripts/closer_to_bound.py > docs/measured/closer_to_bound.md
+    nice python scripts/closer_to_bound.py --save-traces /tmp/ctb   # also writes the evaluation traces
+
+A saved trace replays any cell from the command line, e.g.
+``specter-lab bench --trace /tmp/ctb/deepseek-v2-lite-local-int2.npz --budgets 0.25 --hardware rtx4090-pcie4
+--execution compiled --cost-shape deepseek-v2-lite@full --strategies host_lru,split_lru,split_lfu``.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -78,6 +85,9 @@ def fmt(x: float) -> str:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--save-traces", default=None, help="a folder to write the evaluation traces to (.npz)")
+    a = ap.parse_args()
     os.nice(5)
     torch.set_num_threads(1)
     t0 = time.perf_counter()
@@ -98,6 +108,10 @@ def main() -> None:
         for bits in set(BITS.values()):
             traces[label, bits] = imported(ev, TARGET_HIT_AT_HALF[key], ne, bits)
             calib[label, bits] = imported(cal, TARGET_HIT_AT_HALF[key], ne, bits)
+        if a.save_traces:
+            Path(a.save_traces).mkdir(parents=True, exist_ok=True)
+            for bits in set(BITS.values()):
+                traces[label, bits].save(Path(a.save_traces) / f"{label.lower()}-int{bits}.npz")
         r, _ = routing_rows(traces[label, 4])
         c = lru_hit_curve(r, (0.25, 0.5), num_experts=ne)
         print(f"- {label} (target {TARGET_HIT_AT_HALF[key]}): per-layer LRU hit at 25 % / 50 % cached "
