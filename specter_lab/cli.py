@@ -171,8 +171,8 @@ def cmd_bench(a) -> int:
         prompts = heldout_prompts(a.prompts)
         n_prompts, new_tokens = len(prompts), f"{a.max_new_tokens} tokens"
     t0 = time.perf_counter()
-    recorded_draft = QuantSpec(**trace.draft).label if trace is not None and trace.draft and "bits" in trace.draft \
-        else (trace.draft if trace is not None else None)
+    d = trace.draft if trace is not None else None  # an import's draft also holds its "modeled" fidelity
+    recorded_draft = QuantSpec(d["bits"], d["group_size"], d["method"]).label if d and "bits" in d else d
     out: dict[str, Any] = {"model": a.model, "cost_shape": cost_shape, "draft": spec.label if spec else recorded_draft,
                            "max_new_tokens": a.max_new_tokens, "prompts": n_prompts,
                            "routing": trace.source if trace else "live",

@@ -21,11 +21,11 @@ __all__ = ["Strategy", "STRATEGIES", "BASELINES", "AUTO", "get_strategy", "strat
            "DISPATCH", "ROLES"]
 
 Prefetch = Literal["none", "gate", "draft", "oracle"]
-Eviction = Literal["lru", "lfu", "forecast"]
-Miss = Literal["copy", "host", "auto"]
+Eviction = Literal["lru", "lfu", "lfu_decay", "forecast"]
+Miss = Literal["copy", "host", "auto", "balance"]
 Pool = Literal["layer", "global"]
 Dispatch = Literal["specter", "mixtral_offloading"]
-ChunkingName = Literal["adaptive", "budgeted"]
+ChunkingName = Literal["adaptive", "budgeted", "stall"]
 Chunking = Union[ChunkingName, tuple[float, ...]]  # a named rule, or the draft fractions to issue prefetches at
 Role = Literal["baseline", "specter", "replica", "reference"]
 
@@ -54,14 +54,18 @@ class Strategy:
     * ``prefetch``    – ``none`` | ``gate`` (next layer's router on this layer's state) | ``draft`` (the draft's
       routing counts over the window) | ``oracle`` (the target's true routing of the window).
     * ``chunking``    – ``adaptive`` (the paper: first boundary at ⌊0.2·K⌋ steps, then just enough steps to hide
-      the bytes just issued), ``budgeted`` (beyond the paper) or a tuple of draft fractions (``specmoeoff``).
-    * ``eviction``    – ``lru`` | ``lfu`` | ``forecast`` (furthest forecast next use, then recency).
+      the bytes just issued), ``budgeted`` (beyond the paper), ``stall`` (ranked across layers by expected stall
+      saved, none issued that would still wait for the link at verification) or a tuple of draft fractions
+      (``specmoeoff``).
+    * ``eviction``    – ``lru`` | ``lfu`` | ``lfu_decay`` (LFU whose counts decay per use of the layer:
+      :class:`~specter_lab.offload.cache.DecayLFU`) | ``forecast`` (furthest forecast next use, then recency).
     * ``pool``        – ``layer``: a fixed number of slots per layer; ``global``: one pool for all layers, the
       victim chosen over every layer's slots (llama.cpp's ``--moe-cache-mib``).
     * ``k``           – draft length, or ``"auto"`` for the per-window governor.
     * ``shared_slots`` – one slot pool for all layers, re-divided each window by the forecast's demand.
     * ``miss``        – what a miss after the prefill does: ``copy`` it (and keep it), compute it on the ``host``
-      CPU from its host copy (nothing copied on demand), or decide per miss (``auto``): see
+      CPU from its host copy (nothing copied on demand), decide per miss by expected reuse (``auto``), or per
+      layer by which lane ends the layer sooner, reuse credited (``balance``): see
       :mod:`specter_lab.offload.hostexec`.
     * ``cpu_share``   – with ``miss="copy"``: this share of the misses is computed on the host instead
       (llama.cpp's ``--moe-cache-cpu-share``).
@@ -112,8 +116,8 @@ class Strategy:
         c = self.chunking
         if c not in CHUNKING_NAMES and not (isinstance(c, tuple) and c and all(_is_number(f) and 0 <= f <= 1
                                                                                 for f in c)):
-            raise ValueError(f"Strategy {self.name!r}: chunking={c!r}: use 'adaptive', 'budgeted' or a tuple of "
-                             "draft fractions in [0, 1].")
+            raise ValueError(f"Strategy {self.name!r}: chunking={c!r}: use 'adaptive', 'budgeted', 'stall' or a "
+                             "tuple of draft fractions in [0, 1].")
         if self.k != "auto" and not (_is_int(self.k) and self.k >= 1):
             raise ValueError(f"Strategy {self.name!r}: k={self.k!r}: use an integer draft length >= 1 or 'auto'.")
         if not (_is_int(self.reuse) and self.reuse >= 1):
@@ -168,12 +172,26 @@ STRATEGIES: dict[str, Strategy] = {
         Strategy("host_lru", miss="auto", description="LRU cache that copies a miss only when its expected reuse "
                  "pays for the copy, else computes it on the host CPU (llama.cpp / ktransformers users' choice, "
                  "decided per miss)"),
+        Strategy("lfu_decay", eviction="lfu_decay", description="per-layer cache evicting the least frequently "
+                 "used expert, counts decaying per use of the layer (the field's best online policy, layer+LFU), "
+                 "misses copied"),
+        Strategy("host_lfu", miss="auto", eviction="lfu_decay", description="host_lru with decayed-LFU eviction"),
+        Strategy("split_lru", miss="balance", description="per-token split (HybriMoE, DALI): the device computes "
+                 "the resident experts while the host computes the misses placed there, each miss to the lane that "
+                 "ends the layer sooner, a copy credited with its expected reuse; LRU cache"),
+        Strategy("split_lfu", miss="balance", eviction="lfu_decay", description="split_lru with decayed-LFU "
+                 "eviction"),
         Strategy("static_split", miss="host", static=True, description="llama.cpp --n-cpu-moe N at equal "
                  "memory: whole layers' experts on the device, the first N layers' experts computed on the host"),
         Strategy("specter_host", speculative=True, prefetch="draft", chunking="adaptive", eviction="lru", k=8,
                  miss="host", reuse=2, role="specter", description="specter's draft and lookahead prefetch of the experts the window "
                  "reuses; the one-offs and what the forecast missed "
                  "is computed on the host during verification instead of copied (SpecMoEOff / MoE-SpAc style)"),
+        Strategy("specter_split", speculative=True, prefetch="draft", chunking="budgeted", eviction="lfu_decay",
+                 k="auto", miss="balance", role="specter", description="Specter for small budgets: the window's forecast copies "
+                 "only what the link lands before verification needs it (most forecast first, evicting nothing more "
+                 "likely), verification splits what is still missing between the device and the host by lane "
+                 "(split_lfu's rule), K governor"),
         Strategy("oracle", speculative=True, prefetch="oracle", chunking="adaptive", eviction="forecast", k=8,
                  role="reference", description="specter's schedule with the target's true routing as the forecast "
                  "(a reference, not a bound: sl.bound is the limit)"),

@@ -88,6 +88,7 @@ def default_candidates(num_experts: int, draft=None, k: "int | str | None" = Non
     cands: list[tuple[str, str, dict[str, Any]]] = [(s, s, {}) for s in plain]
     drafts = [
         ("int4", DraftSpec("quantized", QuantSpec(4, 64))),
+        ("int3", DraftSpec("quantized", QuantSpec(3, 64))),  # fits at a quarter of the experts, where int4 does not
         ("int2", DraftSpec("quantized", QuantSpec(2, 64))),
         ("resident", DraftSpec("resident")),
         ("hybrid-int2", DraftSpec("hybrid", QuantSpec(2, 64), max(1, num_experts // 8))),
@@ -98,11 +99,18 @@ def default_candidates(num_experts: int, draft=None, k: "int | str | None" = Non
     # k=1 wins when copies dominate; 8 is the paper's; "auto" is the governor.
     ks = (1, 4, 8, "auto") if k is None else (k,)
     for s in searched:
-        if STRATEGIES[s].miss == "copy":  # every draft variant × K
+        st = STRATEGIES[s]
+        if st.miss == "copy":  # every draft variant × K
             cands += [(f"spec {dname} k={kk}", s, {"draft": d, "k": kk}) for dname, d in drafts for kk in ks]
-        else:  # speculation + host execution of what the forecast missed: the first draft, the longer Ks
-            cands += [(f"spec+host {dname} k={kk}", s, {"draft": d, "k": kk}) for dname, d in drafts[:1]
-                      for kk in ks[-2:]]
+            continue
+        # speculation + host execution of what the forecast missed, with every low-bit draft (a small budget holds
+        # only the smaller ones): the one-offs on the host (miss="host"), or the window's copies as the link allows
+        # and the rest split by lane (miss="balance"), which also tries K=2 beside the governor: a 2-bit draft's
+        # short accepted runs want short windows (docs/measured/closer_to_bound.md)
+        host = st.miss == "host"
+        kks = ks[-2:] if host else ((2, ks[-1]) if k is None else ks)
+        cands += [(f"{'spec+host' if host else 'spec+split'} {dname} k={kk}", s, {"draft": d, "k": kk})
+                  for dname, d in drafts if d.variant == "quantized" for kk in kks]
     return cands
 
 
