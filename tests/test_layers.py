@@ -144,6 +144,15 @@ def test_the_top_level_keeps_only_the_public_entry():
     assert top == ["__init__", "cli", "errors", "units"], top
 
 
+def test_the_readme_code_map_names_every_module():
+    """scripts/code_map.py writes the map; a module the README does not name is one a reader cannot find."""
+    readme = (PKG.parent / "README.md").read_text()
+    section = readme[readme.index("## Code map"):]
+    missing = [str(p.relative_to(PKG)) for p in PKG.rglob("*.py")
+               if "assets" not in p.parts and p.name != "__init__.py" and f"`{p.relative_to(PKG)}`" not in section]
+    assert not missing, f"not in README.md's code map (python scripts/code_map.py): {missing}"
+
+
 def test_the_checker_sees_function_local_and_relative_imports(tmp_path, monkeypatch):
     """The test itself can fail: a function-local upward import in a lower module is caught."""
     for d in ("offload", "run"):
