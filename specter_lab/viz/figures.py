@@ -26,7 +26,7 @@ from .frames import (as_frames, clock_label, default_routing_step, grid_shape, h
                      residency, routing_cells, run_meta, step_outlines, timeline_steps, token_rows, token_text)
 from .layout import base_layout, discrete_colorscale, legend_swatch
 from .style import (COPY_COLORS, COPY_LANE, HOST_LANE, PHASE_COLORS, RESIDENCY_CATEGORIES, RESIDENCY_COLORS,
-    ROUTING_CATEGORIES, ROUTING_COLORS, ROUTING_HELP, STALL_COLOR, STATUS_COLORS, STATUS_HELP, PHASE_ORDER, esc)
+    GLYPH_LEGEND, ROUTING_CATEGORIES, ROUTING_COLORS, ROUTING_HELP, STALL_COLOR, STATUS_COLORS, STATUS_HELP, PHASE_ORDER, esc)
 
 __all__ = ["routing_figure", "cache_figure", "timeline_figure", "tokens_figure", "steps_figure", "StepView",
            "STEP_VIEWS"]
@@ -287,7 +287,8 @@ def tokens_figure(result: Any, tokenizer: Any = None, highlight_step: int | None
     parts = [f"{int(counts[s])} {s}" for s in STATUS_COLORS if s in counts.index and s != "prefill"]
     title = (f"Tokens · {committed} generated" + (f" ({', '.join(parts)})" if parts else "")
              + (f" · rows {first_row}–{first_row + max_rows - 1} of {n_rows} shown" if truncated else "")
-             + ("" if tokenizer is not None else "<br><sup>token ids (no tokenizer)</sup>"))
+             + (f"<br><sup>in the cells: {GLYPH_LEGEND} · hover a cell for its status</sup>" if tokenizer is not None
+                else "<br><sup>token ids (no tokenizer)</sup>"))
     base_layout(fig, title, plot_height=max(40, 30 * len(rows)), top=62, left=90)
     fig.update_layout(barmode="overlay", bargap=0.1, uniformtext=dict(minsize=7, mode="hide"), margin=dict(b=15),
                       shapes=step_outlines(placed, rows, highlight_step))
@@ -331,17 +332,19 @@ class StepView:
     draw: Callable[[Any, "int | None", Any], go.Figure]
     needs: str | None = None
 
-    def __call__(self, frames: Any, step: int | None = None, tokenizer: Any = None) -> go.Figure:
-        return self.draw(frames, step, tokenizer)
+    def __call__(self, frames: Any, step: int | None = None, tokenizer: Any = None, **options: Any) -> go.Figure:
+        return self.draw(frames, step, tokenizer, **options)
 
 
 # The per-step views, in the order they are shown. The dashboard, the live run and the HTML report iterate over
 # this: a new view is one figure function and one line here.
 STEP_VIEWS: dict[str, StepView] = {
-    "tokens": StepView("Tokens", lambda f, step, tok: tokens_figure(f, tok, highlight_step=step)),
-    "routing": StepView("Routing vs forecast", lambda f, step, tok: routing_figure(f, step), needs="routing"),
-    "cache": StepView("Expert cache", lambda f, step, tok: cache_figure(f, step)),
-    "timeline": StepView("Timeline", lambda f, step, tok: timeline_figure(f, step)),
+    # ``max_rows``: the dashboard caps the strip (a long run's 60 rows pushed every other view out of sight).
+    "tokens": StepView("Tokens", lambda f, step, tok, max_rows=60: tokens_figure(f, tok, highlight_step=step,
+                                                                                 max_rows=max_rows)),
+    "routing": StepView("Routing vs forecast", lambda f, step, tok, **_: routing_figure(f, step), needs="routing"),
+    "cache": StepView("Expert cache", lambda f, step, tok, **_: cache_figure(f, step)),
+    "timeline": StepView("Timeline", lambda f, step, tok, **_: timeline_figure(f, step)),
 }
 
 
