@@ -237,7 +237,10 @@ def waterfall_figure(df: pd.DataFrame, claim: tuple[float, float] = (1.50, 1.88)
     y.append(0.0)
     fig = go.Figure(go.Waterfall(
         x=x, y=y, measure=measure, textposition="outside", cliponaxis=False,
-        text=[f"{v:.2f}×" if m != "relative" else f"{v:+.2f}" for v, m in zip(_running(y, measure), measure)],
+        # A relative bar's height is the change in speedup; its label is the factor that step multiplies the
+        # speedup by (the table's ``factor`` column), so figure and table read the same.
+        text=[f"{v:.2f}×" if m != "relative" else f"×{v / (v - d):.2f}" if v - d else f"{d:+.2f}"
+              for v, d, m in zip(_running(y, measure), y, measure)],
         increasing=dict(marker=dict(color="#1b7837")), decreasing=dict(marker=dict(color="#b2182b")),
         totals=dict(marker=dict(color="#4d4d4d")), connector=dict(line=dict(color="#999", width=1)),
         hovertemplate="%{x}<br>speedup %{y:.3f}<extra></extra>"))
@@ -247,9 +250,10 @@ def waterfall_figure(df: pd.DataFrame, claim: tuple[float, float] = (1.50, 1.88)
                       annotation_position="top right", annotation_font=dict(size=10, color="#2166ac"))
     a = df.attrs
     sub = (f"{a.get('case', '?')} · {a.get('profile', '?')} {a.get('execution', '')} · simulated, projected "
-           "(routing of the run model) · one difference off at a time, in this order")
+           "(routing of the run model) · one difference off at a time, in this order<br>bar: the change in speedup "
+           "· label: the factor it multiplies the speedup by")
     base_layout(fig, f"What Specter's speedup over the artifact's Mixtral-Offloading is made of<br><sup>{sub}"
-                      "</sup>", plot_height=320, legend="right", top=90)
+                      "</sup>", plot_height=320, legend="right", top=110)
     fig.update_yaxes(title_text="speedup of specter (×)", rangemode="tozero")
     fig.update_xaxes(tickangle=-25, tickfont=dict(size=10))
     fig.update_layout(showlegend=False)

@@ -200,14 +200,17 @@ def timeline_figure(result: Any, step: int | None = None, max_steps: int = 24, m
             y=[COPY_LANE] * len(d), x=(d.end - d.start).to_numpy(), base=d.start.to_numpy(), orientation="h",
             name=f"copy: {reason}", marker=dict(color=COPY_COLORS[reason],
                                                 line=dict(color="white", width=1.5 * outline)),
-            text=[f"L{r.layer}·E{r.expert}" for r in d.itertuples()], textposition="inside",
+            # Horizontal labels only: a rotated label squeezed into a narrow bar was 6 px; uniformtext hides any
+            # that does not fit at 8 px (hover still names every copy).
+            text=[f"L{r.layer}·E{r.expert}" for r in d.itertuples()], textposition="inside", textangle=0,
             insidetextanchor="middle", textfont=dict(color="white", size=10), hovertext=hover,
             hovertemplate="%{hovertext}<extra></extra>", width=0.6, legendgroup="copy"))
     st = co[co.stall > 0]
     traces.append(go.Bar(
         y=st.phase.tolist(), x=st.stall.to_numpy(), base=(st.start - st.stall).to_numpy(), orientation="h",
-        name="stall (waiting on a copy)", marker=dict(color=STALL_COLOR, line=dict(width=0)), width=0.9,
-        opacity=0.85,
+        # Thinner than the compute bars it sits on, so the lane's compute stays visible above and below it.
+        name="stall (waiting on a copy)", marker=dict(color=STALL_COLOR, line=dict(width=0)), width=0.3,
+        opacity=0.9,
         hovertext=[f"stall {r.stall:.4f} ms before {r.phase} layer {r.layer} expert {r.expert} (step {r.step})"
                    for r in st.itertuples()], hovertemplate="%{hovertext}<extra></extra>"))
     fig = go.Figure(traces)
@@ -216,7 +219,7 @@ def timeline_figure(result: Any, step: int | None = None, max_steps: int = 24, m
     # Step boundaries as thin lines, labelled while there are few enough to read.
     shapes, annotations = [], []
     if step is None and len(steps) > 1:
-        every = max(1, math.ceil(len(steps) / 16))
+        every = max(1, math.ceil(len(steps) / 8))  # at most 8 labels: more ran into each other
         for i, r in enumerate(steps.itertuples()):
             shapes.append(dict(type="line", x0=r.start, x1=r.start, yref="paper", y0=0, y1=1,
                                line=dict(color="#bbb", width=1, dash="dot")))

@@ -100,6 +100,8 @@ def _html_table(df: pd.DataFrame, show_index: bool, formats: Mapping[str, Callab
             full = str(v)
             tip = f" title='{html.escape(full, quote=True)}'" if text.endswith("…") else ""
             align = ";text-align:left" if isinstance(v, str) and not text.endswith("×") else ""
+            if isinstance(v, str) and len(text) > 48:  # prose (a description): wraps in a column of its own
+                align += ";white-space:normal;min-width:280px;max-width:520px"
             cells += f"<td style='{_TD_STYLE}{align}'{tip}>{html.escape(text)}</td>"
         rows.append(f"<tr>{cells}</tr>")
     return (f"<table class='sl-table' style='{_TABLE_STYLE}'><thead><tr>{head}</tr></thead>"

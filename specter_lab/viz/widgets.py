@@ -139,6 +139,9 @@ def _same_figure(widget: go.FigureWidget, fig: go.Figure) -> bool:
 _FIT_WIDTH_ESM = """
 function graphsIn(root) { return Array.from(root.querySelectorAll('.js-plotly-plot')); }
 function fit(root) {
+  // A box being closed (its notebook shut down) shrinks to nothing: a resize then would make each plotly view
+  // send its new size to a kernel that is gone ("Could not send widget sync message" in the console).
+  if (!root.isConnected || root.getBoundingClientRect().width < 1) return;
   const graphs = graphsIn(root);
   const handlers = graphs.map(gd => gd._responsiveChartHandler).filter(h => typeof h === 'function');
   if (handlers.length) handlers.forEach(h => h());
@@ -157,7 +160,10 @@ export default {
       if (cancelled) return;
       if (!el.isConnected) { if (tries++ < 600) requestAnimationFrame(attach); return; }
       const root = outermostBox(el);
-      observer = new ResizeObserver(() => { clearTimeout(timer); timer = setTimeout(() => fit(root), 120); });
+      observer = new ResizeObserver(() => {
+        clearTimeout(timer);
+        timer = setTimeout(() => { if (!cancelled) fit(root); }, 120);
+      });
       observer.observe(root);
     };
     requestAnimationFrame(attach);
