@@ -195,6 +195,24 @@ def wait_dashboard_at(page: Page, needle: str, step: int, what: str) -> list[dic
                              f"expected step {step} everywhere") from None
 
 
+# Milliseconds from window.__slT0 until every dashboard title in the cell with `needle` names `step` (polled
+# each animation frame; -1 after 10 s).
+_JS_UNTIL_STEP = """async ([needle, step]) => {
+  const c = window.jupyterapp.shell.currentWidget.content.widgets
+    .find(c => c.model.type === 'code' && c.model.sharedModel.getSource().includes(needle));
+  const pats = [/^Routing at step (\\d+)/, /^Expert cache .* after step (\\d+)/, /^Timeline · step (\\d+)/];
+  const at = () => {
+    const titles = Array.from(c.node.querySelectorAll('.js-plotly-plot .gtitle')).map(t => t.textContent);
+    return pats.every(p => titles.some(t => { const m = t.match(p); return m && +m[1] === step; }));
+  };
+  while (performance.now() - window.__slT0 < 10000) {
+    if (at()) return Math.round(performance.now() - window.__slT0);
+    await new Promise(r => requestAnimationFrame(r));
+  }
+  return -1;
+}"""
+
+
 def tuner_table(page: Page) -> dict[str, str]:
     """strategy → TPOT text of the tuner's HTML table (what Python last computed)."""
     rows = page.page.evaluate("""() => Array.from(document.querySelectorAll('table.sl-tuner tbody tr'))
@@ -248,16 +266,17 @@ def test_quickstart_dashboard(page: Page) -> None:
     page.page.wait_for_timeout(2000)  # the dashboard warms the neighbouring steps while the kernel is idle
     took = []
     for moved in (last - 1, last - 2):
-        t0 = time.monotonic()
+        page.page.evaluate("() => { window.__slT0 = performance.now(); }")
         handle.press("ArrowLeft")
+        took.append(page.page.evaluate(_JS_UNTIL_STEP, [needle, moved]))
         plots = wait_dashboard_at(page, needle, moved, "dashboard after moving the slider")
-        took.append(time.monotonic() - t0)
     tasks = [d for _, d in page.long_tasks()]
-    print(f"01: slider steps redrawn in {[round(t, 2) for t in took]} s (polled every 0.5 s); page long tasks "
+    print(f"01: slider steps redrawn in {took} ms (key press to every title at the new step); page long tasks "
           f"meanwhile {tasks} ms")
     assert_drawn(plots, "dashboard after moving the slider", expect=4)
     assert max(tasks, default=0) < 500, f"01: the page froze {max(tasks)} ms on a slider step"
-    assert max(took) < 1.2, f"01: a slider step took {max(took):.2f} s to redraw"
+    assert all(0 <= t < 1000 for t in took), \
+        f"01: slider steps took {took} ms to redraw (was about 1,600; -1: over 10 s)"
 
     # A reload with the kernel alive restores the widgets from the kernel: they must show the moved step.
     page.save()

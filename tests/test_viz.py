@@ -682,3 +682,17 @@ def test_table_helper_formats_and_hides_columns():
     assert format_value(float("nan"), "k") == "—" and format_value(16.0, "K") == "16"
     with pytest.raises(ValueError, match="not columns"):
         viz.table(df, ["nope"])
+
+
+def test_waterfall_labels_are_the_tables_factors():
+    """D11: a relative bar is labelled with the factor its step multiplies the speedup by (the table's
+    ``factor`` column), not with an additive change beside a multiplicative table."""
+    df = pd.DataFrame({"step": ["artifact protocol", "metric: unbiased TPOT", "write-back off",
+                                "memory split: equal bytes", "prefetch + overlap off"],
+                       "speedup": [1.845, 1.609, 1.415, 0.928, 0.911]})
+    df["factor"] = df.speedup / df.speedup.shift()
+    bars = F.waterfall_figure(df).data[0]
+    labels = dict(zip(bars.x, bars.text))
+    for r in df.iloc[1:].itertuples():
+        assert labels[r.step] == f"×{r.factor:.2f}", (r.step, labels[r.step])
+    assert labels["artifact protocol"] == "1.84×" or labels["artifact protocol"] == "1.85×"

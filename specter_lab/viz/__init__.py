@@ -1,7 +1,7 @@
 """Notebook views of a run: plotly figures of a run (:mod:`.figures`) and of bench tables (:mod:`.bench_figures`),
 the pure frame analysis they draw (:mod:`.frames`, no plotly), the shared palette (:mod:`.style`) and layout
-(:mod:`.layout`), standalone HTML reports (:mod:`.report`), wide tables that fit a cell (:mod:`.tables`), live ipywidgets views (:mod:`.widgets`) and the HTML
-token strip they redraw while a run goes on (:mod:`.strip`).
+(:mod:`.layout`), standalone HTML reports (:mod:`.report`), wide tables that fit a cell (:mod:`.tables`), live
+ipywidgets views (:mod:`.widgets`) and the HTML token strip they redraw while a run goes on (:mod:`.strip`).
 
     from specter_lab import viz
     viz.dashboard(result)                 # step slider over routing, cache, timeline and tokens

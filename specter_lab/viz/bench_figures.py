@@ -239,8 +239,7 @@ def waterfall_figure(df: pd.DataFrame, claim: tuple[float, float] = (1.50, 1.88)
         x=x, y=y, measure=measure, textposition="outside", cliponaxis=False,
         # A relative bar's height is the change in speedup; its label is the factor that step multiplies the
         # speedup by (the table's ``factor`` column), so figure and table read the same.
-        text=[f"{v:.2f}×" if m != "relative" else f"×{v / (v - d):.2f}" if v - d else f"{d:+.2f}"
-              for v, d, m in zip(_running(y, measure), y, measure)],
+        text=_labels(y, measure),
         increasing=dict(marker=dict(color="#1b7837")), decreasing=dict(marker=dict(color="#b2182b")),
         totals=dict(marker=dict(color="#4d4d4d")), connector=dict(line=dict(color="#999", width=1)),
         hovertemplate="%{x}<br>speedup %{y:.3f}<extra></extra>"))
@@ -258,6 +257,19 @@ def waterfall_figure(df: pd.DataFrame, claim: tuple[float, float] = (1.50, 1.88)
     fig.update_xaxes(tickangle=-25, tickfont=dict(size=10))
     fig.update_layout(showlegend=False)
     return fig
+
+
+def _labels(y: list[float], measure: list[str]) -> list[str]:
+    """Bar labels: the speedup for an absolute or total bar, the factor (after / before) for a relative one."""
+    out, total = [], 0.0
+    for v, m in zip(y, measure):
+        if m == "relative":
+            out.append(f"×{(total + v) / total:.2f}" if total else f"{v:+.2f}")
+            total += v
+        else:
+            total = v if m == "absolute" else total
+            out.append(f"{total:.2f}×")
+    return out
 
 
 def _running(y: list[float], measure: list[str]) -> list[float]:

@@ -25,8 +25,9 @@ from plotly.subplots import make_subplots
 from .frames import (as_frames, clock_label, default_routing_step, grid_shape, hit_rates, positions_text,
                      residency, routing_cells, run_meta, step_outlines, timeline_steps, token_rows, token_text)
 from .layout import base_layout, discrete_colorscale, legend_swatch
-from .style import (COPY_COLORS, COPY_LANE, HOST_LANE, PHASE_COLORS, RESIDENCY_CATEGORIES, RESIDENCY_COLORS,
-    GLYPH_LEGEND, ROUTING_CATEGORIES, ROUTING_COLORS, ROUTING_HELP, STALL_COLOR, STATUS_COLORS, STATUS_HELP, PHASE_ORDER, esc)
+from .style import (COPY_COLORS, COPY_LANE, GLYPH_LEGEND, HOST_LANE, PHASE_COLORS, RESIDENCY_CATEGORIES,
+    RESIDENCY_COLORS, ROUTING_CATEGORIES, ROUTING_COLORS, ROUTING_HELP, STALL_COLOR, STATUS_COLORS, STATUS_HELP,
+    PHASE_ORDER, esc)
 
 __all__ = ["routing_figure", "cache_figure", "timeline_figure", "tokens_figure", "steps_figure", "StepView",
            "STEP_VIEWS"]

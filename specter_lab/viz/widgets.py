@@ -230,6 +230,7 @@ class Dashboard:
         self._cache_steps = max(2, int(cache_steps))
         self._build_lock = threading.Lock()
         self._publish_timer: threading.Timer | None = None
+        self._sync_lock = threading.RLock()  # a step's updates and a delayed publish never interleave
         self.slider = W.IntSlider(value=first, min=lo, max=hi, description="step", continuous_update=False,
                                   layout=W.Layout(width="360px"))
         self.play = W.Play(value=first, min=lo, max=hi, interval=play_interval_ms, description="play")
@@ -317,9 +318,10 @@ class Dashboard:
         """Show ``step`` in every view (what the slider calls)."""
         step = int(step)
         figs = self._figures(step)
-        for name, fig in figs.items():
-            # One update message per figure; the full state is published once the slider rests (_publish_soon).
-            sync_figure(self.views[name], fig, publish=False, compare=False)
+        with self._sync_lock:
+            for name, fig in figs.items():
+                # One update message per figure; the full state is published once the slider rests (_publish_soon).
+                sync_figure(self.views[name], fig, publish=False, compare=False)
         self.info.value = self._info_html(step)
         self._shown = step
         if self.slider.value != step:
@@ -335,8 +337,9 @@ class Dashboard:
             self._publish_timer.cancel()
 
         def publish() -> None:
-            for widget in self.views.values():
-                publish_state(widget)
+            with self._sync_lock:  # never a half-updated figure
+                for widget in self.views.values():
+                    publish_state(widget)
 
         self._publish_timer = threading.Timer(delay, publish)
         self._publish_timer.daemon = True
@@ -347,8 +350,9 @@ class Dashboard:
         if self._publish_timer is not None:
             self._publish_timer.cancel()
             self._publish_timer = None
-        for widget in self.views.values():
-            publish_state(widget)
+        with self._sync_lock:
+            for widget in self.views.values():
+                publish_state(widget)
 
     def _on_step(self, change: dict) -> None:
         if change["new"] != self._shown:
