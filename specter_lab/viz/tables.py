@@ -77,17 +77,24 @@ def format_value(v: Any, column: str = "", digits: int = 3, max_chars: int = 40)
 
 
 _TABLE_STYLE = "border-collapse:collapse;font-size:12px;font-variant-numeric:tabular-nums;margin:2px 0"
-_TH_STYLE = "padding:3px 8px;border-bottom:1px solid #bbb;text-align:right;white-space:nowrap;font-weight:600"
-_TD_STYLE = "padding:2px 8px;border-bottom:1px solid #eee;text-align:right;white-space:nowrap"
+# Headers may break after an underscore (``stall_ms_<wbr>per_token``): snake_case names are the widest part of a
+# numeric table, and the browser only breaks them when the table would not fit its cell otherwise.
+_TH_STYLE = ("padding:3px 6px;border-bottom:1px solid #bbb;text-align:right;white-space:normal;font-weight:600;"
+             "vertical-align:bottom")
+_TD_STYLE = "padding:2px 6px;border-bottom:1px solid #eee;text-align:right;white-space:nowrap"
+
+
+def _header(name: Any) -> str:
+    return html.escape(str(name)).replace("_", "_<wbr>")
 
 
 def _html_table(df: pd.DataFrame, show_index: bool, formats: Mapping[str, Callable[[Any], str]], digits: int,
                 max_chars: int) -> str:
     cols = list(df.columns)
     names = [str(n) for n in (df.index.names if show_index else [])]
-    head = "".join(f"<th style='{_TH_STYLE};text-align:left'>{html.escape(n if n != 'None' else '')}</th>"
+    head = "".join(f"<th style='{_TH_STYLE};text-align:left'>{_header(n) if n != 'None' else ''}</th>"
                    for n in names)
-    head += "".join(f"<th style='{_TH_STYLE}'>{html.escape(str(c))}</th>" for c in cols)
+    head += "".join(f"<th style='{_TH_STYLE}'>{_header(c)}</th>" for c in cols)
     rows = []
     for idx, row in zip(df.index, df.itertuples(index=False, name=None)):
         cells = ""

@@ -947,8 +947,13 @@ class QuantTuner:
         for col, f in fmt.items():
             shown[col] = [f.format(v) if isinstance(v, (int, float)) and not pd.isna(v) else "–" for v in table[col]]
         shown = shown.fillna("–")
-        return ("<style>.sl-tuner td,.sl-tuner th{padding:2px 10px;text-align:right;white-space:nowrap}</style>"
-                + shown.to_html(index=False, classes="sl-tuner", border=0, escape=True))
+        # Compact, and headers may break after an underscore, so all ten columns fit a notebook cell.
+        page = shown.to_html(index=False, classes="sl-tuner", border=0, escape=True)
+        for col in shown.columns:
+            page = page.replace(f"<th>{col}</th>", f"<th>{html.escape(col).replace('_', '_<wbr>')}</th>")
+        return ("<style>.sl-tuner{font-size:12px;border-collapse:collapse}.sl-tuner td{padding:2px 6px;"
+                "text-align:right;white-space:nowrap}.sl-tuner th{padding:2px 6px;text-align:right;"
+                "vertical-align:bottom}</style>" + page)
 
     def static(self) -> go.Figure:
         """The chart as a plain figure."""
