@@ -275,6 +275,7 @@ _JS_WIDE_TABLES = """() => {
   const cells = window.jupyterapp.shell.currentWidget.content.widgets;
   const out = [];
   cells.forEach((c, i) => c.node.querySelectorAll('.jp-OutputArea-output table').forEach(t => {
+    if (t.closest('details:not([open])')) return;  // not shown (Chromium still lays it out)
     const r = t.getBoundingClientRect();
     const area = t.closest('.jp-OutputArea-output').getBoundingClientRect();
     if (r.width > 0 && r.width > area.width + 1)
@@ -329,7 +330,8 @@ class Page:
         self.retried: list[dict] = []  # console lines of a reload that was retried (reload_until)
         page.on("console", lambda m: self.console.append({"type": m.type, "text": m.text,
                                                           "url": (m.location or {}).get("url", "")}))
-        page.on("pageerror", lambda e: self.console.append({"type": "pageerror", "text": str(e), "url": ""}))
+        page.on("pageerror", lambda e: self.console.append({"type": "pageerror", "url": "",
+                                                             "text": f"{e}\n{getattr(e, 'stack', '') or ''}"}))
 
     # notebook --------------------------------------------------------------------------------
     def open(self, notebook: str, timeout: float = 120) -> None:
