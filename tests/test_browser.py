@@ -548,9 +548,9 @@ def test_other_notebook_runs_clean(page: Page, notebook: str) -> None:
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "D9 is not fixed: on File > Close and Shut Down Notebook, plotly's FigureWidget view (plotly 6 widgetbundle) "
-    "answers the panel's last resize with Plots.resize, and its plotly_relayout handler saves the new size to a "
-    "kernel that is already shut down ('Could not send widget sync message'); nothing on the Python side stops it"))
+    "D9 is not fixed: on File > Close and Shut Down Notebook an anywidget view (the console's stack: AnyView -> "
+    "AnyModel.save_changes, which is what plotly's FigureWidget view calls from its plotly_relayout handler) saves "
+    "a change after the kernel was shut down ('Could not send widget sync message')"))
 def test_closing_a_notebook_leaves_no_console_error() -> None:
     """D9: no console error when a notebook with widgets is closed and shut down (README: 'the browser console
     has no error'). Reads what the notebook tests above recorded as they closed their notebooks."""

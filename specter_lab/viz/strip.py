@@ -22,7 +22,7 @@ __all__ = ["tokens_html"]
 _STYLE = ("<style>.sl-strip{font-size:13px}.sl-strip .t{display:inline-block;min-width:14px;margin:1px;"
           "padding:0 4px;border-radius:3px;color:#fff;font:12px/18px ui-monospace,Menlo,monospace;white-space:pre;"
           "text-align:center}.sl-strip .l{display:inline-block;width:92px;color:#666;font-size:11px;"
-          "text-align:right;margin-right:6px}.sl-strip .g{color:#666;font-size:11px}"
+          "text-align:right;margin-right:6px}.sl-strip .g{color:#666;font-size:11px;white-space:nowrap;display:inline-block}"
           + "".join(f".sl-strip .{s}{{background:{c}}}" for s, c in STATUS_COLORS.items()) + "</style>")
 
 

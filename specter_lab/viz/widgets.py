@@ -478,7 +478,7 @@ class LiveRun:
         self.pause_button.on_click(lambda _: self.resume() if self.phase == "paused" else self.pause())
         self.dashboard_button = W.Button(description="Open the step dashboard", icon="sliders",
                                          tooltip="step through the finished run (routing, cache, timeline)",
-                                         layout=W.Layout(width="220px", display="none"))
+                                         layout=W.Layout(width="250px", min_width="250px", display="none"))
         self.dashboard_button.on_click(lambda _: self.open_dashboard())
         self.status = W.HTML("starting …")
         self._result_box = W.VBox([])
@@ -817,9 +817,10 @@ class QuantTuner:
         self.bits = W.Dropdown(options=[2, 3, 4, 8], value=bits, description="bits", layout=W.Layout(width="150px"))
         self.group_size = W.Dropdown(options=[32, 64, 128], value=group_size, description="group",
                                      layout=W.Layout(width="160px"))
-        self.method = W.ToggleButtons(options=["rtn", "hqq"], value=method, description="method",
-                                      style={"button_width": "60px", "description_width": "50px"},
-                                      layout=W.Layout(width="auto", align_items="center"))
+        # The label is a widget of its own beside the buttons: as the buttons' description it sat above them.
+        self.method = W.ToggleButtons(options=["rtn", "hqq"], value=method, style={"button_width": "60px"},
+                                      tooltips=["round to nearest", "half-quadratic quantization"])
+        method_label = W.Label("method", layout=W.Layout(width="56px", margin="0 0 0 16px"))
         self.k = W.IntSlider(value=k, min=1, max=16, description="K", continuous_update=False,
                              layout=W.Layout(width="260px"))
         self.auto = W.Checkbox(value=auto, description="run on change", indent=False, layout=W.Layout(width="130px"))
@@ -841,7 +842,8 @@ class QuantTuner:
         for w in (self.bits, self.group_size, self.method, self.k):
             w.observe(self._on_change, names="value")
         self.auto.observe(lambda _: self._mark_stale(), names="value")
-        self.widget = W.VBox([W.HBox([self.bits, self.group_size, self.method, _fit_width()]),
+        self.widget = W.VBox([W.HBox([self.bits, self.group_size, method_label, self.method, _fit_width()],
+                                     layout=W.Layout(align_items="center")),
                               W.HBox([self.k, self.auto, self.run_button, self.stale]), self.status,
                               self.table_html, W.HBox([self.save_button, self.saved]), self.figure])
         if run_now:
