@@ -292,7 +292,10 @@ class Dashboard:
         """Build the views of the steps around ``step`` in a background thread (one step at a time, nearest
         first), so the next slider step finds them ready."""
         lo, hi = int(self.slider.min), int(self.slider.max)
-        wanted = [s for d in (1, 2, 3) for s in (step - d, step + d) if lo <= s <= hi and s not in self._cache]
+        near = [s for d in (1, 2, 3) for s in (step - d, step + d)]
+        if hi - lo < 24:  # a short run: every step (Home / End and Play find them ready too)
+            near += sorted(range(lo, hi + 1), key=lambda s: abs(s - step))
+        wanted = [s for s in dict.fromkeys(near) if lo <= s <= hi and s not in self._cache]
 
         def build() -> None:
             for s in wanted:
