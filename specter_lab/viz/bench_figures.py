@@ -72,7 +72,9 @@ def compare_figure(df: pd.DataFrame) -> go.Figure:
                 hovertemplate=f"{hw}<br>%{{x}}: %{{y:.3f}} ms/token<extra></extra>"), 1, ci)
     n_prompts = df.prompt.nunique() if "prompt" in df else 1
     title = (f"TPOT by strategy · {table_clock(df)}"
-             f"<br><sup>mean over {n_prompts} prompt{'s' if n_prompts != 1 else ''}; lower is better</sup>")
+             f"<br><sup>mean over {n_prompts} prompt{'s' if n_prompts != 1 else ''}; lower is better"
+             + (f" · whiskers: ± one standard deviation over the {n_prompts} prompts" if n_prompts > 1 else "")
+             + "</sup>")
     base_layout(fig, title, plot_height=280, legend="right", top=72)
     fig.update_layout(barmode="group", legend_title_text="hardware", margin=dict(b=90),
                       uniformtext=dict(minsize=10, mode="show"))
