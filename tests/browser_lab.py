@@ -269,6 +269,37 @@ _JS_OBSERVE_LONG_TASKS = """() => {
     window.__slLongTasks.push([Math.round(e.startTime), Math.round(e.duration)]))).observe({entryTypes: ['longtask']});
 }"""
 
+# Every HTML table in the notebook's outputs wider than its output area: [cell index, table px, area px, header].
+# A table inside a closed <details> has no box and is not counted (it is shown on request, scrolling sideways).
+_JS_WIDE_TABLES = """() => {
+  const cells = window.jupyterapp.shell.currentWidget.content.widgets;
+  const out = [];
+  cells.forEach((c, i) => c.node.querySelectorAll('.jp-OutputArea-output table').forEach(t => {
+    if (t.closest('details:not([open])')) return;  // not shown (Chromium still lays it out)
+    const r = t.getBoundingClientRect();
+    const area = t.closest('.jp-OutputArea-output').getBoundingClientRect();
+    if (r.width > 0 && r.width > area.width + 1)
+      out.push([i, Math.round(r.width), Math.round(area.width), (t.querySelector('th') || {}).textContent || '']);
+  }));
+  return out;
+}"""
+
+# Watch a live view's status line: every change of its text, with the token strip's title and the Stop button's
+# state at that moment, and the page time (ms): what a person saw, in order, however fast it changed.
+_JS_WATCH_STATUS = """(tag) => {
+  const cell = document.querySelector(`[data-sl-cell="${tag}"]`);
+  const status = cell.querySelector('.widget-html-content');
+  window.__slStatus = [];
+  const record = () => {
+    const strips = Array.from(cell.querySelectorAll('.sl-strip > div:first-child')).map(d => d.textContent);
+    const stop = Array.from(cell.querySelectorAll('button')).find(b => b.textContent.trim() === 'Stop');
+    window.__slStatus.push({t: performance.now(), text: status.textContent.trim(), strip: strips[0] || '',
+                            stop_disabled: stop ? stop.disabled : null});
+  };
+  record();
+  new MutationObserver(record).observe(status, {childList: true, subtree: true, characterData: true});
+}"""
+
 # The text of a code cell's outputs (the first cell whose source contains `needle`).
 _JS_CELL_TEXT = """(needle) => {
   const cells = window.jupyterapp.shell.currentWidget.content.widgets;
@@ -299,7 +330,8 @@ class Page:
         self.retried: list[dict] = []  # console lines of a reload that was retried (reload_until)
         page.on("console", lambda m: self.console.append({"type": m.type, "text": m.text,
                                                           "url": (m.location or {}).get("url", "")}))
-        page.on("pageerror", lambda e: self.console.append({"type": "pageerror", "text": str(e), "url": ""}))
+        page.on("pageerror", lambda e: self.console.append({"type": "pageerror", "url": "",
+                                                             "text": f"{e}\n{getattr(e, 'stack', '') or ''}"}))
 
     # notebook --------------------------------------------------------------------------------
     def open(self, notebook: str, timeout: float = 120) -> None:
@@ -384,6 +416,48 @@ class Page:
     def long_tasks(self) -> list[list[int]]:
         """[start ms, duration ms] of each main-thread long task since :meth:`observe_long_tasks`."""
         return self.page.evaluate("() => window.__slLongTasks || []")
+
+    def wide_tables(self) -> list[list]:
+        """[cell index, table width, output width, first header] of every output table wider than its cell."""
+        return self.page.evaluate(_JS_WIDE_TABLES)
+
+    def watch_status(self, needle: str) -> None:
+        """Start recording every change of the status line of the live view in the cell with ``needle``
+        (:meth:`status_log`)."""
+        self.cell(needle)  # tags the cell's node
+        tag = self.page.evaluate("""(needle) => window.jupyterapp.shell.currentWidget.content.widgets
+            .find(c => c.model.type === 'code' && c.model.sharedModel.getSource().includes(needle)).model.id""",
+                                 needle)
+        self.page.evaluate(_JS_WATCH_STATUS, tag)
+
+    def status_log(self) -> list[dict]:
+        """{t (page ms), text, strip (the token strip's title), stop_disabled} per status change so far."""
+        return self.page.evaluate("() => window.__slStatus || []")
+
+    def now_ms(self) -> float:
+        return self.page.evaluate("() => performance.now()")
+
+    def close_and_shutdown(self, settle_ms: int = 3000) -> None:
+        """File > Close and Shut Down Notebook, as a user does it (accepting the dialog), then a few seconds for
+        whatever the page still sends."""
+        self.page.evaluate("() => { window.jupyterapp.commands.execute('notebook:close-and-shutdown'); }")
+        try:
+            self.page.locator(".jp-Dialog .jp-mod-accept").first.click(timeout=10_000)
+        except Exception:  # no dialog (an older JupyterLab closes at once)
+            pass
+        self.page.wait_for_timeout(settle_ms)
+
+    def markdown_cell(self, needle: str) -> Any:
+        """A locator of the current notebook's markdown cell whose source contains ``needle``."""
+        tag = self.page.evaluate("""(needle) => {
+            const c = window.jupyterapp.shell.currentWidget.content.widgets
+              .find(c => c.model.type === 'markdown' && c.model.sharedModel.getSource().includes(needle));
+            if (!c) return null;
+            c.node.dataset.slCell = c.model.id;
+            return c.model.id; }""", needle)
+        if tag is None:
+            raise LookupError(f"no markdown cell contains {needle!r}")
+        return self.page.locator(f'[data-sl-cell="{tag}"]')
 
     def cell_text(self, needle: str) -> str | None:
         """The output text of the code cell whose source contains ``needle``."""

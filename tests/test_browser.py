@@ -146,6 +146,24 @@ def wait_readable(page: Page, needle: str | None, where: str, timeout: float = 2
         return plots
 
 
+def assert_tables_fit(page: Page, where: str) -> None:
+    """D7: no output table is wider than its cell (the old 04 table was 2,010 px in a 968 px cell)."""
+    wide = page.wide_tables()
+    assert not wide, f"{where}: tables wider than their cell [cell, table px, cell px, first header]: {wide}"
+
+
+# D9, per notebook: the console errors that File > Close and Shut Down Notebook left (filled by close_clean,
+# checked by the last test of this file, so that a notebook's own checks are reported apart from it).
+CLOSING_ERRORS: dict[str, list[str]] = {}
+
+
+def close_clean(page: Page, where: str) -> None:
+    """File > Close and Shut Down Notebook, as a user does it; records the console errors it leaves (D9)."""
+    before = len(page.errors())
+    page.close_and_shutdown()
+    CLOSING_ERRORS[where] = [e["text"][:160] for e in page.errors()[before:]]
+
+
 def assert_no_console_errors(page: Page) -> None:
     errors = page.errors()
     assert not errors, "console errors:\n" + "\n".join(f"  {e['type']}: {e['text'][:300]}" for e in errors)
@@ -180,6 +198,24 @@ def wait_dashboard_at(page: Page, needle: str, step: int, what: str) -> list[dic
         plots = page.plots(needle)
         raise AssertionError(f"{what}: slider {slider_value(page, needle)}, figures {dashboard_steps(plots)}, "
                              f"expected step {step} everywhere") from None
+
+
+# Milliseconds from window.__slT0 until every dashboard title in the cell with `needle` names `step` (polled
+# each animation frame; -1 after 10 s).
+_JS_UNTIL_STEP = """async ([needle, step]) => {
+  const c = window.jupyterapp.shell.currentWidget.content.widgets
+    .find(c => c.model.type === 'code' && c.model.sharedModel.getSource().includes(needle));
+  const pats = [/^Routing at step (\\d+)/, /^Expert cache .* after step (\\d+)/, /^Timeline · step (\\d+)/];
+  const at = () => {
+    const titles = Array.from(c.node.querySelectorAll('.js-plotly-plot .gtitle')).map(t => t.textContent);
+    return pats.every(p => titles.some(t => { const m = t.match(p); return m && +m[1] === step; }));
+  };
+  while (performance.now() - window.__slT0 < 10000) {
+    if (at()) return Math.round(performance.now() - window.__slT0);
+    await new Promise(r => requestAnimationFrame(r));
+  }
+  return -1;
+}"""
 
 
 def tuner_table(page: Page) -> dict[str, str]:
@@ -224,14 +260,28 @@ def test_quickstart_dashboard(page: Page) -> None:
     last = slider_value(page, needle)
     wait_dashboard_at(page, needle, last, "dashboard after Run All")
 
-    # Move the slider with the keyboard, as a user would: two steps back.
+    page.screenshot_element(page.markdown_cell("## What to expect"), "quickstart_where_specter_wins")
+    assert_tables_fit(page, "01")
+
+    # Move the slider with the keyboard, as a user would: two steps back, one at a time, timing each (D4: each
+    # took about 1.6 s, the page frozen meanwhile).
     handle = page.cell(needle).locator(".widget-slider .noUi-handle").first
     handle.focus()
-    handle.press("ArrowLeft")
-    handle.press("ArrowLeft")
-    moved = last - 2
-    plots = wait_dashboard_at(page, needle, moved, "dashboard after moving the slider")
+    page.observe_long_tasks()
+    page.page.wait_for_timeout(2000)  # the dashboard warms the neighbouring steps while the kernel is idle
+    took = []
+    for moved in (last - 1, last - 2):
+        page.page.evaluate("() => { window.__slT0 = performance.now(); }")
+        handle.press("ArrowLeft")
+        took.append(page.page.evaluate(_JS_UNTIL_STEP, [needle, moved]))
+        plots = wait_dashboard_at(page, needle, moved, "dashboard after moving the slider")
+    tasks = [d for _, d in page.long_tasks()]
+    print(f"01: slider steps redrawn in {took} ms (key press to every title at the new step); page long tasks "
+          f"meanwhile {tasks} ms")
     assert_drawn(plots, "dashboard after moving the slider", expect=4)
+    assert max(tasks, default=0) < 500, f"01: the page froze {max(tasks)} ms on a slider step"
+    assert all(0 <= t < 1000 for t in took), \
+        f"01: slider steps took {took} ms to redraw (was about 1,600; -1: over 10 s)"
 
     # A reload with the kernel alive restores the widgets from the kernel: they must show the moved step.
     page.save()
@@ -248,6 +298,7 @@ def test_quickstart_dashboard(page: Page) -> None:
     assert dashboard_steps(second) == {"routing": moved, "cache": moved, "timeline": moved}, dashboard_steps(second)
     wait_readable(page, None, "dashboard shown twice")
     assert_no_console_errors(page)
+    close_clean(page, "01")
 
 
 def test_quantization_tuner(page: Page) -> None:
@@ -264,9 +315,13 @@ def test_quantization_tuner(page: Page) -> None:
     # A control: 2-bit draft, then Run (the notebook turned 'run on change' off).
     cell = page.cell("sl.viz.QuantTuner(")
     cell.locator(".widget-dropdown:has(label:text-is('bits')) select").select_option(label="2")
-    cell.locator("button:has-text('Run')").click()
+    # D8: the table no longer shows the controls' setting, and says so until Run
+    page.wait_for(lambda: "press Run" in cell.inner_text(), timeout=30, what="the tuner marked stale")
+    cell.locator("button:text-is('Run')").click()
     page.wait_for(lambda: tuner_chart(page) != before, timeout=120, what="tuner chart redrawn after bits=2 + Run")
     assert_chart_matches_table(page, "tuner after bits=2 + Run")
+    page.wait_for(lambda: "press Run" not in cell.inner_text(), timeout=30, what="the stale mark gone after Run")
+    assert_tables_fit(page, "02")
     page.screenshot_element(cell, "quanttuner")
 
     page.save()
@@ -274,6 +329,7 @@ def test_quantization_tuner(page: Page) -> None:
     assert_drawn(page.plots("sl.viz.QuantTuner("), "tuner after a reload", expect=1)
     assert_chart_matches_table(page, "tuner after a reload")
     assert_no_console_errors(page)
+    close_clean(page, "02")
 
 
 def static_figure_cells(notebook: str) -> int:
@@ -307,53 +363,111 @@ def running_status(page: Page):
     return m if m and int(m.group(2)) >= 1 else None
 
 
+def _tokens_of(status: str) -> int | None:
+    m = _RUNNING.match(status)
+    return int(m.group(2)) if m else None
+
+
+def _strip_tokens(strip: str) -> int | None:
+    m = re.search(r"Tokens · (\d+) generated", strip)
+    return int(m.group(1)) if m else None
+
+
 def test_timelines_live(page: Page) -> None:
-    """03 under Run All, as a reader runs it: the live run shows its steps, its Stop button ends it while Run All
-    goes on (no blocking wait after it), it reads 'stopped' and gives way to a dashboard; every static figure and
-    the live view drew; the cache figure's axis titles are clear of its legend."""
+    """03 under Run All, as a reader runs it, with every change of the live status line recorded in the page:
+
+    * D3: the live run shows its first steps early, and lasts long enough to reach and use;
+    * D1: the status line and the token strip agree within one step, and the status moves at a steady cadence;
+    * Pause holds the run; D2: Stop clicked near the end ends it: the page shows 'finishing …' with Stop
+      disabled, never 'stopping …' after that, then 'stopped' (or 'done' if generation ended first);
+    * D4: no main-thread task over 500 ms while the run ends; D5: the dashboard, opened on request, keeps its
+      token strip short; every static figure drew; closing leaves no console error."""
     notebook = "03_timelines.ipynb"
     page.open(notebook)
     page.observe_long_tasks()
     page.command("notebook:run-all-cells")
+    page.wait_for(lambda: page.state().get("executed", 0) >= 2, timeout=150, what="Run All under way")
+    page.wait_for(lambda: live_status(page), timeout=150, what="the live view drawn under Run All")
+    page.watch_status(LIVE)
     page.wait_for(lambda: running_status(page), timeout=150, what="the live run showing its steps under Run All")
-    live_from = page.page.evaluate("() => performance.now()")
+    total = int(running_status(page).group(3))
+    page.page.wait_for_timeout(4000)
     page.screenshot_element(page.cell(LIVE), "live_midrun")
-    seen = live_status(page)
-    page.cell(LIVE).locator("button:has-text('Stop')").click()
-    clicked = time.monotonic()
-    answered = page.wait_for(lambda: not _RUNNING.match(s := live_status(page)) and s, timeout=180,
-                             what="the live view answering the Stop click")
-    answer_s = time.monotonic() - clicked
-    final = page.wait_for(lambda: (s := live_status(page)).startswith(("stopped", "done", "failed")) and s,
-                          timeout=180, what="the live run ending after Stop")
-    live_to = page.page.evaluate("() => performance.now()")
-    print(f"03: Stop clicked at '{seen}'; '{answered[:40]}' after {answer_s:.1f} s; "
-          f"'{final[:40]}' after {time.monotonic() - clicked:.1f} s")
-    assert final.startswith("stopped"), f"Stop clicked at '{seen}' under Run All, but the run went on: {final!r}"
-    page.wait_run_all(timeout=300)
-    tasks = page.long_tasks()
-    during = [d for t, d in tasks if live_from - 5000 <= t <= live_to]
-    print(f"03: page long tasks under Run All: {len(tasks)}, longest {max((d for _, d in tasks), default=0)} ms; "
-          f"while the live run showed its steps (from 5 s before): {len(during)}, longest {max(during, default=0)} ms")
 
+    # Pause: the tokens stop moving until Resume.
+    cell = page.cell(LIVE)
+    cell.locator("button:text-is('Pause')").click()
+    page.wait_for(lambda: live_status(page).startswith("paused"), timeout=30, what="the run paused")
+    held = live_status(page)
+    page.page.wait_for_timeout(1500)
+    assert live_status(page) == held, f"the run went on while paused: {held!r} -> {live_status(page)!r}"
+    cell.locator("button:text-is('Resume')").click()
+
+    # Stop near the end (D2).
+    page.wait_for(lambda: (_tokens_of(live_status(page)) or 0) >= 0.9 * total, timeout=240, interval=0.2,
+                  what="the live run near its end")
+    seen = live_status(page)
+    cell.locator("button:text-is('Stop')").click()
+    final = page.wait_for(lambda: (s := live_status(page)).startswith(("stopped", "done", "failed")) and s,
+                          timeout=180, interval=0.2, what="the live run ending after Stop")
+    page.page.wait_for_timeout(3000)
+    log = page.status_log()
+    ended_at = page.now_ms()
+    texts = [e["text"] for e in log]
+    print(f"03: Stop clicked at '{seen}'; statuses after it: {[t[:48] for t in texts if _tokens_of(t) is None][-6:]}")
+    assert final.startswith(("stopped", "done")), final
+    finishing = [i for i, e in enumerate(log) if e["text"].startswith("finishing")]
+    assert finishing, f"'finishing …' never showed: {texts[-8:]}"
+    assert log[finishing[0]]["stop_disabled"], "Stop was still enabled while the run was finishing"
+    late = [e["text"] for e in log[finishing[0]:] if e["text"].startswith("stopping")]
+    assert not late, f"'stopping …' after generation had ended: {late}"
+    assert cell.locator("button:text-is('Stop')").is_disabled()
+
+    # D1 and D3, from the recorded statuses while it ran.
+    running = [(e["t"], _tokens_of(e["text"]), _strip_tokens(e["strip"])) for e in log if _tokens_of(e["text"])]
+    assert running, texts[:5]
+    apart = [abs(n - m) for _, n, m in running if m is not None]
+    gaps = sorted(b[0] - a[0] for a, b in zip(running, running[1:]))
+    print(f"03: {len(running)} running statuses; |status − strip| tokens max {max(apart)}, "
+          f"equal in {apart.count(0)}; gaps ms median {gaps[len(gaps) // 2]:.0f}, max {gaps[-1]:.0f}; "
+          f"first at {running[0][1]}/{total} tokens")
+    assert max(apart) <= 9, f"status and strip disagree by {max(apart)} tokens (more than one step, K + 1 = 9)"
+    assert gaps[len(gaps) // 2] <= 1200, f"status updates {gaps[len(gaps) // 2]:.0f} ms apart (median)"
+    assert running[0][1] <= 0.25 * total, f"the first status came at {running[0][1]}/{total} tokens"
+
+    # D4: the page stays responsive while the run ends (the old view built its dashboard here: 1.0–1.7 s tasks).
+    end_from = log[finishing[0]]["t"] - 2000
+    during = [d for t, d in page.long_tasks() if end_from <= t <= ended_at]
+    print(f"03: long tasks while the run ended: {during} ms")
+    assert max(during, default=0) < 500, f"the page froze {max(during)} ms while the live run ended"
+    page.screenshot_element(cell, "live_stopped_near_end")
+
+    page.wait_run_all(timeout=300)
     plots = page.plots(None)
     assert_drawn(plots, "03")
     static = [p for p in plots if not p["widget"]]
     assert len(static) == static_figure_cells(notebook), \
         f"03: {len(static)} static figures drawn, the notebook has {static_figure_cells(notebook)}"
-    live = page.wait_for(lambda: len(page.plots(LIVE)) >= 4 and page.plots(LIVE), what="finished live view")
-    assert_drawn(live, "live view")
-    wait_readable(page, LIVE, "finished live view")
-    strips = [p["title"] for p in live if p["title"].startswith("Tokens ·")]
-    assert len(strips) == 1, f"the finished live view shows {len(strips)} token strips"
-    wait_dashboard_at(page, LIVE, slider_value(page, LIVE), "the stopped run's dashboard")
-    assert not page.axis_titles_on_legend(LIVE), page.axis_titles_on_legend(LIVE)
     printed = page.wait_for(lambda: "generate" in (page.cell_text("run.on_done(") or "") and
                             page.cell_text("run.on_done("), timeout=30, what="the on_done check printed")
-    assert "<b>" not in printed and "stopped" in printed and "True" in printed, printed
-    page.screenshot_element(page.cell(LIVE), "live_stopped", max_height=820)
+    assert "<b>" not in printed and final.split(":")[0] in printed and "True" in printed, printed
+
+    # The dashboard on request (D5: its token strip stays short).
+    cell.locator("button:has-text('Open the step dashboard')").click()
+    live = page.wait_for(lambda: len(page.plots(LIVE)) >= 4 and page.plots(LIVE), timeout=120,
+                         what="the finished run's dashboard")
+    assert_drawn(live, "live view's dashboard")
+    wait_readable(page, LIVE, "live view's dashboard")
+    strips = [p for p in live if p["title"].startswith("Tokens ·")]
+    assert len(strips) == 1, f"the finished live view shows {len(strips)} token strips"
+    assert strips[0]["height"] <= 600, f"the dashboard's token strip is {strips[0]['height']} px tall"
+    assert "· space" in strips[0]["title"], f"no glyph legend on the token strip: {strips[0]['title']!r}"
+    wait_dashboard_at(page, LIVE, slider_value(page, LIVE), "the stopped run's dashboard")
+    assert not page.axis_titles_on_legend(LIVE), page.axis_titles_on_legend(LIVE)
     page.screenshot_element(page.cell("figures.timeline_figure(spec, step)"), "titled_figure")
+    assert_tables_fit(page, "03")
     assert_no_console_errors(page)
+    close_clean(page, "03")
 
 
 def test_compare(page: Page) -> None:
@@ -376,8 +490,22 @@ def test_compare(page: Page) -> None:
     table = " ".join((page.cell_text('"description"') or "").split())
     cut = [s for s in listed if " ".join(STRATEGIES[s].description.split()) not in table]
     assert not cut, f"04: descriptions cut short in the strategy table: {cut}"
+    assert_tables_fit(page, "04")
+    first = page.cell("sl.viz.table(df.head(8)").locator(".jp-OutputArea-output table").first
+    assert first.bounding_box()["height"] < 400, f"04: the first runs table is {first.bounding_box()} (rows wrap)"
+    page.screenshot_element(page.cell("sl.viz.table(df.head(8)"), "compare_first_table")
+    # D6: every number in the 'Routing recorded elsewhere' prose is printed by the cell under it, or is one of
+    # the published references it quotes (the old prose said 0.83 where the cell printed 0.779)
+    prose = page.page.evaluate("""() => window.jupyterapp.shell.currentWidget.content.widgets
+        .map(c => c.model.sharedModel.getSource()).find(s => s.startsWith('## Routing recorded elsewhere'))""")
+    printed = page.cell_text("sl.less_local(") or ""
+    published = {"0.72", "0.61"}  # DeepSeek-V2-Lite-Chat, Mixtral-8x7B: TARGET_HIT_AT_HALF
+    stray = [x for x in re.findall(r"\b0\.\d+\b", prose) if x not in published and x not in printed]
+    assert not stray, f"04: prose numbers {stray} are not what the cell printed: {printed[:300]!r}"
+    assert "0.72" in printed, printed[:300]
     assert not page.stderr_outputs(), page.stderr_outputs()
     assert_no_console_errors(page)
+    close_clean(page, "04")
 
 
 def test_your_model(page: Page) -> None:
@@ -388,7 +516,10 @@ def test_your_model(page: Page) -> None:
     assert not page.stderr_outputs(), page.stderr_outputs()
     if static_figure_cells(notebook):
         assert_drawn([p for p in page.plots(None) if not p["widget"]], "05", expect=static_figure_cells(notebook))
+    assert static_figure_cells(notebook) >= 1, "05 shows no figure of the run (M6)"
+    assert_tables_fit(page, "05")
     assert_no_console_errors(page)
+    close_clean(page, "05")
 
 
 # Notebooks with a test of their own above; any other tutorial notebook gets the generic check below.
@@ -410,5 +541,21 @@ def test_other_notebook_runs_clean(page: Page, notebook: str) -> None:
         assert_drawn(plots, notebook)
     if any(p["widget"] for p in plots):
         wait_readable(page, None, notebook)
+    assert_tables_fit(page, notebook)
     assert not page.stderr_outputs(), page.stderr_outputs()
     assert_no_console_errors(page)
+    close_clean(page, notebook)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "D9 is not fixed: on File > Close and Shut Down Notebook an anywidget view (the console's stack: AnyView -> "
+    "AnyModel.save_changes, which is what plotly's FigureWidget view calls from its plotly_relayout handler) saves "
+    "a change after the kernel was shut down ('Could not send widget sync message')"))
+def test_closing_a_notebook_leaves_no_console_error() -> None:
+    """D9: no console error when a notebook with widgets is closed and shut down (README: 'the browser console
+    has no error'). Reads what the notebook tests above recorded as they closed their notebooks."""
+    if not CLOSING_ERRORS:
+        pytest.skip("no notebook test closed its notebook")
+    print(f"console errors on closing: { {k: len(v) for k, v in CLOSING_ERRORS.items()} }")
+    left = {k: v for k, v in CLOSING_ERRORS.items() if v}
+    assert not left, f"console errors on closing: {left}"

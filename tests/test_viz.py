@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import time
 from collections import Counter
 
 import pandas as pd
@@ -484,6 +485,10 @@ def test_synced_state_is_what_python_holds_after_updates(spec_run):
     d = viz.dashboard(spec_run)
     other = 2 if d.step != 2 else 1
     d.slider.value = other
+    # the dashboard publishes once the slider rests (a fraction of a second), not per step
+    deadline = time.monotonic() + 10
+    while _state_json(d.routing) != _figure_json(F.routing_figure(spec_run, other)) and time.monotonic() < deadline:
+        time.sleep(0.1)
     for name, build in (("routing", F.routing_figure), ("cache", F.cache_figure), ("timeline", F.timeline_figure)):
         assert _state_json(getattr(d, name)) == _figure_json(build(spec_run, other)), name
     assert sync_figure(d.routing, F.routing_figure(spec_run, other)) is False  # nothing new: nothing sent
@@ -535,3 +540,160 @@ def test_frame_analysis_needs_no_plotly(tmp_path):
             "assert 'plotly' not in sys.modules, 'viz.frames imported plotly'\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
+
+
+# ----------------------------------------------------------------------------------------- issue 37
+def test_live_status_and_strip_come_from_one_snapshot(model):
+    """D1: every redraw writes the status line and the token strip from the same snapshot: the token count of
+    the status equals the strip's 'N generated' in every frame the page could see (the old view moved the status
+    on between redraws, 15 steps ahead of the strip)."""
+    import re
+
+    engine = sl.Engine(model, None, "lru", cache_slots=3)
+    # Steps faster than the redraws: the old view moved the status line on between two redraws.
+    run = viz.LiveRun(engine, PROMPT, max_new_tokens=30, min_interval=0.5, start=False,
+                      callback=lambda info: time.sleep(0.05))
+    frames: list[tuple[str, str]] = []
+    # A redraw sets the strip, then the status line: whenever the status moves, the strip beside it must agree.
+    run.status.observe(lambda ch: frames.append((plain_text(ch["new"]), run.tokens.value)), names="value")
+    run.start()
+    run.join(60)
+    running = [(s, t) for s, t in frames if re.match(r"step \d+ · \d+/", s)]
+    assert len(running) >= 3, frames[:3]
+    for status, strip in running:
+        n = int(re.match(r"step \d+ · (\d+)/", status).group(1))
+        shown = int(re.search(r"Tokens</b> · (\d+) generated", strip).group(1))
+        assert n == shown, (status, shown)
+
+
+def test_live_stop_after_generation_ended_reads_finishing(model):
+    """D2: a Stop click once generation has ended (while the dashboard is drawn) changes nothing: the buttons are
+    disabled, the status says 'finishing …' and then 'done' (the old view showed 'stopping after this step …'
+    for seconds, then 'done')."""
+    engine = sl.Engine(model, None, "specter", cache_slots=3)
+    ended = threading.Event()
+    go_on = threading.Event()
+    run = viz.LiveRun(engine, PROMPT, max_new_tokens=8, min_interval=0.0, start=False)
+    statuses: list[str] = []
+    run.status.observe(lambda ch: statuses.append(plain_text(ch["new"])), names="value")
+    finish = run._finish
+    run._finish = lambda: (ended.set(), go_on.wait(30), finish())  # hold the run between generate and dashboard
+    run.start()
+    assert ended.wait(60)
+    assert run.stop_button.disabled and run.pause_button.disabled
+    assert run.status_text.startswith("finishing (done after 8 tokens)")
+    run.stop()  # the late click
+    assert run.status_text.startswith("finishing") and not any("stopping" in s for s in statuses)
+    go_on.set()
+    run.join(60)
+    assert run.status_text.startswith("done: 8 tokens") and run.result.metrics["stopped"] is False
+
+
+def test_live_pause_holds_between_steps_and_reports_an_eta(model):
+    """Pause holds generation between two steps until Resume; the status line carries an ETA while it runs."""
+    engine = sl.Engine(model, None, "lru", cache_slots=3)
+    run = viz.LiveRun(engine, PROMPT, max_new_tokens=20, min_interval=0.0, start=False, pace=0.02)
+    seen: list[str] = []
+    run.status.observe(lambda ch: seen.append(plain_text(ch["new"])), names="value")
+    steps: list[int] = []
+    run._user_callback = lambda info: steps.append(info.step)
+    run.start()
+    while len(steps) < 3:
+        time.sleep(0.01)
+    run.pause()
+    time.sleep(0.3)
+    held = len(steps)
+    time.sleep(0.3)
+    assert len(steps) == held and run.phase == "paused" and run.status_text.startswith("paused after step")
+    run.resume()
+    run.join(60)
+    assert len(run.result.token_ids) == 20 and not run.result.metrics["stopped"]
+    assert any(s.endswith("s left") for s in seen), seen
+
+
+def test_live_dashboard_on_request_and_capped_strip(model):
+    """dashboard=False: the finished run keeps its light view until the button builds the dashboard; the
+    dashboard's token strip shows at most token_rows rows (D5), with the glyph legend."""
+    import plotly.graph_objects  # noqa: F401
+
+    engine = sl.Engine(model, None, "specter", cache_slots=3)
+    run = viz.LiveRun(engine, PROMPT, max_new_tokens=60, min_interval=0.0, start=False, dashboard=False)
+    run.start()
+    run.join(60)
+    assert run.dashboard is None and run.tokens in run.widget.children
+    assert run.dashboard_button.layout.display is None and "· space" not in run.tokens.value  # ids: no glyphs
+    dash = run.open_dashboard()
+    assert dash is run.dashboard and run.tokens not in run.widget.children
+    rows = {y for t in dash.tokens.data for y in (t.y or ())}
+    assert 0 < len(rows) <= 12, rows
+
+
+def test_dashboard_steps_reuse_built_figures(spec_run):
+    """D4: a step the dashboard has built (or warmed in the background) is not built again."""
+    d = viz.dashboard(spec_run)
+    calls = []
+    real = F.STEP_VIEWS["routing"].draw
+    for s in range(int(d.slider.min), int(d.slider.max) + 1):
+        d._figures(s)
+    object.__setattr__(F.STEP_VIEWS["routing"], "draw", lambda *a, **k: (calls.append(a[1]), real(*a, **k))[1])
+    try:
+        for s in range(int(d.slider.min), int(d.slider.max) + 1):
+            d.slider.value = s
+    finally:
+        object.__setattr__(F.STEP_VIEWS["routing"], "draw", real)
+    assert calls == [] and d.step == int(d.slider.max)
+    d.flush()
+
+
+def test_dashboard_export_writes_the_shown_step(spec_run, tmp_path):
+    d = viz.dashboard(spec_run)
+    path = d.export(str(tmp_path / "views.html"))
+    text = open(path, encoding="utf-8").read()
+    assert f"step {d.step}" in text and text.count("Plotly.newPlot") == len(d.views)
+
+
+def test_tuner_marks_a_stale_table(model):
+    """D8 / M3: with 'run on change' off, a changed control marks the table stale until Run."""
+    tuner = viz.QuantTuner(model, None, [PROMPT], max_new_tokens=6, auto=False, run_now=False,
+                           baselines=("lru",), expert_budget=0.9)
+    tuner.run()
+    assert tuner.stale.value == ""
+    tuner.k.value = tuner.k.value - 1
+    assert "stale" in tuner.stale.value and "press Run" in tuner.stale.value
+    tuner.k.value = tuner.k.value + 1  # back to what the table shows
+    assert tuner.stale.value == ""
+
+
+def test_table_helper_formats_and_hides_columns():
+    """D7 / D12: the compact table shows the chosen columns, k as an int or 'auto' or '—', ratios as ×, long
+    text cut with a tooltip, and the rest in a closed section."""
+    from specter_lab.viz.tables import format_value
+
+    df = pd.DataFrame({"strategy": ["specter", "lru", "auto"], "k": [8.0, float("nan"), "auto"],
+                       "tpot_ms": [56.21349, 0.123456, 1234.5], "speedup_vs_lru": [0.7612, 1.0, 1.2],
+                       "routing": ["x" * 80, "y", "z"], "hit_rate": [0.77912, 0.8, 0.9]})
+    t = viz.table(df, ["strategy", "k", "tpot_ms", "speedup_vs_lru", "routing"])
+    page = t._repr_html_()
+    assert ">8<" in page and ">—<" in page and ">auto<" in page and "8.0" not in page
+    assert ">56.21<" in page and ">0.123<" in page and ">1,234<" in page or ">1,235<" in page
+    assert ">0.76×<" in page and "x" * 80 not in page.split("<details")[0].split("title=")[0]
+    # headers may break after an underscore
+    assert "<details" in page and "hit_<wbr>rate" in page.split("<details")[1] and t.hidden == ["hit_rate"]
+    assert "hit_<wbr>rate" in t.full()._repr_html_() and "<details" not in t.full()._repr_html_()
+    assert format_value(float("nan"), "k") == "—" and format_value(16.0, "K") == "16"
+    with pytest.raises(ValueError, match="not columns"):
+        viz.table(df, ["nope"])
+
+
+def test_waterfall_labels_are_the_tables_factors():
+    """D11: a relative bar is labelled with the factor its step multiplies the speedup by (the table's
+    ``factor`` column), not with an additive change beside a multiplicative table."""
+    df = pd.DataFrame({"step": ["artifact protocol", "metric: unbiased TPOT", "write-back off",
+                                "memory split: equal bytes", "prefetch + overlap off"],
+                       "speedup": [1.845, 1.609, 1.415, 0.928, 0.911]})
+    df["factor"] = df.speedup / df.speedup.shift()
+    bars = F.waterfall_figure(df).data[0]
+    labels = dict(zip(bars.x, bars.text))
+    for r in df.iloc[1:].itertuples():
+        assert labels[r.step] == f"×{r.factor:.2f}", (r.step, labels[r.step])
+    assert labels["artifact protocol"] == "1.84×" or labels["artifact protocol"] == "1.85×"

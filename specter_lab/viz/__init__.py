@@ -1,7 +1,7 @@
 """Notebook views of a run: plotly figures of a run (:mod:`.figures`) and of bench tables (:mod:`.bench_figures`),
 the pure frame analysis they draw (:mod:`.frames`, no plotly), the shared palette (:mod:`.style`) and layout
-(:mod:`.layout`), standalone HTML reports (:mod:`.report`), live ipywidgets views (:mod:`.widgets`) and the HTML
-token strip they redraw while a run goes on (:mod:`.strip`).
+(:mod:`.layout`), standalone HTML reports (:mod:`.report`), wide tables that fit a cell (:mod:`.tables`), live
+ipywidgets views (:mod:`.widgets`) and the HTML token strip they redraw while a run goes on (:mod:`.strip`).
 
     from specter_lab import viz
     viz.dashboard(result)                 # step slider over routing, cache, timeline and tokens
@@ -9,6 +9,7 @@ token strip they redraw while a run goes on (:mod:`.strip`).
     viz.QuantTuner(model, tok, prompts)   # draft bits / group size / method / K against lru and specmoeoff
     viz.timeline_figure(result).show()    # any *_figure is a plain go.Figure
     result.to_html("run.html")            # standalone report (report_html)
+    viz.table(df, ["strategy", "tpot_ms"])  # a wide frame that fits its cell, the rest on demand
 
 Everything is imported on first use: ``import specter_lab.viz`` loads neither plotly nor ipywidgets.
 """
@@ -22,10 +23,12 @@ _FIGURES = ("routing_figure", "cache_figure", "timeline_figure", "tokens_figure"
             "compare_figure", "speedup_figure", "cost_figure", "regime_figure", "tuner_figure", "report_html",
             "bench_html", "clock_label", "STEP_VIEWS")
 _WIDGETS = ("dashboard", "live", "QuantTuner", "Dashboard", "LiveRun", "sync_figure")
+_TABLES = ("table", "Table")
 
-_MODULES = ("figures", "bench_figures", "frames", "style", "layout", "report", "strip", "widgets", "estimate_view")
+_MODULES = ("figures", "bench_figures", "frames", "style", "layout", "report", "strip", "tables", "widgets",
+            "estimate_view")
 
-__all__ = [*_FIGURES, *_WIDGETS, *_MODULES]
+__all__ = [*_FIGURES, *_WIDGETS, *_TABLES, *_MODULES]
 
 
 def __getattr__(name: str) -> Any:
@@ -35,6 +38,8 @@ def __getattr__(name: str) -> Any:
         return getattr(importlib.import_module(".report", __name__), name)
     if name in _FIGURES:
         return getattr(importlib.import_module(".figures", __name__), name)
+    if name in _TABLES:
+        return getattr(importlib.import_module(".tables", __name__), name)
     if name in _WIDGETS:
         return getattr(importlib.import_module(".widgets", __name__), name)
     raise AttributeError(f"module 'specter_lab.viz' has no attribute {name!r}")

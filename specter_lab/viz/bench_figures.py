@@ -72,7 +72,9 @@ def compare_figure(df: pd.DataFrame) -> go.Figure:
                 hovertemplate=f"{hw}<br>%{{x}}: %{{y:.3f}} ms/token<extra></extra>"), 1, ci)
     n_prompts = df.prompt.nunique() if "prompt" in df else 1
     title = (f"TPOT by strategy · {table_clock(df)}"
-             f"<br><sup>mean over {n_prompts} prompt{'s' if n_prompts != 1 else ''}; lower is better</sup>")
+             f"<br><sup>mean over {n_prompts} prompt{'s' if n_prompts != 1 else ''}; lower is better"
+             + (f" · whiskers: ± one standard deviation over the {n_prompts} prompts" if n_prompts > 1 else "")
+             + "</sup>")
     base_layout(fig, title, plot_height=280, legend="right", top=72)
     fig.update_layout(barmode="group", legend_title_text="hardware", margin=dict(b=90),
                       uniformtext=dict(minsize=10, mode="show"))
@@ -237,7 +239,9 @@ def waterfall_figure(df: pd.DataFrame, claim: tuple[float, float] = (1.50, 1.88)
     y.append(0.0)
     fig = go.Figure(go.Waterfall(
         x=x, y=y, measure=measure, textposition="outside", cliponaxis=False,
-        text=[f"{v:.2f}×" if m != "relative" else f"{v:+.2f}" for v, m in zip(_running(y, measure), measure)],
+        # A relative bar's height is the change in speedup; its label is the factor that step multiplies the
+        # speedup by (the table's ``factor`` column), so figure and table read the same.
+        text=_labels(y, measure),
         increasing=dict(marker=dict(color="#1b7837")), decreasing=dict(marker=dict(color="#b2182b")),
         totals=dict(marker=dict(color="#4d4d4d")), connector=dict(line=dict(color="#999", width=1)),
         hovertemplate="%{x}<br>speedup %{y:.3f}<extra></extra>"))
@@ -247,13 +251,27 @@ def waterfall_figure(df: pd.DataFrame, claim: tuple[float, float] = (1.50, 1.88)
                       annotation_position="top right", annotation_font=dict(size=10, color="#2166ac"))
     a = df.attrs
     sub = (f"{a.get('case', '?')} · {a.get('profile', '?')} {a.get('execution', '')} · simulated, projected "
-           "(routing of the run model) · one difference off at a time, in this order")
+           "(routing of the run model) · one difference off at a time, in this order<br>bar: the change in speedup "
+           "· label: the factor it multiplies the speedup by")
     base_layout(fig, f"What Specter's speedup over the artifact's Mixtral-Offloading is made of<br><sup>{sub}"
-                      "</sup>", plot_height=320, legend="right", top=90)
+                      "</sup>", plot_height=320, legend="right", top=110)
     fig.update_yaxes(title_text="speedup of specter (×)", rangemode="tozero")
     fig.update_xaxes(tickangle=-25, tickfont=dict(size=10))
     fig.update_layout(showlegend=False)
     return fig
+
+
+def _labels(y: list[float], measure: list[str]) -> list[str]:
+    """Bar labels: the speedup for an absolute or total bar, the factor (after / before) for a relative one."""
+    out, total = [], 0.0
+    for v, m in zip(y, measure):
+        if m == "relative":
+            out.append(f"×{(total + v) / total:.2f}" if total else f"{v:+.2f}")
+            total += v
+        else:
+            total = v if m == "absolute" else total
+            out.append(f"{total:.2f}×")
+    return out
 
 
 def _running(y: list[float], measure: list[str]) -> list[float]:

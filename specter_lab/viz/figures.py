@@ -25,8 +25,9 @@ from plotly.subplots import make_subplots
 from .frames import (as_frames, clock_label, default_routing_step, grid_shape, hit_rates, positions_text,
                      residency, routing_cells, run_meta, step_outlines, timeline_steps, token_rows, token_text)
 from .layout import base_layout, discrete_colorscale, legend_swatch
-from .style import (COPY_COLORS, COPY_LANE, HOST_LANE, PHASE_COLORS, RESIDENCY_CATEGORIES, RESIDENCY_COLORS,
-    ROUTING_CATEGORIES, ROUTING_COLORS, ROUTING_HELP, STALL_COLOR, STATUS_COLORS, STATUS_HELP, PHASE_ORDER, esc)
+from .style import (COPY_COLORS, COPY_LANE, GLYPH_LEGEND, HOST_LANE, PHASE_COLORS, RESIDENCY_CATEGORIES,
+    RESIDENCY_COLORS, ROUTING_CATEGORIES, ROUTING_COLORS, ROUTING_HELP, STALL_COLOR, STATUS_COLORS, STATUS_HELP,
+    PHASE_ORDER, esc)
 
 __all__ = ["routing_figure", "cache_figure", "timeline_figure", "tokens_figure", "steps_figure", "StepView",
            "STEP_VIEWS"]
@@ -200,14 +201,17 @@ def timeline_figure(result: Any, step: int | None = None, max_steps: int = 24, m
             y=[COPY_LANE] * len(d), x=(d.end - d.start).to_numpy(), base=d.start.to_numpy(), orientation="h",
             name=f"copy: {reason}", marker=dict(color=COPY_COLORS[reason],
                                                 line=dict(color="white", width=1.5 * outline)),
-            text=[f"L{r.layer}·E{r.expert}" for r in d.itertuples()], textposition="inside",
+            # Horizontal labels only: a rotated label squeezed into a narrow bar was 6 px; uniformtext hides any
+            # that does not fit at 8 px (hover still names every copy).
+            text=[f"L{r.layer}·E{r.expert}" for r in d.itertuples()], textposition="inside", textangle=0,
             insidetextanchor="middle", textfont=dict(color="white", size=10), hovertext=hover,
             hovertemplate="%{hovertext}<extra></extra>", width=0.6, legendgroup="copy"))
     st = co[co.stall > 0]
     traces.append(go.Bar(
         y=st.phase.tolist(), x=st.stall.to_numpy(), base=(st.start - st.stall).to_numpy(), orientation="h",
-        name="stall (waiting on a copy)", marker=dict(color=STALL_COLOR, line=dict(width=0)), width=0.9,
-        opacity=0.85,
+        # Thinner than the compute bars it sits on, so the lane's compute stays visible above and below it.
+        name="stall (waiting on a copy)", marker=dict(color=STALL_COLOR, line=dict(width=0)), width=0.3,
+        opacity=0.9,
         hovertext=[f"stall {r.stall:.4f} ms before {r.phase} layer {r.layer} expert {r.expert} (step {r.step})"
                    for r in st.itertuples()], hovertemplate="%{hovertext}<extra></extra>"))
     fig = go.Figure(traces)
@@ -216,7 +220,7 @@ def timeline_figure(result: Any, step: int | None = None, max_steps: int = 24, m
     # Step boundaries as thin lines, labelled while there are few enough to read.
     shapes, annotations = [], []
     if step is None and len(steps) > 1:
-        every = max(1, math.ceil(len(steps) / 16))
+        every = max(1, math.ceil(len(steps) / 8))  # at most 8 labels: more ran into each other
         for i, r in enumerate(steps.itertuples()):
             shapes.append(dict(type="line", x0=r.start, x1=r.start, yref="paper", y0=0, y1=1,
                                line=dict(color="#bbb", width=1, dash="dot")))
@@ -287,7 +291,8 @@ def tokens_figure(result: Any, tokenizer: Any = None, highlight_step: int | None
     parts = [f"{int(counts[s])} {s}" for s in STATUS_COLORS if s in counts.index and s != "prefill"]
     title = (f"Tokens · {committed} generated" + (f" ({', '.join(parts)})" if parts else "")
              + (f" · rows {first_row}–{first_row + max_rows - 1} of {n_rows} shown" if truncated else "")
-             + ("" if tokenizer is not None else "<br><sup>token ids (no tokenizer)</sup>"))
+             + (f"<br><sup>in the cells: {GLYPH_LEGEND} · hover a cell for its status</sup>" if tokenizer is not None
+                else "<br><sup>token ids (no tokenizer)</sup>"))
     base_layout(fig, title, plot_height=max(40, 30 * len(rows)), top=62, left=90)
     fig.update_layout(barmode="overlay", bargap=0.1, uniformtext=dict(minsize=7, mode="hide"), margin=dict(b=15),
                       shapes=step_outlines(placed, rows, highlight_step))
@@ -331,17 +336,19 @@ class StepView:
     draw: Callable[[Any, "int | None", Any], go.Figure]
     needs: str | None = None
 
-    def __call__(self, frames: Any, step: int | None = None, tokenizer: Any = None) -> go.Figure:
-        return self.draw(frames, step, tokenizer)
+    def __call__(self, frames: Any, step: int | None = None, tokenizer: Any = None, **options: Any) -> go.Figure:
+        return self.draw(frames, step, tokenizer, **options)
 
 
 # The per-step views, in the order they are shown. The dashboard, the live run and the HTML report iterate over
 # this: a new view is one figure function and one line here.
 STEP_VIEWS: dict[str, StepView] = {
-    "tokens": StepView("Tokens", lambda f, step, tok: tokens_figure(f, tok, highlight_step=step)),
-    "routing": StepView("Routing vs forecast", lambda f, step, tok: routing_figure(f, step), needs="routing"),
-    "cache": StepView("Expert cache", lambda f, step, tok: cache_figure(f, step)),
-    "timeline": StepView("Timeline", lambda f, step, tok: timeline_figure(f, step)),
+    # ``max_rows``: the dashboard caps the strip (a long run's 60 rows pushed every other view out of sight).
+    "tokens": StepView("Tokens", lambda f, step, tok, max_rows=60: tokens_figure(f, tok, highlight_step=step,
+                                                                                 max_rows=max_rows)),
+    "routing": StepView("Routing vs forecast", lambda f, step, tok, **_: routing_figure(f, step), needs="routing"),
+    "cache": StepView("Expert cache", lambda f, step, tok, **_: cache_figure(f, step)),
+    "timeline": StepView("Timeline", lambda f, step, tok, **_: timeline_figure(f, step)),
 }
 
 

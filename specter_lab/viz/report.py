@@ -16,7 +16,7 @@ from .figures import STEP_VIEWS, steps_figure
 from .frames import as_frames, run_meta, clock_label
 from .style import esc
 
-__all__ = ["report_html", "bench_html"]
+__all__ = ["report_html", "bench_html", "figures_page"]
 
 
 _CSS = """
@@ -63,6 +63,11 @@ def _figures_html(figs: Iterable[tuple[str, go.Figure]]) -> str:
 def _page(title: str, body: str) -> str:
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{esc(title)}</title>"
             f"<style>{_CSS}</style></head><body>{body}</body></html>")
+
+def figures_page(title: str, note: str, figs: Iterable[tuple[str, go.Figure]]) -> str:
+    """A standalone HTML page of some figures under a title and a one-line note (a dashboard's views of one
+    step, :meth:`~.widgets.Dashboard.export`)."""
+    return _page(title, f"<h1>{esc(title)}</h1><p class='note'>{esc(note)}</p>" + _figures_html(figs))
 
 def report_html(result: Any, tokenizer: Any = None) -> str:
     """A standalone HTML report of one run: settings, metrics table, the step figure and every per-step view of

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 import pandas as pd
 
 from .frames import token_rows, token_text
-from .style import STATUS_COLORS, STATUS_HELP, esc
+from .style import GLYPH_LEGEND, STATUS_COLORS, STATUS_HELP, esc
 
 __all__ = ["tokens_html"]
 
@@ -22,7 +22,7 @@ __all__ = ["tokens_html"]
 _STYLE = ("<style>.sl-strip{font-size:13px}.sl-strip .t{display:inline-block;min-width:14px;margin:1px;"
           "padding:0 4px;border-radius:3px;color:#fff;font:12px/18px ui-monospace,Menlo,monospace;white-space:pre;"
           "text-align:center}.sl-strip .l{display:inline-block;width:92px;color:#666;font-size:11px;"
-          "text-align:right;margin-right:6px}"
+          "text-align:right;margin-right:6px}.sl-strip .g{color:#666;font-size:11px;white-space:nowrap;display:inline-block}"
           + "".join(f".sl-strip .{s}{{background:{c}}}" for s, c in STATUS_COLORS.items()) + "</style>")
 
 
@@ -45,7 +45,8 @@ def tokens_html(tokens: pd.DataFrame, kinds: Mapping[int, str], tokenizer: Any =
         rows.append(f"<div><span class='l'>{esc(d.row_label.iloc[0])}</span>{cells}</div>")
     legend = " ".join(f'<span class="t {s}" title="{_attr(STATUS_HELP[s])}">{s}</span>'
                       for s in STATUS_COLORS if s in counts.index)
-    return f"{_STYLE}<div class='sl-strip'><div>{title} &nbsp; {legend}</div>{''.join(rows)}</div>"
+    glyphs = (f"<span class='g'>{esc(GLYPH_LEGEND)}</span>" if tokenizer is not None else "")
+    return f"{_STYLE}<div class='sl-strip'><div>{title} &nbsp; {legend} &nbsp; {glyphs}</div>{''.join(rows)}</div>"
 
 
 def _attr(text: str) -> str:

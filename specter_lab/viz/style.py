@@ -8,7 +8,7 @@ from typing import Any
 
 __all__ = ["ROUTING_CATEGORIES", "ROUTING_COLORS", "ROUTING_HELP", "STATUS_COLORS", "STATUS_HELP", "PHASE_COLORS",
            "HOST_LANE", "COPY_COLORS", "STALL_COLOR", "COPY_LANE", "RESIDENCY_CATEGORIES", "RESIDENCY_COLORS",
-           "PHASE_ORDER", "esc"]
+           "PHASE_ORDER", "GLYPH_LEGEND", "esc"]
 
 
 # Routing cells: green = the forecast was right, orange = bytes moved for nothing, red = the target waited.
@@ -69,6 +69,9 @@ RESIDENCY_COLORS = {"not resident": "#ececec", "resident (demand load)": "#ff7f0
                     "resident (prefetch)": "#2ca02c"}
 
 PHASE_ORDER = ("prefill", "decode", "draft", "verify", "head", HOST_LANE)
+
+# How a token cell shows whitespace (frames.token_text): every strip says so next to its colours.
+GLYPH_LEGEND = "· space, ↵ newline, ⇥ tab, ∅ empty"
 
 def esc(s: Any) -> str:
     """HTML-escape text for plotly titles, hover texts and the HTML views."""

@@ -26,6 +26,7 @@ import json
 import re
 import threading
 import time
+from collections import OrderedDict
 from copy import deepcopy
 from typing import Any, Callable, Mapping, Sequence
 
@@ -138,6 +139,9 @@ def _same_figure(widget: go.FigureWidget, fig: go.Figure) -> bool:
 _FIT_WIDTH_ESM = """
 function graphsIn(root) { return Array.from(root.querySelectorAll('.js-plotly-plot')); }
 function fit(root) {
+  // A box being closed (its notebook shut down) shrinks to nothing: a resize then would make each plotly view
+  // send its new size to a kernel that is gone ("Could not send widget sync message" in the console).
+  if (!root.isConnected || root.getBoundingClientRect().width < 1) return;
   const graphs = graphsIn(root);
   const handlers = graphs.map(gd => gd._responsiveChartHandler).filter(h => typeof h === 'function');
   if (handlers.length) handlers.forEach(h => h());
@@ -156,7 +160,10 @@ export default {
       if (cancelled) return;
       if (!el.isConnected) { if (tries++ < 600) requestAnimationFrame(attach); return; }
       const root = outermostBox(el);
-      observer = new ResizeObserver(() => { clearTimeout(timer); timer = setTimeout(() => fit(root), 120); });
+      observer = new ResizeObserver(() => {
+        clearTimeout(timer);
+        timer = setTimeout(() => { if (!cancelled) fit(root); }, 120);
+      });
       observer.observe(root);
     };
     requestAnimationFrame(attach);
@@ -198,12 +205,20 @@ class Dashboard:
     Attributes: ``widget`` (the VBox to display), ``slider`` (IntSlider over the steps), ``play`` (Play button
     linked to the slider), ``info`` (HTML line about the step) and ``views``: one FigureWidget per entry of
     :data:`~.figures.STEP_VIEWS` (token strip, routing, cache, timeline), also readable as attributes
-    (``dash.routing``). Setting ``slider.value`` (or calling :meth:`show`) updates all of them."""
+    (``dash.routing``). Setting ``slider.value`` (or calling :meth:`show`) updates all of them.
+
+    A step's figures are built once and kept (``cache_steps`` of them), and the steps next to the shown one are
+    built in the background while the kernel is idle, so a slider step only copies prepared traces into the
+    widgets (building the four figures costs several times that). The token strip shows at most ``token_rows``
+    rows ending at the shown step. ``save_button`` writes the views of the shown step to an HTML file beside the
+    notebook (:meth:`export`) and links it."""
 
     def __init__(self, result, tokenizer: Any = None, step: int | None = None, play_interval_ms: int = 900,
-                 reuse: "Mapping[str, go.FigureWidget] | None" = None) -> None:
+                 reuse: "Mapping[str, go.FigureWidget] | None" = None, token_rows: int = 12,
+                 cache_steps: int = 64, prefetch: bool = True) -> None:
         self.result = result
         self.tokenizer = tokenizer if tokenizer is not None else getattr(result, "tokenizer", None)
+        self.token_rows = int(token_rows)
         frames = result.trace.frames()
         self._steps = frames["steps"].set_index("step")
         steps = [int(s) for s in self._steps.index]
@@ -211,17 +226,27 @@ class Dashboard:
         if first not in steps:
             raise ValueError(f"step={step!r}: the run has steps {steps[0]}..{steps[-1]}")
         lo, hi = steps[0], steps[-1]
+        self._cache: "OrderedDict[int, dict[str, go.Figure]]" = OrderedDict()
+        self._cache_steps = max(2, int(cache_steps))
+        self._build_lock = threading.Lock()
+        self._publish_timer: threading.Timer | None = None
+        self._sync_lock = threading.RLock()  # a step's updates and a delayed publish never interleave
         self.slider = W.IntSlider(value=first, min=lo, max=hi, description="step", continuous_update=False,
-                                  layout=W.Layout(width="420px"))
+                                  layout=W.Layout(width="360px"))
         self.play = W.Play(value=first, min=lo, max=hi, interval=play_interval_ms, description="play")
         W.jslink((self.play, "value"), (self.slider, "value"))
-        self.info = W.HTML()
+        self.info = W.HTML(layout=W.Layout(width="100%"))
+        self.save_button = W.Button(description="Save views", icon="download", tooltip=(
+            "write the shown step's views to an HTML file beside the notebook (opens offline)"),
+            layout=W.Layout(width="120px"))
+        self.saved = W.HTML()
+        self.save_button.on_click(lambda _: self._save_clicked())
         # ``reuse``: FigureWidgets already in the page (a live run's detail views) are redrawn, not recreated:
         # creating one ships plotly.js to the page again.
         reuse = dict(reuse or {})
+        figs = self._figures(first)
         self.views: dict[str, go.FigureWidget] = {}
-        for name, view in F.STEP_VIEWS.items():
-            fig = view(result, first, self.tokenizer)
+        for name, fig in figs.items():
             if name in reuse:
                 sync_figure(reuse[name], fig)
                 self.views[name] = reuse[name]
@@ -230,7 +255,12 @@ class Dashboard:
         self._shown = first
         self.info.value = self._info_html(first)
         self.slider.observe(self._on_step, names="value")
-        self.widget = W.VBox([W.HBox([self.play, self.slider, self.info, _fit_width()]), *self.views.values()])
+        # The step's one-line summary gets its own line, so it never wraps beside the controls.
+        self.widget = W.VBox([W.HBox([self.play, self.slider, self.save_button, self.saved, _fit_width()]),
+                              self.info, *self.views.values()])
+        self._prefetch = prefetch
+        if prefetch:
+            self._warm(first)
 
     def __getattr__(self, name: str) -> go.FigureWidget:
         views = self.__dict__.get("views", {})
@@ -243,6 +273,39 @@ class Dashboard:
     def step(self) -> int:
         """The step the views show."""
         return self._shown
+
+    def _figures(self, step: int) -> dict[str, go.Figure]:
+        """The views of ``step`` (built once, kept for the last ``cache_steps`` steps asked for)."""
+        with self._build_lock:
+            figs = self._cache.get(step)
+            if figs is None:
+                figs = {name: view(self.result, step, self.tokenizer, max_rows=self.token_rows)
+                        for name, view in F.STEP_VIEWS.items()}
+                self._cache[step] = figs
+                while len(self._cache) > self._cache_steps:
+                    self._cache.popitem(last=False)
+            else:
+                self._cache.move_to_end(step)
+            return figs
+
+    def _warm(self, step: int) -> None:
+        """Build the views of the steps around ``step`` in a background thread (one step at a time, nearest
+        first), so the next slider step finds them ready."""
+        lo, hi = int(self.slider.min), int(self.slider.max)
+        near = [s for d in (1, 2, 3) for s in (step - d, step + d)]
+        if hi - lo < 24:  # a short run: every step (Home / End and Play find them ready too)
+            near += sorted(range(lo, hi + 1), key=lambda s: abs(s - step))
+        wanted = [s for s in dict.fromkeys(near) if lo <= s <= hi and s not in self._cache]
+
+        def build() -> None:
+            for s in wanted:
+                if self._shown != step:  # the reader moved on: warm around the new step instead
+                    return
+                self._figures(s)
+                time.sleep(0.01)  # let the kernel answer a message between two builds
+
+        if wanted:
+            threading.Thread(target=build, name="specter-dashboard-warm", daemon=True).start()
 
     def _info_html(self, step: int) -> str:
         r = self._steps.loc[step]
@@ -257,12 +320,42 @@ class Dashboard:
     def show(self, step: int) -> None:
         """Show ``step`` in every view (what the slider calls)."""
         step = int(step)
-        for name, view in F.STEP_VIEWS.items():
-            sync_figure(self.views[name], view(self.result, step, self.tokenizer))
+        figs = self._figures(step)
+        with self._sync_lock:
+            for name, fig in figs.items():
+                # One update message per figure; the full state is published once the slider rests (_publish_soon).
+                sync_figure(self.views[name], fig, publish=False, compare=False)
         self.info.value = self._info_html(step)
         self._shown = step
         if self.slider.value != step:
             self.slider.value = step
+        self._publish_soon()
+        if self._prefetch:
+            self._warm(step)
+
+    def _publish_soon(self, delay: float = 0.4) -> None:
+        """Publish every view's synced state (what a reload or a second display draws) once no step has been
+        shown for ``delay`` seconds: per step it would resend every figure twice."""
+        if self._publish_timer is not None:
+            self._publish_timer.cancel()
+
+        def publish() -> None:
+            with self._sync_lock:  # never a half-updated figure
+                for widget in self.views.values():
+                    publish_state(widget)
+
+        self._publish_timer = threading.Timer(delay, publish)
+        self._publish_timer.daemon = True
+        self._publish_timer.start()
+
+    def flush(self) -> None:
+        """Publish the views' state now (a pending delayed publish is cancelled)."""
+        if self._publish_timer is not None:
+            self._publish_timer.cancel()
+            self._publish_timer = None
+        with self._sync_lock:
+            for widget in self.views.values():
+                publish_state(widget)
 
     def _on_step(self, change: dict) -> None:
         if change["new"] != self._shown:
@@ -272,13 +365,43 @@ class Dashboard:
         """The current views as plain figures, by view name."""
         return {name: _static(widget) for name, widget in self.views.items()}
 
+    def export(self, path: "str | None" = None) -> str:
+        """Write the shown step's views (and its one-line summary) to a standalone HTML file (plotly.js inlined
+        once, opens offline); returns the path. Default: ``specter_step<N>.html`` in the working directory,
+        which is the notebook's folder, so JupyterLab's file browser shows it."""
+        from .report import figures_page
+
+        path = path or f"specter_step{self._shown}.html"
+        summary = plain_text(self.info.value)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(figures_page(f"specter_lab · step {self._shown}", summary, self.static().items()))
+        return path
+
+    def _save_clicked(self) -> None:
+        path = self.export()
+        self.saved.value = file_link(path)
+
     def _repr_mimebundle_(self, **kwargs):
         return self.widget._repr_mimebundle_(**kwargs)
 
 
-def dashboard(result, tokenizer: Any = None, step: int | None = None) -> Dashboard:
+def file_link(path: str) -> str:
+    """An HTML link to a file the notebook wrote (relative to the notebook's folder, as JupyterLab serves it),
+    with its size: a click opens it in a new tab; the file browser lists it too."""
+    import os
+
+    size = os.path.getsize(path) / 1e6
+    rel = os.path.relpath(path)
+    if rel.startswith(".."):  # outside the notebook's folder: JupyterLab cannot serve it; say where it is
+        return f"<span style='font-size:12px'>wrote {html.escape(path)} ({size:.1f} MB)</span>"
+    href = html.escape(rel.replace(os.sep, "/"), quote=True)
+    return (f"<span style='font-size:12px'>wrote <a href='{href}' target='_blank' download>{html.escape(rel)}</a>"
+            f" ({size:.1f} MB)</span>")
+
+
+def dashboard(result, tokenizer: Any = None, step: int | None = None, token_rows: int = 12) -> Dashboard:
     """Interactive views of a finished run: step slider + Play over token strip, routing, cache and timeline."""
-    return Dashboard(result, tokenizer, step)
+    return Dashboard(result, tokenizer, step, token_rows=token_rows)
 
 
 # ----------------------------------------------------------------------------------------- live
@@ -289,30 +412,40 @@ _LIVE_KINDS = ("steps", "tokens")
 class LiveRun:
     """A generation running in a background thread, with views refreshed as steps complete.
 
-    The notebook cell that creates it returns at once and the kernel stays free, so the Stop button is handled
-    while the run goes on, even under Run All. Nothing should block on the run in a later cell: use
+    The notebook cell that creates it returns at once and the kernel stays free, so the Stop and Pause buttons
+    are handled while the run goes on, even under Run All. Nothing should block on the run in a later cell: use
     :meth:`on_done` for what needs the result (``join()`` is for scripts, or a cell run on its own).
 
-    While it runs, the view is light: ``status`` (an HTML line), ``progress`` (a progress bar of the tokens) and
-    ``tokens`` (an HTML strip of the last ``live_rows`` rows of tokens, :func:`~.strip.tokens_html`), redrawn at
-    most once per ``min_interval`` seconds from the trace's own step and token records. ``details`` names
+    While it runs, the view is light: ``status`` (an HTML line: step, tokens, acceptance, elapsed time and an
+    ETA), ``progress`` (a progress bar of the tokens) and ``tokens`` (an HTML strip of the last ``live_rows``
+    rows of tokens, :func:`~.strip.tokens_html`). All of them are redrawn together from **one** snapshot of the
+    trace, taken between two steps, at most once per ``min_interval`` seconds, so the status line and the strip
+    always show the same step. ``pace`` (seconds) makes each step last at least that long on the wall clock (a
+    demo a person can follow and stop; it changes no simulated time). ``details`` names
     :data:`~.figures.STEP_VIEWS` to draw live for the latest step (none by default): each is a plotly
     FigureWidget, which ships plotly.js (~5 MB) to the page when created and costs a full trace snapshot per
-    redraw; ``views`` holds them (also readable as attributes, ``run.routing``; None when not shown), and the
-    finished run's dashboard reuses them. When the run ends the status line says "finishing …", then the
-    :class:`Dashboard` of the finished run (``dashboard``) replaces the strip, opened at the step the live view
-    showed last. ``result`` is the GenerationResult once done, ``error`` an exception raised by generate,
-    ``stop_button`` the Stop button and ``widget`` the box to display."""
+    redraw; ``views`` holds them (also readable as attributes, ``run.routing``; None when not shown).
 
-    def __init__(self, engine, prompt, max_new_tokens: int = 64, *, tokenizer: Any = None, min_interval: float = 1.0,
-                 start: bool = True, details: "bool | Sequence[str]" = (), live_rows: int = 6,
-                 **generate_kwargs: Any) -> None:
+    Stop ends generation after the step in progress; Pause holds it between two steps until Resume. As soon as
+    generation has ended both are disabled and the status line says "finishing …" (a late Stop click changes
+    nothing). Then, with ``dashboard=True``, the :class:`Dashboard` of the finished run (``dashboard``) replaces
+    the strip, opened at the step the live view showed last; with ``dashboard=False`` the strip stays and the
+    "Open the step dashboard" button (:meth:`open_dashboard`) builds it on request: its four figure widgets ship
+    plotly.js to the page four times, which freezes the page for a moment, so it waits for a click.
+    ``result`` is the GenerationResult once done, ``error`` an exception raised by generate, ``widget`` the box
+    to display."""
+
+    def __init__(self, engine, prompt, max_new_tokens: int = 64, *, tokenizer: Any = None, min_interval: float = 0.5,
+                 start: bool = True, details: "bool | Sequence[str]" = (), live_rows: int = 6, pace: float = 0.0,
+                 dashboard: bool = True, **generate_kwargs: Any) -> None:
         self.engine = engine
         self.prompt = prompt
         self.max_new_tokens = max_new_tokens
         self.tokenizer = tokenizer if tokenizer is not None else getattr(engine, "tokenizer", None)
         self.min_interval = float(min_interval)
         self.live_rows = int(live_rows)
+        self.pace = float(pace)
+        self.auto_dashboard = bool(dashboard)
         self.details = _detail_names(details)
         self._user_callback: Callable | None = generate_kwargs.pop("callback", None)
         self._generate_kwargs = generate_kwargs
@@ -321,27 +454,41 @@ class LiveRun:
         self.dashboard: Dashboard | None = None
         self.views: dict[str, go.FigureWidget] = {}
         self.live_step: int | None = None  # the step the live views last drew
+        self.live_tokens = 0  # the tokens the live views last drew
         self.redraws = 0
+        self.phase = "starting"  # running, paused, stopping, finishing, done, stopped, failed
         self._latest: dict | None = None  # the last snapshot: frames of steps and tokens (and of details)
         self._on_done: list[Callable] = []
         self._stop = threading.Event()
+        self._resume = threading.Event()
+        self._resume.set()
         self._done = threading.Event()
         self._lock = threading.Lock()
+        self._status_lock = threading.RLock()  # the phase and the status line change together
         self._draw_lock = threading.RLock()  # one redraw at a time (generating thread, notebook)
         self._last_refresh = 0.0
-        self._last_status = 0.0
+        self._last_step = 0.0
+        self._paused_s = 0.0
         self._t0 = time.perf_counter()
         self.progress = W.IntProgress(value=0, min=0, max=max_new_tokens, bar_style="info",
                                       layout=W.Layout(width="100%"))
         self.tokens = W.HTML(self._strip({name: pd.DataFrame(columns=COLUMNS[name]) for name in _LIVE_KINDS}))
         self.stop_button = W.Button(description="Stop", icon="stop", button_style="danger",
-                                    tooltip="end generation after the current step")
+                                    tooltip="end generation after the current step", layout=W.Layout(width="90px"))
         self.stop_button.on_click(lambda _: self.stop())
+        self.pause_button = W.Button(description="Pause", icon="pause", tooltip="hold generation between two steps",
+                                     layout=W.Layout(width="100px"))
+        self.pause_button.on_click(lambda _: self.resume() if self.phase == "paused" else self.pause())
+        self.dashboard_button = W.Button(description="Open the step dashboard", icon="sliders",
+                                         tooltip="step through the finished run (routing, cache, timeline)",
+                                         layout=W.Layout(width="250px", min_width="250px", display="none"))
+        self.dashboard_button.on_click(lambda _: self.open_dashboard())
         self.status = W.HTML("starting …")
         self._result_box = W.VBox([])
         self._details_box = W.VBox([])
-        self.widget = W.VBox([W.HBox([self.stop_button, self.status, _fit_width()]), self.progress, self.tokens,
-                              self._details_box, self._result_box])
+        self.widget = W.VBox([W.HBox([self.stop_button, self.pause_button, self.dashboard_button, self.status,
+                                      _fit_width()]),
+                              self.progress, self.tokens, self._details_box, self._result_box])
         self.thread = threading.Thread(target=self._run, name="specter-live", daemon=True)
         if start:
             self.start()
@@ -358,10 +505,38 @@ class LiveRun:
         return self
 
     def stop(self) -> None:
-        """Ask generation to end after the step in progress (the step callback raises StopGeneration)."""
-        self._stop.set()
-        if not self._done.is_set():
-            self.status.value = "stopping after this step …"
+        """Ask generation to end after the step in progress (the step callback raises StopGeneration). Once
+        generation has ended there is nothing to stop, and the status line is left as it is ("finishing …")."""
+        with self._status_lock:
+            if self.phase not in ("starting", "running", "paused"):
+                return
+            self._stop.set()
+            self._resume.set()
+            self.phase = "stopping"
+            self.pause_button.disabled = True
+            at = f" {self.live_step}" if self.live_step is not None else ""
+            self.status.value = f"stopping after step{at} …"
+
+    def pause(self) -> None:
+        """Hold generation after the step in progress, until :meth:`resume` (or Stop)."""
+        with self._status_lock:
+            if self.phase not in ("starting", "running"):
+                return
+            self._resume.clear()
+            self.phase = "paused"
+            self.pause_button.description, self.pause_button.icon = "Resume", "play"
+            self.status.value = (f"<b>paused</b> after step {self.live_step} · {self.live_tokens}/"
+                                 f"{self.max_new_tokens} tokens · Resume to go on")
+
+    def resume(self) -> None:
+        """Go on after :meth:`pause`."""
+        with self._status_lock:
+            if self.phase != "paused":
+                return
+            self.phase = "running"
+            self.pause_button.description, self.pause_button.icon = "Pause", "pause"
+            self.status.value = f"resuming after step {self.live_step} …"
+            self._resume.set()
 
     def join(self, timeout: float | None = None):
         """Wait for the run to end; returns the GenerationResult (None if still running). Re-raises an error
@@ -408,16 +583,26 @@ class LiveRun:
     def _callback(self, info) -> None:
         if self._user_callback is not None:
             self._user_callback(info)
+        with self._status_lock:
+            if self.phase == "starting":
+                self.phase = "running"
         now = time.perf_counter()
         if now - self._last_refresh >= self.min_interval and info.snapshot is not None:
-            # Taken here, in the generating thread between two steps, where the trace is consistent; refresh()
-            # may also be called from the notebook's thread and only reads what is kept.
+            # Taken here, in the generating thread between two steps, where the trace is consistent; the
+            # status line, the strip and the figures are all drawn from this one snapshot.
             frames = info.snapshot(kinds=None if self.details else _LIVE_KINDS)
             with self._lock:
                 self._latest = frames
             self.refresh()
-        elif now - self._last_status >= 0.25 and not self._stop.is_set():
-            self._set_running_status(info.step, len(info.tokens))  # a few hundred bytes: kept current
+        if self.pace > 0:
+            wait = self.pace - (time.perf_counter() - self._last_step)
+            if wait > 0:
+                self._stop.wait(wait)  # a Stop click ends the wait
+        if not self._resume.is_set():
+            held = time.perf_counter()
+            self._resume.wait()
+            self._paused_s += time.perf_counter() - held
+        self._last_step = time.perf_counter()
         if self._stop.is_set():
             raise StopGeneration()
 
@@ -427,6 +612,15 @@ class LiveRun:
                                                callback=self._callback, **self._generate_kwargs)
         except BaseException as exc:  # shown in the widget, re-raised by join()
             self.error = exc
+        with self._status_lock:
+            # Generation is over: nothing is left to stop or pause, whatever the page showed a moment ago.
+            self.phase = "finishing"
+            self.stop_button.disabled = True
+            self.pause_button.disabled = True
+            if self.result is not None:
+                how = "stopped" if self.result.metrics.get("stopped") else "done"
+                self.status.value = (f"finishing ({how} after {len(self.result.token_ids)} tokens): "
+                                     + ("drawing the run's dashboard …" if self.auto_dashboard else "…"))
         try:
             self._finish()
         except Exception as exc:  # a view that fails to draw the finished run is still reported by join()
@@ -443,14 +637,17 @@ class LiveRun:
         kinds = dict(zip(frames["steps"].step, frames["steps"].kind))
         return tokens_html(frames["tokens"], kinds, self.tokenizer, last_rows=self.live_rows)
 
-    def _set_running_status(self, step: int, n: int, acc: str = "") -> None:
-        self.status.value = (f"step {step} · {n}/{self.max_new_tokens} tokens{acc} · "
-                             f"{time.perf_counter() - self._t0:.1f} s")
-        self._last_status = time.perf_counter()
+    def _running_status(self, step: int, n: int, acc: str) -> str:
+        elapsed = time.perf_counter() - self._t0
+        active = max(elapsed - self._paused_s, 1e-9)
+        eta = ""
+        if 0 < n < self.max_new_tokens:
+            eta = f" · about {(self.max_new_tokens - n) * active / n:.0f} s left"
+        return f"step {step} · {n}/{self.max_new_tokens} tokens{acc} · {elapsed:.1f} s{eta}"
 
     def refresh(self) -> None:
-        """Redraw the progress, the token strip and the detail views from the latest snapshot. The live run
-        calls it at most once per ``min_interval``."""
+        """Redraw the status line, the progress, the token strip and the detail views from the latest snapshot.
+        The live run calls it at most once per ``min_interval``."""
         with self._draw_lock:
             self._refresh()
 
@@ -462,14 +659,15 @@ class LiveRun:
         st = frames["steps"]
         step = int(st.step.iloc[-1]) if len(st) else 0
         n = int(st.committed.sum()) if len(st) else 0
-        self.progress.value = n
-        self.tokens.value = self._strip(frames)
         drafted = int(st.drafted.sum()) if len(st) else 0
         acc = f" · acceptance {st.accepted.sum() / drafted:.0%}" if drafted else ""
-        if not self._stop.is_set():
-            self._set_running_status(step, n, acc)
+        self.tokens.value = self._strip(frames)
+        self.progress.value = n
+        with self._status_lock:
+            if self.phase == "running":
+                self.status.value = self._running_status(step, n, acc)
+            self.live_step, self.live_tokens = step, n
         self._refresh_details(frames, step)
-        self.live_step = step
         self.redraws += 1
         self._last_refresh = time.perf_counter()
 
@@ -491,10 +689,14 @@ class LiveRun:
         with self._draw_lock:
             self._draw_finished()
 
+    def _watched_step(self) -> int:
+        steps = [int(s) for s in self.result.trace.frames()["steps"].step]
+        return self.live_step if self.live_step in steps else steps[-1]
+
     def _draw_finished(self) -> None:
-        self.stop_button.disabled = True
         if self.result is None:
             msg = html.escape(f"{type(self.error).__name__}: {self.error}") if self.error else "no result"
+            self.phase = "failed"
             self.status.value = f"<span style='color:#d62728'>failed: {msg}</span>"
             self.progress.bar_style = "danger"
             for widget in self.views.values():
@@ -502,28 +704,54 @@ class LiveRun:
             return
         r = self.result
         how = "stopped" if r.metrics.get("stopped") else "done"
-        self.status.value = f"finishing ({how} after {len(r.token_ids)} tokens): drawing the run's dashboard …"
-        # The finished run has the full trace; its dashboard shows the same views (token strip included) with a
-        # step slider, opened where the live view was.
-        steps = [int(s) for s in r.trace.frames()["steps"].step]
-        watched = self.live_step if self.live_step in steps else steps[-1]
-        self.dashboard = Dashboard(r, self.tokenizer, step=watched, reuse=self.views)
+        # The final strip and progress, from the finished trace (the last live redraw may be a step behind).
+        f = r.trace.frames()
+        self.tokens.value = self._strip(f)
         self.progress.value = len(r.token_ids)
         self.progress.bar_style = "warning" if how == "stopped" else "success"
+        self.live_tokens = len(r.token_ids)
+        m = r.metrics
+        clock = html.escape(F.clock_label(r.trace.meta))
+        self._done_text = (f"<b>{how}</b>: {len(r.token_ids)} tokens in {time.perf_counter() - self._t0:.1f} s · "
+                           f"TPOT {m.get('tpot_ms', float('nan')):.3f} ms ({clock})")
+        if self.auto_dashboard:
+            self._build_dashboard()
+        else:
+            for widget in self.views.values():
+                publish_state(widget)
+            self.dashboard_button.layout.display = None
+            self.status.value = self._done_text
+        self.phase = how
+
+    def _build_dashboard(self) -> None:
+        # The finished run has the full trace; its dashboard shows the same views (token strip included) with a
+        # step slider, opened where the live view was.
+        watched = self._watched_step()
+        self.dashboard = Dashboard(self.result, self.tokenizer, step=watched, reuse=self.views)
         self._details_box.children = ()
         self.widget.children = tuple(w for w in self.widget.children if w is not self.tokens)
         self._result_box.children = (self.dashboard.widget,)
-        m = r.metrics
-        clock = html.escape(F.clock_label(r.trace.meta))
-        self.status.value = (f"<b>{how}</b>: {len(r.token_ids)} tokens in {time.perf_counter() - self._t0:.1f} s · "
-                             f"TPOT {m.get('tpot_ms', float('nan')):.3f} ms ({clock}) · dashboard at step {watched}")
+        self.dashboard_button.layout.display = "none"
+        self.status.value = f"{self._done_text} · dashboard at step {watched}"
+
+    def open_dashboard(self) -> "Dashboard | None":
+        """Build the finished run's step dashboard in the view (what the "Open the step dashboard" button does);
+        returns it (None while the run goes on)."""
+        if not self._done.is_set() or self.result is None:
+            return None
+        with self._draw_lock:
+            if self.dashboard is None:
+                self.dashboard_button.disabled = True
+                self.status.value = f"{self._done_text} · drawing the dashboard …"
+                self._build_dashboard()
+        return self.dashboard
 
     def static(self) -> dict[str, go.Figure]:
         """The live detail views as plain figures; once the run is done, its tokens per step (``steps``) and the
         dashboard's views (``dashboard_<view>``)."""
-        if self.dashboard is not None:
-            return {"steps": F.steps_figure(self.result),
-                    **{f"dashboard_{k}": v for k, v in self.dashboard.static().items()}}
+        if self.result is not None and (self.dashboard is not None or not self.views):
+            dash = self.dashboard.static() if self.dashboard is not None else {}
+            return {"steps": F.steps_figure(self.result), **{f"dashboard_{k}": v for k, v in dash.items()}}
         return {f"live_{name}": _static(w) for name, w in self.views.items()}
 
     def _repr_mimebundle_(self, **kwargs):
@@ -550,10 +778,11 @@ def live(engine, prompt, max_new_tokens: int = 64, **generate_kwargs: Any) -> Li
     (``result.metrics['stopped']`` is then True); ``.on_done(fn)`` runs ``fn(result)`` when it ends without
     blocking the kernel; ``.join()`` waits and returns the GenerationResult (it blocks the kernel, and with it
     the Stop button). Extra keyword arguments go to ``generate`` (a ``callback`` there is called before the
-    view's own); ``tokenizer=``, ``min_interval=`` (seconds between redraws, default 1), ``details=`` (live
-    routing / cache / timeline views of the latest step: True, or their names; on a CUDA clock each of those
-    redraws synchronises the device), ``live_rows=`` (rows of the live token strip) and ``start=`` configure
-    the view."""
+    view's own); ``tokenizer=``, ``min_interval=`` (seconds between redraws, default 0.5), ``pace=`` (least
+    wall-clock seconds per step, for a demo a person can follow), ``details=`` (live routing / cache / timeline
+    views of the latest step: True, or their names; on a CUDA clock each of those redraws synchronises the
+    device), ``live_rows=`` (rows of the live token strip), ``dashboard=`` (False: the finished run's dashboard
+    waits for a click) and ``start=`` configure the view. See :class:`LiveRun`."""
     return LiveRun(engine, prompt, max_new_tokens, **generate_kwargs)
 
 
@@ -591,15 +820,23 @@ class QuantTuner:
         self.bits = W.Dropdown(options=[2, 3, 4, 8], value=bits, description="bits", layout=W.Layout(width="150px"))
         self.group_size = W.Dropdown(options=[32, 64, 128], value=group_size, description="group",
                                      layout=W.Layout(width="160px"))
-        self.method = W.ToggleButtons(options=["rtn", "hqq"], value=method, description="method",
-                                      style={"button_width": "60px"})
+        # The label is a widget of its own beside the buttons: as the buttons' description it sat above them.
+        self.method = W.ToggleButtons(options=["rtn", "hqq"], value=method, style={"button_width": "60px"},
+                                      tooltips=["round to nearest", "half-quadratic quantization"])
+        method_label = W.Label("method", layout=W.Layout(width="56px", margin="0 0 0 16px"))
         self.k = W.IntSlider(value=k, min=1, max=16, description="K", continuous_update=False,
                              layout=W.Layout(width="260px"))
         self.auto = W.Checkbox(value=auto, description="run on change", indent=False, layout=W.Layout(width="130px"))
         self.run_button = W.Button(description="Run", icon="play", button_style="primary")
         self.status = W.HTML()
+        self.stale = W.HTML()  # "stale — press Run" while the controls differ from what the table shows
         self.table_html = W.HTML()
+        self.save_button = W.Button(description="Save table", icon="download", layout=W.Layout(width="120px"),
+                                    tooltip="write the table to a CSV file beside the notebook")
+        self.saved = W.HTML()
+        self.save_button.on_click(lambda _: self._save_clicked())
         self.table: pd.DataFrame | None = None
+        self._shown_setting: tuple | None = None
         self.quantize_seconds: dict = {}
         self._cache: dict = {}
         self.clock = "simulated"
@@ -607,8 +844,11 @@ class QuantTuner:
         self.run_button.on_click(lambda _: self.run())
         for w in (self.bits, self.group_size, self.method, self.k):
             w.observe(self._on_change, names="value")
-        self.widget = W.VBox([W.HBox([self.bits, self.group_size, self.method, _fit_width()]),
-                              W.HBox([self.k, self.auto, self.run_button]), self.status, self.table_html, self.figure])
+        self.auto.observe(lambda _: self._mark_stale(), names="value")
+        self.widget = W.VBox([W.HBox([self.bits, self.group_size, method_label, self.method, _fit_width()],
+                                     layout=W.Layout(align_items="center")),
+                              W.HBox([self.k, self.auto, self.run_button, self.stale]), self.status,
+                              self.table_html, W.HBox([self.save_button, self.saved]), self.figure])
         if run_now:
             self.run()
 
@@ -616,9 +856,39 @@ class QuantTuner:
     def spec(self) -> QuantSpec:
         return QuantSpec(int(self.bits.value), int(self.group_size.value), str(self.method.value))
 
+    def _setting(self) -> tuple:
+        return (int(self.bits.value), int(self.group_size.value), str(self.method.value), int(self.k.value))
+
     def _on_change(self, change: dict) -> None:
         if self.auto.value:
             self.run()
+        else:
+            self._mark_stale()
+
+    def _mark_stale(self) -> None:
+        """Say when the table and chart no longer show the controls' setting (and dim them until Run)."""
+        shown = self._shown_setting
+        if shown is None or shown == self._setting():
+            self.stale.value = ""
+            self.table_html.layout.opacity = None
+            return
+        b, g, m, k = shown
+        self.stale.value = (f"<span style='color:#b35900;font-size:13px'>&#9888; <b>stale</b> — press Run: the table "
+                            f"shows int{b}-g{g}-{m}, K={k}</span>")
+        self.table_html.layout.opacity = "0.55"
+
+    def save(self, path: str = "quant_tuner.csv") -> str:
+        """Write the last table to a CSV file (default: beside the notebook); returns the path."""
+        if self.table is None:
+            raise ValueError("QuantTuner.save: no table yet; press Run (or call run()) first.")
+        self.table.to_csv(path, index=False)
+        return path
+
+    def _save_clicked(self) -> None:
+        try:
+            self.saved.value = file_link(self.save())
+        except ValueError as exc:
+            self.saved.value = html.escape(str(exc))
 
     def _evaluate(self, name: str, spec, k: int) -> tuple[dict, str | None]:
         """Mean metrics of one strategy over the prompts (cached per setting); the error text if the setting
@@ -661,6 +931,8 @@ class QuantTuner:
             base = float(table.loc[table.strategy == "lru", "tpot_ms"].iloc[0])
             table["speedup_vs_lru"] = base / table.tpot_ms
         self.table = table
+        self._shown_setting = (spec.bits, spec.group_size, spec.method, k)
+        self._mark_stale()
         self.table_html.value = self._table_to_html(table)
         sync_figure(self.figure, F.tuner_figure(table, self.clock))
         q = self.quantize_seconds.get(spec)
@@ -680,8 +952,13 @@ class QuantTuner:
         for col, f in fmt.items():
             shown[col] = [f.format(v) if isinstance(v, (int, float)) and not pd.isna(v) else "–" for v in table[col]]
         shown = shown.fillna("–")
-        return ("<style>.sl-tuner td,.sl-tuner th{padding:2px 10px;text-align:right;white-space:nowrap}</style>"
-                + shown.to_html(index=False, classes="sl-tuner", border=0, escape=True))
+        # Compact, and headers may break after an underscore, so all ten columns fit a notebook cell.
+        page = shown.to_html(index=False, classes="sl-tuner", border=0, escape=True)
+        for col in shown.columns:
+            page = page.replace(f"<th>{col}</th>", f"<th>{html.escape(col).replace('_', '_<wbr>')}</th>")
+        return ("<style>.sl-tuner{font-size:12px;border-collapse:collapse}.sl-tuner td{padding:2px 6px;"
+                "text-align:right;white-space:nowrap}.sl-tuner th{padding:2px 6px;text-align:right;"
+                "vertical-align:bottom}</style>" + page)
 
     def static(self) -> go.Figure:
         """The chart as a plain figure."""
