@@ -13,24 +13,20 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
+from . import tables
 from .layout import base_layout
+from .tables import Table
 
-__all__ = ["EstimateExplorer", "cliff_figure", "estimate_table"]
+__all__ = ["EstimateExplorer", "cliff_figure", "estimate_table", "ESTIMATE_COLUMNS"]
 
-# What the placements table shows by default (the rest: ``summary["table"]``).
-_COLUMNS = {"strategy": "strategy", "tokens_per_s": "tok/s", "band_tok_s": "band tok/s",
-            "dominant_unknown": "widest unknown", "hit_rate": "hit rate", "runs_as": "runs as"}
+# What the placements table shows by default (the rest: the "all columns" section, or ``summary["table"]``).
+ESTIMATE_COLUMNS = ["strategy", "tokens_per_s", "band_tok_s", "dominant_unknown", "hit_rate", "runs_as"]
 
 
-def estimate_table(table: pd.DataFrame) -> str:
-    """The columns that matter, formatted, as an HTML table that wraps inside a notebook cell."""
-    t = table[[c for c in _COLUMNS if c in table.columns]].rename(columns=_COLUMNS)
-    fmt = {"tok/s": "{:.1f}".format, "hit rate": "{:.0%}".format}
-    rows = "".join("<tr>" + "".join(f"<td>{html.escape(fmt.get(c, str)(v))}</td>" for c, v in r.items()) + "</tr>"
-                   for _, r in t.iterrows())
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in t.columns)
-    return (f"<table style='table-layout:auto;max-width:100%;font-size:12px'><thead><tr>{head}</tr></thead>"
-            f"<tbody>{rows}</tbody></table>")
+def estimate_table(table: pd.DataFrame) -> Table:
+    """The placements, fastest first: the columns that matter, formatted, the rest one click away."""
+    return tables.table(table, ESTIMATE_COLUMNS, digits=3,
+                        formats={"tokens_per_s": "{:.1f}".format, "hit_rate": "{:.0%}".format})
 
 
 def cliff_figure(sizing) -> go.Figure:
@@ -112,7 +108,7 @@ class EstimateExplorer:
                              f"{html.escape(s['weights'])}{host}: fastest <b>{s['best']}</b>, "
                              f"{lo:.1f}–{hi:.1f} tok/s (widest unknown: {html.escape(s['dominant_unknown'])}). "
                              "MODELLED from the config, not measured.")
-        self.table.value = estimate_table(s["table"])
+        self.table.value = estimate_table(s["table"])._repr_html_()
         sizing = s["cache_sizing"]
         with self.figure.batch_update():
             self.figure.data = []
