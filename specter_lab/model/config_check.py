@@ -14,13 +14,16 @@ below what hangs a replay.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from typing import Any
 
 from ..errors import ConfigError
 
-__all__ = ["check_config", "build_config", "build_meta_model", "check_moe_info", "LIMITS"]
+__all__ = ["check_config", "build_config", "build_meta_model", "check_moe_info", "read_config_json", "LIMITS"]
+
+MAX_CONFIG_BYTES = 16 * 2**20  # a config.json is kilobytes; a bigger file is not one
 
 # field: (smallest, largest) for the integer sizes a model is built from. None passes here (transformers'
 # own typing says where None is allowed); a bool is never a size.
@@ -65,6 +68,23 @@ _FINITE_FLOATS = ("initializer_range", "router_aux_loss_coef", "aux_loss_alpha",
                   "swiglu_alpha", "partial_rotary_factor")
 _TOKEN_IDS = ("eos_token_id", "bos_token_id", "pad_token_id")
 _MAX_CONFIG_DEPTH = 3  # text_config inside a config: one level is all any family uses
+
+
+def read_config_json(path, arg: str = "config") -> Any:
+    """The JSON of a ``config.json`` file, or a :class:`ConfigError` naming the file (too large, not UTF-8, not
+    JSON, nested too deep)."""
+    from pathlib import Path
+
+    path = Path(path)
+    size = path.stat().st_size
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{arg}={str(path)!r}: {size} bytes; a config.json is at most {MAX_CONFIG_BYTES} bytes. "
+                          "Give the model's own config.json.", field="", found=size)
+    try:
+        return json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise ConfigError(f"{arg}={str(path)!r} is not valid JSON ({type(exc).__name__}: "
+                          f"{' '.join(str(exc).split())[:120]}); give the model's own config.json.") from None
 
 
 def _fail(where: str, field: str, found: Any, fits: str) -> ConfigError:

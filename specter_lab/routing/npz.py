@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import TraceError
 
-__all__ = ["NpzArchive", "ArrayHeader", "read_npz", "MAX_NPZ_BYTES"]
+__all__ = ["NpzArchive", "ArrayHeader", "read_npz", "read_npy", "MAX_NPZ_BYTES"]
 
 MAX_NPZ_BYTES = 8 * 2**30  # all arrays of one file, uncompressed: far above any trace, far below a zip bomb
 _MAX_NDIM = 8
@@ -125,3 +125,31 @@ def read_npz(path: "str | Path", what: str, fix: str, max_bytes: int = MAX_NPZ_B
     pickled file is a :class:`TraceError` that says ``{path} {what} (...). {fix}``."""
     with NpzArchive(path, what, fix, max_bytes) as z:
         return {name: z.read(name) for name in z.arrays}
+
+
+def read_npy(path: "str | Path", what: str, fix: str, max_bytes: int = MAX_NPZ_BYTES) -> np.ndarray:
+    """One ``.npy`` array, its header checked against the file's size and ``max_bytes`` before allocating."""
+    path = Path(path)
+    where = repr(str(path))
+    try:
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            if version == (1, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+            else:
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+            offset = f.tell()
+            if dtype.hasobject or dtype.kind not in "biufc" or len(shape) > _MAX_NDIM:
+                raise TraceError(f"{where} {what} (truncated or corrupt, or holds pickled objects: dtype {dtype}, "
+                                 f"shape {shape}). {fix}")
+            nbytes = int(np.prod(shape, dtype=np.float64)) * dtype.itemsize
+            size = path.stat().st_size
+            if nbytes > max_bytes or nbytes + offset != size:
+                raise TraceError(f"{where} {what} (truncated or corrupt: its header says {shape} {dtype}, "
+                                 f"{nbytes} bytes; the file holds {size - offset}). {fix}")
+            f.seek(0)
+            return np.lib.format.read_array(f, allow_pickle=False)
+    except TraceError:
+        raise
+    except _CORRUPT:
+        raise TraceError(f"{where} {what} (truncated or corrupt: not a .npy array). {fix}") from None
