@@ -150,8 +150,9 @@ def estimate(config, gpu: "str | HardwareProfile" = "rtx4090", vram=None, host=N
     ``"mxfp4"``, ``"bf16"``, ``"<experts>+<dense>"``; default: the checkpoint's own format, else bf16), KV cache
     at ``context`` tokens. Routing: ``trace`` when given, else synthetic matched to the family's published
     locality. Modelled, not measured: :attr:`Estimate.assumptions` lists what every number rests on."""
-    if isinstance(context, bool) or not isinstance(context, int) or context < 1:
-        raise ValueError(f"context={context!r}: give the tokens the KV cache must hold, an integer >= 1.")
+    if isinstance(context, bool) or not isinstance(context, int) or not 1 <= context <= 2**27:
+        raise ValueError(f"context={context!r}: give the tokens the KV cache must hold, an integer in [1, 2**27].")
+    _check_numbers(overhead=overhead, eta_host=eta_host, seed=seed)
     profile = get_gpu(gpu)
     machine = Machine(profile, _vram(vram, profile), get_host(host))
     geom = geometry_from_config(config)
@@ -172,6 +173,19 @@ def estimate(config, gpu: "str | HardwareProfile" = "rtx4090", vram=None, host=N
     table = pd.DataFrame(rows).sort_values("tpot_ms", kind="stable").reset_index(drop=True)
     return Estimate(geom, machine, prec, context, budget, table, label,
                     _assumptions(machine, prec, label, overhead, eta_host), placements)
+
+
+def _check_numbers(overhead, eta_host, seed) -> None:
+    """The numeric arguments of :func:`estimate`, refused before the config is read (a NaN would price silently)."""
+    def number(v) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v)
+
+    if not (number(overhead) and overhead >= 0):
+        raise ValueError(f"overhead={overhead!r}: bytes of VRAM the runtime keeps for itself, a number >= 0.")
+    if not (number(eta_host) and 0 < eta_host <= 1):
+        raise ValueError(f"eta_host={eta_host!r}: the share of host DRAM bandwidth an expert matvec reaches, in (0, 1].")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise ValueError(f"seed={seed!r}: an integer.")
 
 
 def _placements(geom: ModelGeometry, budget: VramBudget, routing: np.ndarray):
