@@ -127,7 +127,7 @@ def trace_case(seed_bytes: bytes, seed_arrays: dict, rng: np.random.Generator) -
             arrays[name] = a[: max(0, len(a) - 1)] if a.ndim else a
         return f"reshape {name} ({how})", _npz_bytes(arrays)
     if kind == "ids" and a.size:
-        bad = [32, 33, 1000, -2, 2**15 - 1, -1]
+        bad = [32, 33, 1000, -2, 2**15 - 1, -1] + list(range(8))  # out of range, or in range (routing changed)
         flat = a.reshape(-1).copy()
         flat[int(rng.integers(flat.size))] = bad[int(rng.integers(len(bad)))] if a.dtype.itemsize > 1 else 127
         arrays[name] = flat.reshape(a.shape)
@@ -141,9 +141,12 @@ def trace_case(seed_bytes: bytes, seed_arrays: dict, rng: np.random.Generator) -
 
 def _replacement(old, rng: np.random.Generator):
     """A value for a config field: one of VALUES, or the old value scaled / retyped."""
-    choices = list(VALUES)
-    if isinstance(old, int) and not isinstance(old, bool):
-        choices += [old * 2, old // 2, old + 1, -old, float(old), str(old), old * 1000]
+    if isinstance(old, int) and not isinstance(old, bool) and rng.random() < 0.5:  # near the old value
+        choices = [old * 2, old // 2, old + 1, max(old - 1, 0), -old, float(old), str(old), old * 1000]
+    elif isinstance(old, float) and rng.random() < 0.5:
+        choices = [old * 2, old / 2, -old, 0.0, str(old), int(old)]
+    else:
+        choices = list(VALUES)
     return choices[int(rng.integers(len(choices)))]
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -271,23 +272,27 @@ def _draft_field(draft, where: str):
 
 
 def _spec_of(config: dict, where: str) -> TraceSpec:
-    """The config's model (on the meta device, via the replay's own cached skeleton) as a :class:`TraceSpec`."""
+    """The config's model (built on the meta device, no memory) as a :class:`TraceSpec`, or a TraceError naming
+    the config's field."""
     from ..errors import ConfigError
-    from ..model import inspect_model
-    from ..model.config_check import build_config, check_moe_info
-    from .replay import skeleton
 
     try:
-        build_config(config, f"{where}: header.config")
-        model = skeleton(config)
-        info = inspect_model(model)
-        check_moe_info(info, f"{where}: header.config")
+        return _spec_cached(json.dumps(config, sort_keys=True))
     except ConfigError as exc:
-        raise TraceError(str(exc)) from exc
-    except TraceError as exc:
-        raise TraceError(f"{where}: {exc}") from None
-    except ValueError as exc:
-        raise TraceError(f"{where}: header.config describes a model without MoE layers ({exc}).") from None
+        raise TraceError(f"{where}: {exc}") from exc
+    except (TypeError, ValueError) as exc:  # not JSON-serialisable, or a model without MoE layers
+        raise TraceError(f"{where}: header.config describes no mixture-of-experts model a replay can size "
+                         f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]}).") from None
+
+
+@lru_cache(maxsize=8)
+def _spec_cached(config_json: str) -> TraceSpec:
+    from ..model import inspect_model
+    from ..model.config_check import build_config, build_meta_model, check_moe_info
+
+    cfg = build_config(json.loads(config_json), "header.config")
+    info = inspect_model(build_meta_model(cfg, "header.config"))
+    check_moe_info(info, "header.config")
     return TraceSpec.of(info)
 
 
