@@ -143,7 +143,7 @@ def _replacement(old, rng: np.random.Generator):
     """A value for a config field: one of VALUES, or the old value scaled / retyped."""
     if isinstance(old, int) and not isinstance(old, bool) and rng.random() < 0.5:  # near the old value
         choices = [old * 2, old // 2, old + 1, max(old - 1, 0), -old, float(old), str(old), old * 1000]
-    elif isinstance(old, float) and rng.random() < 0.5:
+    elif isinstance(old, float) and np.isfinite(old) and rng.random() < 0.5:
         choices = [old * 2, old / 2, -old, 0.0, str(old), int(old)]
     else:
         choices = list(VALUES)

@@ -33,7 +33,8 @@ def _settings(ci_examples: int):
 
 ODD = st.one_of(st.none(), st.booleans(), st.integers(-2, 3), st.sampled_from([10**12, -(10**12), 2**31, 2**15]),
                 st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=4),
-                st.lists(st.integers(-2, 40), max_size=3), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
+                st.lists(st.integers(-2, 40), max_size=3),
+                st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
 
 
 def _fds() -> int:
@@ -136,7 +137,8 @@ def engine_file(draw, trace, tmp_path):
     elif fmt != "vllm":
         lines = raw.split(b"\n")
         i = draw(st.integers(0, len(lines) - 1))
-        lines = lines[:i] + draw(st.sampled_from([[], [lines[i], lines[i]], [b"1,2,3"], [b'{"t": 99}']])) + lines[i + 1:]
+        middle = draw(st.sampled_from([[], [lines[i], lines[i]], [b"1,2,3"], [b'{"t": 99}']]))
+        lines = lines[:i] + middle + lines[i + 1:]
         raw = b"\n".join(lines)
     out = tmp_path / f"case{path.suffix}"
     out.write_bytes(raw)
@@ -159,7 +161,8 @@ def test_import_routing_of_engine_files_refuses_at_load_or_replays(model, seed_f
 def test_import_routing_of_arrays_refuses_at_load_or_replays(model):
     ids = st.tuples(hnp.arrays(np.int64, hnp.array_shapes(min_dims=1, max_dims=4, min_side=0, max_side=6),
                                elements=st.integers(-3, 9)),
-                    st.sampled_from([np.int8, np.int16, np.int64, np.uint8, np.float32])).map(lambda t: t[0].astype(t[1]))
+                    st.sampled_from([np.int8, np.int16, np.int64, np.uint8, np.float32]))
+    ids = ids.map(lambda t: t[0].astype(t[1]))
 
     @_settings(40)
     @given(ids)

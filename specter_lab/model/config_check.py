@@ -192,7 +192,8 @@ def _check_strings(raw: dict, where: str) -> None:
             continue
         import torch
 
-        if not isinstance(v, str) or not (v == "auto" or isinstance(getattr(torch, v, None), torch.dtype)):
+        name = v.removeprefix("torch.") if isinstance(v, str) else v  # str(torch.bfloat16) is "torch.bfloat16"
+        if not isinstance(v, str) or not (v == "auto" or isinstance(getattr(torch, name, None), torch.dtype)):
             raise _fail(where, field, v, "a torch dtype name such as 'bfloat16', 'float16' or 'float32'")
     for field in ("topk_method", "scoring_func", "transformers_version", "_name_or_path"):
         v = raw.get(field)

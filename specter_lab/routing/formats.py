@@ -101,8 +101,8 @@ def _read_vllm(path: Path, num_layers: int, top_k: int) -> Routed:
     for name, a in arrays.items():
         kind = "prompt" if name.startswith("prompt_routed_experts") else "gen"
         tail = name[len("prompt_routed_experts" if kind == "prompt" else "routed_experts"):]
-        if not (name.startswith(("routed_experts", "prompt_routed_experts")) and (tail == "" or
-                                                                                  (tail[0] == "_" and tail[1:].isdigit()))):
+        named = name.startswith(("routed_experts", "prompt_routed_experts"))
+        if not (named and (tail == "" or (tail[0] == "_" and tail[1:].isdigit()))):
             raise TraceError(f"{where}: array {name!r}; a vLLM routing file holds routed_experts and "
                              "prompt_routed_experts, or routed_experts_<i> / prompt_routed_experts_<i> per request.")
         _vllm_shape(f"{where}: {name}", a.shape, a.dtype, num_layers, top_k)
@@ -166,7 +166,7 @@ def _read_jsonl(path: Path) -> _Rows:
                 row.get("seq", 0)
             for name, v in (("t", t), ("layer", l), ("seq", s)):
                 if not _nonneg_int(v):
-                    raise TraceError(f"{where} line {n}: field {name!r} is {v!r}; an integer >= 0.")
+                    raise TraceError(f"{where} line {n}: field {name!r} is {v!r:.40}; an integer >= 0.")
             if ph not in _PHASES:
                 raise TraceError(f"{where} line {n}: field 'phase' is {ph!r}; 'prefill' or 'decode'.")
             if not isinstance(e, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in e):
@@ -195,15 +195,16 @@ def _read_csv(path: Path) -> _Rows:
         return _wide_rows(df, where)
     except TraceError:
         raise
-    except (ValueError, OverflowError, UnicodeDecodeError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+    except (ValueError, OverflowError, UnicodeDecodeError, TypeError, KeyError, IndexError, pd.errors.ParserError,
+            pd.errors.EmptyDataError) as exc:
         raise TraceError(f"{where}: not a moe-trace CSV ({type(exc).__name__}: {' '.join(str(exc).split())[:120]}); "
                          "'phase,token,layer,rank,expert' with a header, or 'pos,layer,id0,...' without.") from None
 
 
 def _int_column(df, col: str, where: str) -> np.ndarray:
     v = df[col]
-    if v.dtype.kind not in "iu":
-        raise TraceError(f"{where}: column {col!r} holds {v.dtype} values; integers.")
+    if v.dtype.kind not in "iu" or (len(v) and int(v.max()) >= 2**62):
+        raise TraceError(f"{where}: column {col!r} holds {v.dtype} values; integers (below 2**62).")
     return v.to_numpy(np.int64)
 
 
@@ -250,7 +251,7 @@ def _wide_rows(df, where: str) -> _Rows:
         raise TraceError(f"{where}: {df.shape[1]} columns; the wide form is 'pos,layer,id0,id1,...' (a row per token "
                          "and layer).")
     a = df.to_numpy()
-    if a.dtype.kind not in "iu":
+    if a.dtype.kind not in "iu" or (a.size and (int(a.max()) >= 2**62 or int(a.min()) <= -(2**62))):
         raise TraceError(f"{where}: non-integer values in the wide form 'pos,layer,id0,...' (rows of equal width).")
     pos, layer, ids_arr = a[:, 0].astype(np.int64), a[:, 1].astype(np.int64), a[:, 2:]
     if len(layer) and layer.min() < 0:
@@ -318,7 +319,7 @@ def _assemble(rows: _Rows, num_layers: int, top_k: int, where: str, fmt: str) ->
 
 
 def _nonneg_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**62
 
 
 def _padded(a: np.ndarray, top_k: int) -> np.ndarray:

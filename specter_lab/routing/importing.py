@@ -112,7 +112,8 @@ def import_routing(source, config, segments: "Sequence | None" = None, *, recall
     ``.npz`` path holding ``experts`` (optional ``num_experts``, ``top_k``, ``segment_starts``,
     ``segment_lengths``, ``segment_phases``), or a file an engine wrote (:mod:`.formats`: vLLM's
     ``routed_experts`` ``.npz``/``.npy``, llama.cpp's moe-trace ``.csv``, a ``.jsonl`` line per token and layer;
-    ``format=`` names it where the suffix does not; these carry their own segments). ``config``: a transformers config, a dict or a ``config.json``
+    ``format=`` names it where the suffix does not; these carry their own segments). ``config``: a
+    transformers config, a dict or a ``config.json``
     path; it sizes and prices the replay. ``segments``: ``(start, length, phase)`` triples over the rows, phase
     ``"prefill"`` or ``"decode"`` (default: the whole source, one text decoded token by token). ``recall`` /
     ``replace_fraction`` (one of them) and ``acceptance`` model the draft of speculative strategies (defaults:

@@ -319,7 +319,8 @@ def _expected_shapes(z: NpzArchive, fields: dict, spec: TraceSpec, where: str) -
         N = got["tokens"].shape[0] if len(got["tokens"].shape) == 1 else -1
         if P < 1 or N < 1:
             bad = "prompt" if P < 1 else "tokens"
-            raise TraceError(f"{where}: sequence {i}.{bad}: shape {got[bad].shape}; a non-empty 1-d array of token ids.")
+            raise TraceError(f"{where}: sequence {i}.{bad}: shape {got[bad].shape}; a non-empty 1-d array of token "
+                             "ids.")
         W = N - 1
         want = {"prompt": (P,), "tokens": (N,), "prefill": (P, L, k), "decode": (W, L, k), "gate": (P + W, L, k),
                 "draft_tokens": (W, K), "draft_routing": (W, K, L, k), "verify_routing": (W, K + 1, L, k),
