@@ -259,6 +259,8 @@ def _run(job: dict) -> dict:
         else:
             out["outcome"] = "refused late" if project else "crashed"
         out["error"] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+        cause = exc.__cause__ if isinstance(exc, TraceError) and isinstance(exc.__cause__, ConfigError) else exc
+        out["field"] = getattr(cause, "field", None)  # a ConfigError's field ("" where none was named)
         if out["outcome"] == "crashed":
             out["trace"] = traceback.format_exc(limit=6)[-1500:]
     return out
@@ -325,6 +327,11 @@ def summarize(name: str, results: list[tuple[str, dict]]) -> list[str]:
                   f"({big[0]}: {big[1]['error'][:160]})"]
         leaks = sum(1 for _, r in refused if r.get("leaked_fds", 0) > 0)
         lines.append(f"- refused loads that left a file descriptor open: {leaks}")
+        unnamed = [(w, r) for w, r in refused if r.get("field") == ""]
+        configs = [(w, r) for w, r in refused if r.get("field") is not None]
+        if configs:
+            lines.append(f"- config refusals naming no field: {len(unnamed)} of {len(configs)}"
+                         + (f" (e.g. {unnamed[0][0]}: {unnamed[0][1]['error'][:160]})" if unnamed else ""))
     for outcome in ("refused late", "crashed", "hung"):
         for what, r in [x for x in results if x[1]["outcome"] == outcome][:5]:
             lines.append(f"- {outcome}: {what}: {r.get('error', '')[:200]}")

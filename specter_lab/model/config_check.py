@@ -62,8 +62,7 @@ LIMITS: dict[str, tuple[int, int]] = {
 _EXPERT_COUNTS = ("num_experts", "num_local_experts", "n_routed_experts")
 _TOP_K = ("num_experts_per_tok", "experts_per_token")
 # float fields that must be finite and > 0 (an eps of 0 divides by zero; a negative theta has no meaning)
-_POSITIVE_FLOATS = ("rms_norm_eps", "layer_norm_eps", "rope_theta", "routed_scaling_factor", "swiglu_limit",
-                    "norm_eps")
+_POSITIVE_FLOATS = ("rms_norm_eps", "layer_norm_eps", "routed_scaling_factor", "swiglu_limit", "norm_eps")
 _FINITE_FLOATS = ("initializer_range", "router_aux_loss_coef", "aux_loss_alpha", "attention_dropout",
                   "swiglu_alpha", "partial_rotary_factor")
 _TOKEN_IDS = ("eos_token_id", "bos_token_id", "pad_token_id")
@@ -148,6 +147,9 @@ def check_config(raw: Any, where: str = "config", _depth: int = 0) -> dict:
 
 
 def _check_floats(raw: dict, where: str) -> None:
+    theta = raw.get("rope_theta")
+    if theta is not None and not (_is_number(theta) and theta > 1):
+        raise _fail(where, "rope_theta", theta, "a finite number > 1 (RoPE's base: log(theta) divides)")
     for field in _POSITIVE_FLOATS:
         v = raw.get(field)
         if v is not None and not (_is_number(v) and v > 0):
@@ -243,7 +245,10 @@ def _check_rope(rope: Any, where: str) -> None:
         elif key in ("original_max_position_embeddings",):
             ok = _is_int(value) and 1 <= value <= 2**27
             fits = "an integer in [1, 2**27]"
-        elif key in ("rope_theta", "factor", "beta_fast", "beta_slow", "attention_factor", "mscale",
+        elif key == "rope_theta":
+            ok = _is_number(value) and value > 1
+            fits = "a finite number > 1 (RoPE's base: log(theta) divides)"
+        elif key in ("factor", "beta_fast", "beta_slow", "attention_factor", "mscale",
                      "mscale_all_dim", "low_freq_factor", "high_freq_factor"):
             ok = _is_number(value) and value > 0
             fits = "a finite number > 0"
