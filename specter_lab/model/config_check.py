@@ -174,6 +174,9 @@ def _check_relations(raw: dict, where: str) -> None:
         raise _fail(where, "topk_group", top_groups, f"at most n_group={groups}")
     if groups is not None and raw.get("n_routed_experts") is not None and raw["n_routed_experts"] % groups:
         raise _fail(where, "n_group", groups, f"a divisor of n_routed_experts={raw['n_routed_experts']}")
+    for field in ("head_dim", "qk_rope_head_dim"):
+        if raw.get(field) is not None and raw[field] % 2:
+            raise _fail(where, field, raw[field], "an even number (rotary embeddings rotate pairs of dimensions)")
     layers = raw.get("num_hidden_layers")
     first = raw.get("first_k_dense_replace")
     if layers is not None and first is not None and first >= layers:
@@ -214,6 +217,8 @@ def _check_lists(raw: dict, where: str) -> None:
             raise _fail(where, field, v, "a token id (an integer) or a short list of them")
         if field == "eos_token_id" and vocab is not None and not all(0 <= i < vocab for i in ids):
             raise _fail(where, field, v, f"ids in [0, vocab_size={vocab})")
+        if field == "pad_token_id" and vocab is not None and not all(-vocab <= i < vocab for i in ids):
+            raise _fail(where, field, v, f"an id inside the vocabulary (vocab_size={vocab}), or null")
     layers = raw.get("num_hidden_layers")
     kinds = raw.get("layer_types")
     if kinds is not None:
@@ -263,6 +268,7 @@ def _check_rope(rope: Any, where: str) -> None:
 
 
 _FIELD = re.compile(r"field '([^']+)'")
+_NAMED = re.compile(r"`(\w+)`")  # transformers' class validators quote the fields they name
 
 
 def build_config(raw: dict, where: str = "config"):
@@ -276,7 +282,7 @@ def build_config(raw: dict, where: str = "config"):
     try:
         return AutoConfig.for_model(raw["model_type"], **kwargs)
     except Exception as exc:  # noqa: BLE001 - transformers raises many kinds; each becomes one named refusal
-        raise _wrapped(exc, where, "transformers refused the config") from exc
+        raise _wrapped(exc, where, "transformers refused the config", raw) from exc
 
 
 def build_meta_model(cfg, where: str = "config"):
@@ -290,13 +296,14 @@ def build_meta_model(cfg, where: str = "config"):
             return AutoModelForCausalLM.from_config(cfg)
     except Exception as exc:  # noqa: BLE001 - as above
         raise _wrapped(exc, where, f"transformers cannot build the {getattr(cfg, 'model_type', '?')!r} model it "
-                       "describes") from exc
+                       "describes", cfg.to_dict() if hasattr(cfg, "to_dict") else {}) from exc
 
 
-def _wrapped(exc: Exception, where: str, what: str) -> ConfigError:
+def _wrapped(exc: Exception, where: str, what: str, raw: dict) -> ConfigError:
     text = str(exc)
     m = _FIELD.search(text)
-    field = m.group(1) if m else ""
+    quoted = [n for n in _NAMED.findall(text) if n in raw]  # else the first config field the message quotes
+    field = m.group(1) if m else (quoted[0] if quoted else "")
     cause = exc.__cause__ if exc.__cause__ is not None else exc
     detail = " ".join(str(cause).split())[:200]
     named = f"{where}.{field}" if field else where
