@@ -174,6 +174,11 @@ def _check_relations(raw: dict, where: str) -> None:
         raise _fail(where, "topk_group", top_groups, f"at most n_group={groups}")
     if groups is not None and raw.get("n_routed_experts") is not None and raw["n_routed_experts"] % groups:
         raise _fail(where, "n_group", groups, f"a divisor of n_routed_experts={raw['n_routed_experts']}")
+    hidden = raw.get("hidden_size")
+    if raw.get("head_dim") is None and hidden is not None and heads is not None and (
+            hidden % heads or hidden // heads < 2 or (hidden // heads) % 2):
+        raise _fail(where, "hidden_size", hidden, f"num_attention_heads={heads} heads of an even size >= 2 each "
+                    "(hidden_size / num_attention_heads is the head size when head_dim is not given)")
     for field in ("head_dim", "qk_rope_head_dim"):
         if raw.get(field) is not None and raw[field] % 2:
             raise _fail(where, field, raw[field], "an even number (rotary embeddings rotate pairs of dimensions)")
@@ -232,6 +237,13 @@ def _check_lists(raw: dict, where: str) -> None:
             raise _fail(where, "mlp_only_layers", only, "a list of layer indices")
         if layers is not None and not all(0 <= i < layers for i in only):
             raise _fail(where, "mlp_only_layers", only, f"indices in [0, num_hidden_layers={layers})")
+    for field in ("id2label", "label2id", "task_specific_params"):
+        v = raw.get(field)
+        if v is not None and not isinstance(v, dict):
+            raise _fail(where, field, v, "a JSON object (dict), or null")
+    labels = raw.get("id2label") or {}
+    if not all(_is_int(k) or (isinstance(k, str) and k.isdigit()) for k in labels):
+        raise _fail(where, "id2label", labels, "an object whose keys are class indices ('0', '1', ...)")
     arch = raw.get("architectures")
     if arch is not None and not (isinstance(arch, list) and all(isinstance(a, str) for a in arch)):
         raise _fail(where, "architectures", arch, "a list of class names (strings)")
@@ -303,6 +315,8 @@ def _wrapped(exc: Exception, where: str, what: str, raw: dict) -> ConfigError:
     text = str(exc)
     m = _FIELD.search(text)
     quoted = [n for n in _NAMED.findall(text) if n in raw]  # else the first config field the message quotes
+    if not quoted and "NoneType" in str(exc.__cause__ or exc):  # a size left null where the family needs it
+        quoted = [n for n in LIMITS if n in raw and raw[n] is None]
     field = m.group(1) if m else (quoted[0] if quoted else "")
     cause = exc.__cause__ if exc.__cause__ is not None else exc
     detail = " ".join(str(cause).split())[:200]
