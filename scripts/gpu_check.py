@@ -25,6 +25,7 @@ Exit code: 0 when every part ran, 1 when some part failed (its error is in the r
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -265,7 +266,7 @@ def race_part(model, tok, ids, a, hardware) -> dict[str, Any]:
     tokens = {}
     for mode in ("ordered", "delayed"):
         eng = sl.Engine(model, tok, "specter_plus", expert_budget=a.budget, hardware=hardware, shared_slots=True)
-        eng.clocks = _CopiesIn(eng.clocks, mode)
+        eng.setup = dataclasses.replace(eng.setup, clocks=_CopiesIn(eng.clocks, mode))
         tokens[mode] = eng.generate(ids, max_new_tokens=a.tokens).token_ids
     same = tokens["ordered"] == tokens["delayed"]
     if not same:

@@ -14,6 +14,10 @@ ipywidgets.
 from .errors import BudgetTooSmall, ConfigError, CopyFault, NotExact
 from .estimate import Estimate, estimate
 from .model import inspect_model, load_model, tiny_random_model
+from .model.checkpoint_check import CheckpointInfo, check_checkpoint
+from .model.memory import MemoryPlan, plan_memory
+from .model.fuse import fuse_experts
+from .errors import CheckpointError, NotEnoughMemory
 from .pricing.calibrate import calibrate
 from .pricing.hostcal import calibrate_host
 from .pricing.precision import FORMATS, WeightPrecision
@@ -47,6 +51,8 @@ __all__ = [
     "BoundResult", "estimate", "Estimate", "HOSTS", "HostCPU", "FORMATS", "WeightPrecision",
     "import_routing", "lru_hit_curve", "less_local",
 ]
+__all__ += ["check_checkpoint", "CheckpointInfo", "plan_memory", "MemoryPlan", "CheckpointError", "NotEnoughMemory",
+            "fuse_experts"]
 
 
 def __getattr__(name):

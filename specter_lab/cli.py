@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from typing import Any
@@ -43,6 +44,7 @@ def cmd_run(a) -> int:
     for flag, v in (("--max-new-tokens", a.max_new_tokens), ("--cache-slots", a.cache_slots), ("--k", a.k)):
         if isinstance(v, int) and v < 1:
             raise ValueError(f"{flag} {v}: use an integer >= 1.")
+    _print_memory_plan(a, spec, get_strategy(a.strategy).speculative)
     # --hardware cuda: load straight into the offloading layout (dense on the GPU, experts pinned on the host).
     model, tok = sl.load_model(a.model, trust_remote_code=a.trust_remote_code, **_cuda_load(a.hardware))
     kw = dict(cache_slots=a.cache_slots) if a.cache_slots is not None else dict(expert_budget=a.expert_budget)
@@ -60,6 +62,31 @@ def cmd_run(a) -> int:
         r.to_html(a.html)
         print(f"report written to {a.html}")
     return 0
+
+
+def _print_memory_plan(a, spec, speculative: bool) -> None:
+    """What the run will hold, from the checkpoint's headers, before anything is loaded (a local folder or a
+    bundled model; a hub id is not here yet). The context is counted as prompt characters + new tokens (an upper
+    bound for byte-level tokenizers)."""
+    from pathlib import Path
+
+    from .model import BUNDLED
+    from .model.checkpoint_check import check_checkpoint
+    from .model.memory import plan_memory
+
+    path = BUNDLED.get(a.model, Path(a.model).expanduser())
+    if a.json or not (path / "config.json").is_file():
+        return
+    ck = check_checkpoint(path, a.trust_remote_code)
+    budget = a.expert_budget if a.expert_budget is not None else 0.5  # the Engine's default
+    if a.cache_slots is not None:  # slots per layer as a fraction of the layer's experts
+        experts = max((int(v) for k, v in ck.config.items() if k in ("num_experts", "num_local_experts",
+                                                                      "n_routed_experts") and isinstance(v, int)),
+                      default=1)
+        budget = min(1.0, a.cache_slots / max(1, experts))
+    print(plan_memory(ck, device="cuda" if a.hardware == "cuda" else "cpu", draft=spec if speculative else None,
+                      context=len(a.prompt) + a.max_new_tokens, expert_budget=budget))
+    print()
 
 
 _RUN_KEYS = ["tpot_ms", "tokens_per_s", "hit_rate", "h2d_bytes_per_token", "stall_ms_per_token", "acceptance_rate",
@@ -104,7 +131,9 @@ def _bench_budgets(a) -> list:
 def _cuda_load(hardware: str | None) -> dict[str, Any]:
     """load_model arguments for a run on the CUDA clock: placed for offloading (load_model's CUDA default dtype
     is bf16: fp32 would double every copy)."""
-    return {"device": "cuda"} if hardware == "cuda" else {}
+    from .offload.clock import is_measured
+
+    return {"device": "cuda"} if is_measured(hardware) else {}
 
 
 def cmd_bench(a) -> int:
@@ -123,7 +152,7 @@ def cmd_bench(a) -> int:
     from .run.strategies import STRATEGIES
 
     # The default set is the paper's comparison plus our own; `auto` (a calibration per cell) is in --regimes.
-    strategies = a.strategies.split(",") if a.strategies else [s for s in STRATEGIES if s != "auto"]
+    strategies = a.strategies.split(",") if a.strategies else list(STRATEGIES)
     hardware = [h for h in a.hardware.split(",") if h]
     if a.execution:  # every profile in every mode asked for: "rtx4090-pcie4@compiled", ...
         hardware = [f"{h}@{m}" for m in a.execution.split(",") if m for h in hardware]
@@ -142,8 +171,8 @@ def cmd_bench(a) -> int:
         prompts = heldout_prompts(a.prompts)
         n_prompts, new_tokens = len(prompts), f"{a.max_new_tokens} tokens"
     t0 = time.perf_counter()
-    recorded_draft = QuantSpec(**trace.draft).label if trace is not None and trace.draft and "bits" in trace.draft \
-        else (trace.draft if trace is not None else None)
+    d = trace.draft if trace is not None else None  # an import's draft also holds its "modeled" fidelity
+    recorded_draft = QuantSpec(d["bits"], d["group_size"], d["method"]).label if d and "bits" in d else d
     out: dict[str, Any] = {"model": a.model, "cost_shape": cost_shape, "draft": spec.label if spec else recorded_draft,
                            "max_new_tokens": a.max_new_tokens, "prompts": n_prompts,
                            "routing": trace.source if trace else "live",
@@ -231,19 +260,30 @@ def _bench_published(a) -> int:
 
 
 def _bench_consumer(a) -> int:
-    """``bench --consumer``: published offloaded decode on consumer machines against the estimator."""
-    from .studies.bench import consumer_anchors
+    """``bench --consumer``: published offloaded decode on consumer machines against the estimator, the fit and
+    check rows' errors reported apart."""
     from .estimate import HOST_DECODE_EFFICIENCY
+    from .estimate.consumer import consumer_summary
+    from .studies.bench import consumer_anchors
 
     df = consumer_anchors()
-    return _print_anchors(
+    summary = consumer_summary(df)
+    if a.json:
+        print(json.dumps({"consumer": df.to_dict(orient="records"), "summary": summary.to_dict(orient="records")},
+                         indent=1, default=str))
+        return 0
+    _print_anchors(
         a, "consumer", df,
         "Published offloaded decode on consumer machines (llama.cpp, ktransformers) vs the estimator (modelled: "
         "sl.estimate's pricing of the row's placement from the model's config, weights format, GPU profile and "
-        f"host CPU; host efficiency {HOST_DECODE_EFFICIENCY} fitted to the 'host fit' rows).",
-        ["model", "machine", "engine", "strategy", "placement", "published_tok_s", "simulated_tok_s", "ratio",
-         "loo_ratio", "row_host_efficiency", "role"],
+        f"host; host efficiency {HOST_DECODE_EFFICIENCY} fitted to the 'fit' rows only; 'check' rows never fitted).",
+        ["model", "machine", "engine", "published_tok_s", "simulated_tok_s", "ratio", "loo_ratio", "band_tok_s",
+         "in_band", "dominant_unknown", "split"],
         [f"{r.model}, {r.engine}: {r.note} [{r.source}]" for _, r in df.iterrows()])
+    print("\nErrors by group (|simulated / published midpoint - 1|; in_band: the published figure or range meets "
+          "the printed band):")
+    print(_fmt(summary))
+    return 0
 
 
 def _print_anchors(a, key: str, df, intro: str, cols: list[str], notes: list[str]) -> int:
@@ -275,7 +315,7 @@ def _bench_extras(a, model, tok, prompts, hardware, budgets, cost_shape, spec) -
                                        cost_shape=cost_shape, max_new_tokens=a.max_new_tokens, draft=spec,
                                        progress=not quiet).to_dict(orient="records")
     if a.overhead:
-        strategies = a.strategies.split(",") if a.strategies else [s for s in STRATEGIES if s != "auto"]
+        strategies = a.strategies.split(",") if a.strategies else list(STRATEGIES)
         out["cpu_overhead"] = bench.cpu_overhead(model, tok, prompts[0], max_new_tokens=a.max_new_tokens,
                                                  strategies=strategies).to_dict(orient="records")
     if a.regimes:
@@ -366,7 +406,9 @@ def cmd_calibrate(a) -> int:
     if a.host:  # no GPU needed: the host CPU's expert times, combined with any profile as '<profile>+host'
         host = calibrate_host(hidden=a.hidden, intermediate=a.intermediate, save=True)
         print(host.to_json())
-        print("saved: use hardware='<profile>+host', e.g. 'rtx4090-pcie4+host'")
+        print(f"saved: DRAM read {host.dram_bandwidth / 1e9:.1f} GB/s on {host.dram_threads} threads. Use "
+              "`specter-lab estimate --host calibrated ...` (sl.estimate(host='calibrated')), or "
+              "hardware='<profile>+host', e.g. 'rtx4090-pcie4+host'")
         return 0
     prof = calibrate(a.name, save=True)
     print(prof.to_json())
@@ -378,28 +420,41 @@ def cmd_calibrate(a) -> int:
 def cmd_estimate(a) -> int:
     from .estimate import estimate
 
-    e = estimate(a.config, gpu=a.gpu, vram=a.vram, host=a.host, weights=a.weights, context=a.context)
+    host = a.host
+    if host is not None and re.fullmatch(r"\d+(\.\d+)?", host):
+        host = float(host)  # a measured GB/s
+    e = estimate(a.config, gpu=a.gpu, vram=a.vram, host=host, weights=a.weights, context=a.context, depth=a.depth,
+                 placement=a.placement)
     if a.json:
         out = {"model": e.model.name, "machine": e.machine.label, "weights": e.precision.label, "context": e.context,
                "budget": e.budget.describe(), "best": e.best, "table": e.table.to_dict(orient="records"),
+               "host_given": e.machine.host is not None, "unknowns": e.unknowns, "depth": e.depth,
+               "cache_sizing": (lambda s: None if s is None else {"cliff_mib": s.cliff_mib, "enough_mib": s.enough_mib,
+                                "budget_mib": s.budget_mib, "command": s.command()})(e.cache_sizing()),
+               "prefill": e.prefill(a.prompt).to_dict(orient="records") if a.prompt else None,
                "llama_cpp": e.llama_cpp(a.gguf), "engine_call": e.engine_call(), "routing": e.routing_label,
                "assumptions": e.assumptions}
         print(json.dumps(out, indent=1, default=lambda v: v.item() if hasattr(v, "item") else str(v)))
         return 0
     print(str(e).replace("model.gguf", a.gguf))
+    if a.prompt:
+        print(f"\nPrefill, modelled, at a {a.prompt}-token prompt (micro-batches of 512; host-held experts copied "
+              "per micro-batch; attention's prompt x depth term not priced):")
+        cols = ["strategy", "ttft_s", "ttft_band_s", "prefill_tok_s", "gpu_s", "link_s", "host_s", "decode_tok_s"]
+        print(e.prefill(a.prompt)[cols].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     return 0
 
 
 # ----------------------------------------------------------------------------------------- parser
 def _parser() -> argparse.ArgumentParser:
     from .pricing.profiles import PROFILES
-    from .run.strategies import STRATEGIES
+    from .run.strategies import strategy_names
 
     parser = argparse.ArgumentParser(prog="specter-lab", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="generate once and print the text and metrics")
     _add_common(r)
-    r.add_argument("--strategy", default="specter", help=f"one of {list(STRATEGIES)}")
+    r.add_argument("--strategy", default="specter", help=f"one of {strategy_names()}")
     # Ends mid-line on purpose: with byte-level BPE a trailing newline splits the usual newline+indent token.
     r.add_argument("--prompt", default='def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n    if n < 2:')
     r.add_argument("--hardware", default="rtx4090-pcie4", help=f"one of {sorted(PROFILES)} or 'cuda'")
@@ -472,13 +527,25 @@ def _parser() -> argparse.ArgumentParser:
                    help="a Hugging Face config.json (or its folder), or a bundled name (qwen3-30b-a3b, gpt-oss-20b, "
                         "deepseek-v2-lite)")
     e.add_argument("--gpu", default="rtx4090",
-                   help="gtx1060, rtx2080, rtx3090, rtx4090, rtx5090, ... or a profile name")
+                   help="a card of the catalog (specter_lab.pricing.gpus: rtx3060, 'rtx 4060 ti 16gb', rtx5070, "
+                        "rtx4070laptop, a4000, l40s, w7800, ...) or a profile name")
     e.add_argument("--vram", default=None, help="usable VRAM, e.g. 24GB or 8GiB (default: the card's)")
-    e.add_argument("--host", default=None, help="host CPU: i5-7600k, i9-10900x, epyc-9355 (default: the GPU profile's)")
+    e.add_argument("--host", default=None,
+                   help="the host's memory as type-MT/s x channels (ddr4-3200x2, ddr5-5600x2, ddr4-3200x4), a "
+                        "measured GB/s (45 or 45GB/s), 'calibrated' (after `specter-lab calibrate --host`) or a named "
+                        "host (i5-7600k, i9-10900x, epyc-9355). Default: not given, the band spans a desktop")
     e.add_argument("--weights", default=None,
                    help="bf16, int8, q8_0, q6_k, q5_k_m, q4_k_m, q4_0, q3_k_m, q2_k, mxfp4, or '<experts>+<dense>' "
                         "(default: the checkpoint's format)")
     e.add_argument("--context", type=int, default=4096, help="tokens the KV cache holds (default 4096)")
+    e.add_argument("--depth", type=int, default=None,
+                   help="tokens already in the KV cache while decoding (default: unknown, priced at --context and "
+                        "banded down to empty)")
+    e.add_argument("--prompt", type=int, default=None,
+                   help="also the time to first token at a prompt of this many tokens, per placement (modelled)")
+    e.add_argument("--placement", default=None,
+                   help="the llama.cpp flags you run today, priced as given beside the best; give them after '=' (e.g. --placement='--n-cpu-moe 20', "
+                        "'--cpu-moe --moe-cache-mib 6000', \"-ot 'blk\\.(0|1)\\.ffn_.*_exps\\.=CPU'\")")
     e.add_argument("--gguf", default="model.gguf", help="the GGUF path to put in the emitted llama.cpp command")
     e.add_argument("--json", action="store_true")
     e.set_defaults(fn=cmd_estimate)

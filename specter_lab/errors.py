@@ -7,7 +7,8 @@ candidate does not fit".
 
 from __future__ import annotations
 
-__all__ = ["BudgetTooSmall", "CopyFault", "NotExact", "Diverged", "TraceError", "ConfigError"]
+__all__ = ["BudgetTooSmall", "CopyFault", "NotExact", "Diverged", "CheckpointError", "NotEnoughMemory", "TraceError",
+           "ConfigError"]
 
 from typing import Any
 
@@ -36,6 +37,27 @@ class NotExact(ValueError):
 class Diverged(RuntimeError):
     """``verify_lossless=True`` found committed tokens that differ from a plain greedy pass of the target: a bug
     in specter_lab, never an expected outcome (please report it with the model and strategy named here)."""
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder that cannot be loaded as it is: a missing, truncated or corrupt shard, an index naming
+    a file that is not there, a tensor whose shape disagrees with ``config.json``, a config that is not MoE.
+    Raised before any weight is read. ``path`` is the file at fault, ``field`` the entry in it (a tensor name, a
+    config key, ``"header"``), or None when the whole file is."""
+
+    def __init__(self, message: str, path: str | None = None, field: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.field = field
+
+
+class NotEnoughMemory(ValueError):
+    """What a run would hold does not fit in the memory allowed: refused before anything is allocated.
+    ``plan`` is the :class:`~specter_lab.model.memory.MemoryPlan` with every term, the allowance and the fixes."""
+
+    def __init__(self, message: str, plan=None) -> None:
+        super().__init__(message)
+        self.plan = plan
 
 
 class TraceError(ValueError):

@@ -9,8 +9,13 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["Budget", "parse_budget", "parse_bytes", "format_bytes", "budget_from_text"]
+__all__ = ["Budget", "parse_budget", "parse_bytes", "format_bytes", "budget_from_text", "Handle"]
+
+# A point on a clock: float seconds on the simulated clock, a torch.cuda.Event on the CUDA one. The one alias the
+# clock, the trace and the tally share (it lives here, on the lowest floor, so none imports another for it).
+Handle = Any
 
 _UNITS = {"b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 1024, "mib": 1024**2, "gib": 1024**3,
           "tib": 1024**4}

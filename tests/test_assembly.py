@@ -11,7 +11,7 @@ import specter_lab as sl
 from conftest import hf_greedy
 from specter_lab.run.assembly import make_schedule, make_store, miss_rule
 from specter_lab.offload.clock import SimClock, make_clock
-from specter_lab.offload.hostexec import CopyMisses, CostedMisses, HostMisses, ShareMisses
+from specter_lab.offload.hostexec import BalancedMisses, CopyMisses, CostedMisses, HostMisses, ShareMisses
 from specter_lab.pricing.profiles import PROFILES
 from specter_lab.offload.schedule import ForwardInfo, counts_of
 from specter_lab.run.strategies import EVICTION, MISS, POOL, PREFETCH, Strategy
@@ -45,7 +45,7 @@ def test_every_mechanism_value_assembles_into_a_part(model):
     info = sl.inspect_model(model)
     profile = PROFILES["rtx4090-pcie4"]
     cost = sl.Engine(model, None, "lru").cost
-    rules = {"copy": CopyMisses, "host": HostMisses, "auto": CostedMisses}
+    rules = {"copy": CopyMisses, "host": HostMisses, "auto": CostedMisses, "balance": BalancedMisses}
     for miss in MISS:
         st = Strategy("x", miss=miss)
         store = make_store(st, info, [2] * info.num_layers, SimClock(profile), cost, Trace())

@@ -1,14 +1,17 @@
-"""sl.bench.consumer_anchors(): published offloaded decode on consumer machines against the estimator."""
+"""sl.bench.consumer_anchors(): published offloaded decode on consumer machines against the estimator, every row
+tagged fit or check, the constant fitted on fit rows only, and the two groups' errors reported apart."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
-from specter_lab.studies import bench
-from specter_lab.estimate.consumer import CONSUMER_ROWS, TOLERANCE, derive_host_efficiency
+from specter_lab.estimate.consumer import (CONSUMER_ROWS, TOLERANCE, consumer_summary, derive_host_efficiency)
 from specter_lab.estimate.pricing import HOST_DECODE_EFFICIENCY, HOST_EFFICIENCY_RANGE
+from specter_lab.pricing.published import PUBLISHED_ROWS
+from specter_lab.studies import bench
 
 
 @pytest.fixture(scope="module")
@@ -16,39 +19,51 @@ def table():
     return bench.consumer_anchors()
 
 
-def test_every_row_of_the_issue_is_there(table):
-    assert len(table) == len(CONSUMER_ROWS) == 7
-    assert set(table.model) == {"DeepSeek-V2-Lite Q4_K_M", "Qwen3-30B-A3B Q2_K", "Qwen3-30B-A3B-2507 BF16",
-                                "gpt-oss-20B MXFP4"}
+def test_every_row_is_tagged_fit_or_check_with_a_source(table):
+    assert len(table) == len(CONSUMER_ROWS) >= 10
+    assert set(table.split) == {"fit", "check"} and (table.split == "check").sum() >= 5
     assert table.source.str.len().gt(0).all() and table.note.str.len().gt(0).all()
+    assert {r.split for r in PUBLISHED_ROWS} == {"fit", "check"}  # the resident table too
 
 
 def test_fitted_rows_hold_within_30pct_also_left_out(table):
-    fit = table[table.role == "host fit"]
+    fit = table[table.split == "fit"]
     assert fit.within_30pct.all(), fit[["model", "engine", "ratio"]]
     assert (fit.loo_ratio.sub(1).abs() <= TOLERANCE).all(), fit[["model", "engine", "loo_ratio"]]
 
 
-def test_the_device_only_check_holds(table):
-    row = table[table.engine.str.contains("all on the GPU")].iloc[0]
-    assert abs(row.ratio - 1) <= TOLERANCE
-
-
-def test_the_mmap_row_misses_and_says_why(table):
-    row = table[table.engine.str.contains("CPU only")].iloc[0]
-    assert not row.within_30pct and row.in_published_range  # warm no-mmap is the top of a bimodal range
-    assert "mmap" in row.note
-
-
-def test_host_efficiency_constant_is_the_fit(table):
+def test_the_constant_is_fitted_on_fit_rows_only(table):
     assert HOST_DECODE_EFFICIENCY == pytest.approx(derive_host_efficiency(), rel=0.01)
     rows = table.row_host_efficiency.dropna()
+    assert len(rows) == (table.split == "fit").sum()
     assert HOST_EFFICIENCY_RANGE == pytest.approx((rows.min(), rows.max()), abs=0.002)
+    # a check row changes nothing: mark one as if it were fitted and the constant moves
+    moved = tuple(replace(r, role="fit") if "CPU only" in r.engine else r for r in CONSUMER_ROWS)
+    assert derive_host_efficiency(moved) != pytest.approx(derive_host_efficiency(), rel=1e-3)
+
+
+def test_bands_hold_the_published_figures(table):
+    assert (table.band_low <= table.simulated_tok_s).all() and (table.simulated_tok_s <= table.band_high).all()
+    assert table.in_band.mean() >= 0.8, table[["model", "engine", "band_tok_s", "published_tok_s"]]
+    assert table.dominant_unknown.str.len().gt(0).all()
+
+
+def test_summary_reports_the_groups_apart(table):
+    s = consumer_summary(table).set_index("split")
+    assert list(s.index) == ["fit", "check"]
+    assert s.loc["check", "rows"] == (table.split == "check").sum()
+    assert s.loc["check", "median_abs_error"] == pytest.approx(table[table.split == "check"].abs_error.median())
+
+
+def test_the_mmap_row_says_why(table):
+    row = table[table.engine.str.contains("CPU only")].iloc[0]
+    assert row.in_published_range and "mmap" in row.note  # warm no-mmap prices the top of a bimodal range
 
 
 def test_cli_bench_consumer(capsys):
     from specter_lab.cli import main
 
     assert main(["bench", "--consumer", "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)["consumer"]
-    assert len(rows) == 7 and all("ratio" in r for r in rows)
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["consumer"]) == len(CONSUMER_ROWS) and all("ratio" in r for r in out["consumer"])
+    assert [s["split"] for s in out["summary"]] == ["fit", "check"]

@@ -93,7 +93,7 @@ def test_bad_input_names_the_argument_and_what_would_fit():
              "num_attention_heads": 4, "vocab_size": 128}
     with pytest.raises(ValueError, match=r"config: .*not a mixture-of-experts"):
         estimate(dense)
-    with pytest.raises(ValueError, match=r"gpu='rtx9999' .*rtx4090"):
+    with pytest.raises(ValueError, match=r"gpu='rtx9999' .*closest \["):
         estimate(QWEN3, gpu="rtx9999")
     with pytest.raises(ValueError, match=r"vram=2\.50 GiB .*needs at least 3\.3. GiB.*weights=.q8_0."):
         estimate(QWEN3, gpu="rtx4090", vram="2.5GiB", weights="bf16")
@@ -195,3 +195,156 @@ def test_replays_count_where_experts_run():
     assert list(static.device) == [2, 0] and list(static.host) == [0, 2] and list(static.host_trips) == [0, 1]
     pinned = replay.hot_set(routing, 16, 20)  # every expert pinned: nothing left for the host
     assert pinned.hit_rate == 1.0 and pinned.host_per_token == 0
+
+
+def test_any_catalog_gpu_with_a_host_described_by_its_memory(capsys):
+    from specter_lab.cli import main
+
+    e = estimate(QWEN3, gpu="rtx3060", vram="12GB", host="ddr4-3200x2", weights="q4_k_m")
+    assert e.machine.card.key == "rtx3060-12gb" and e.machine.vram_bandwidth == pytest.approx(360e9)
+    assert e.machine.host.name == "ddr4-3200x2"
+    assert main(["estimate", "--config", "qwen3-30b-a3b", "--gpu", "rtx3060", "--vram", "12GB", "--host",
+                 "ddr4-3200x2", "--weights", "q4_k_m"]) == 0
+    out = capsys.readouterr().out
+    assert "GeForce RTX 3060 12GB" in out and "Band for" in out and "dominates" in out
+    # the 8 GB variant: less bandwidth, fewer experts on the GPU
+    small = estimate(QWEN3, gpu="rtx3060", vram="8GB", host="ddr4-3200x2", weights="q4_k_m")
+    assert small.machine.card.key == "rtx3060-8gb"
+    assert small.row("static_split").tokens_per_s < e.row("static_split").tokens_per_s
+
+
+def test_every_row_has_a_band_around_it_and_names_what_dominates():
+    e = estimate(QWEN3, gpu="rtx4060ti", vram="16GB", host="ddr5-5600x2", weights="q4_k_m")
+    t = e.table
+    assert (t.low_tok_s <= t.tokens_per_s).all() and (t.tokens_per_s <= t.high_tok_s).all()
+    assert set(t.dominant_unknown) <= set(e.unknowns) and t.dominant_unknown.str.len().gt(0).all()
+    host_bound = e.row("static_split")
+    assert host_bound.dominant_unknown.startswith("host")  # the split's host lane is what is least known
+
+
+def test_a_host_not_given_is_said_and_widens_the_band():
+    given = estimate(QWEN3, gpu="rtx4070", host="ddr5-5600x2", weights="q4_k_m", depth=0)
+    unknown = estimate(QWEN3, gpu="rtx4070", weights="q4_k_m", depth=0)
+    assert given.machine.host is not None and unknown.machine.host is None
+    assert any("HOST NOT GIVEN" in a for a in unknown.assumptions) and "Host not given" in str(unknown)
+    width = lambda e: e.row("static_split").high_tok_s / e.row("static_split").low_tok_s
+    assert width(unknown) > width(given)
+    assert unknown.row("static_split").dominant_unknown == "host DRAM bandwidth"
+
+
+def test_depth_prices_the_kv_cache_and_when_unknown_bands_it():
+    deep = estimate(GPT_OSS, gpu="rtx5080", host="ddr5-6000x2", context=32768, depth=32768)
+    empty = estimate(GPT_OSS, gpu="rtx5080", host="ddr5-6000x2", context=32768, depth=0)
+    unknown = estimate(GPT_OSS, gpu="rtx5080", host="ddr5-6000x2", context=32768)
+    assert deep.table.tokens_per_s.iloc[0] < empty.table.tokens_per_s.iloc[0]
+    assert "context depth" in unknown.unknowns and "context depth" not in deep.unknowns
+    assert unknown.table.high_tok_s.iloc[0] >= empty.table.tokens_per_s.iloc[0] * 0.99
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"context": -5}, r"context=-5: .*integer >= 1"),
+    ({"context": 4096, "depth": 5000}, r"depth=5000: .*\[0, context=4096\]"),
+    ({"gpu": "rtx3060", "vram": "16GB"}, r"vram=.*more than the GeForce RTX 3060 12GB has .*'12GB'"),
+    ({"gpu": "rtx4060", "vram": "1GiB", "weights": "bf16"}, r"vram=1\.00 GiB is smaller than .*dense weights"),
+    ({"host": "ddr5-5700x2"}, r"host='ddr5-5700x2': .*nearest \['ddr5-5600x2'"),
+    ({"gpu": "rtx 3060 tie"}, r"gpu='rtx 3060 tie' .*closest \['rtx3060"),
+])
+def test_bad_input_names_the_argument_and_the_nearest_valid_values(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        estimate(QWEN3, **kwargs)
+
+
+def test_the_users_own_flags_are_priced_beside_the_best(capsys):
+    from specter_lab.cli import main
+    from specter_lab.estimate.placement import parse_placement
+
+    ds = geometry_from_config("deepseek-v2-lite")  # one dense first block: llama.cpp counts blocks, not MoE layers
+    assert sum(parse_placement("-ngl 99 --n-cpu-moe 5", ds).host_layers) == 4
+    assert all(parse_placement("--cpu-moe", ds).host_layers)
+    ot = parse_placement("-ot 'blk\\.(1|2)\\.ffn_.*_exps\\.=CPU'", ds).host_layers
+    assert [i for i, h in enumerate(ot) if h] == [0, 1]
+    with pytest.raises(ValueError, match="placement=.*--n-cpu-moe takes a number"):
+        parse_placement("--n-cpu-moe many", ds)
+
+    base = estimate(QWEN3, gpu="rtx4070", host="ddr5-6000x2", weights="q4_k_m")
+    n = base.placements["static_split"]["n_cpu_moe"]
+    same = estimate(QWEN3, gpu="rtx4070", host="ddr5-6000x2", weights="q4_k_m", placement=f"--n-cpu-moe {n}")
+    assert same.row("yours").tokens_per_s == pytest.approx(same.row("static_split").tokens_per_s)
+    worse = estimate(QWEN3, gpu="rtx4070", host="ddr5-6000x2", weights="q4_k_m", placement="--cpu-moe")
+    assert worse.row("yours").tokens_per_s < worse.row("static_split").tokens_per_s
+    assert worse.best != "yours" and "by changing it" in str(worse)
+    cached = estimate(QWEN3, gpu="rtx4070", host="ddr5-6000x2", weights="q4_k_m",
+                      placement="--cpu-moe --moe-cache-mib 6000")
+    assert cached.row("yours").hit_rate > 0 and cached.placements["yours"]["fits"]
+    too_big = estimate(QWEN3, gpu="rtx4070", host="ddr5-6000x2", weights="q4_k_m", placement="--n-cpu-moe 0")
+    assert not too_big.placements["yours"]["fits"] and "DOES NOT FIT" in too_big.row("yours").placement
+    assert main(["estimate", "--config", "qwen3-30b-a3b", "--gpu", "rtx4070", "--host", "ddr5-6000x2",
+                 "--weights", "q4_k_m", "--placement=--n-cpu-moe 30", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert any(r["strategy"] == "yours" for r in out["table"]) and out["cache_sizing"]["cliff_mib"] > 0
+
+
+def test_the_cache_cliff_is_one_token_of_every_layer():
+    e = estimate(QWEN3, gpu="rtx4060", host="ddr4-3200x2", weights="q4_k_m")
+    s = e.cache_sizing()
+    g, b = e.model, e.budget
+    assert s.token_cycle_mib == pytest.approx(g.moe_layers * g.top_k * b.expert_bytes / 2**20)
+    below = s.sweep[s.sweep.cache_mib < s.cliff_mib]
+    assert len(below) and (below.hit_rate < 0.01).all()  # sequential flooding: no hits at all
+    assert s.cliff_mib <= s.token_cycle_mib * 1.001 and s.cliff_mib <= s.enough_mib
+    assert (s.sweep[s.sweep.cache_mib >= s.token_cycle_mib].hit_rate > 0).all()
+    assert "--moe-cache-mib" in s.command() and "hits 0 %" in str(e)
+    assert estimate(QWEN3, gpu="rtx4090", vram="24GB", weights="q4_k_m").cache_sizing() is None  # all fit
+
+
+def test_prefill_prices_what_each_placement_moves_per_micro_batch(capsys):
+    from specter_lab.cli import main
+
+    w = estimate(QWEN3, gpu="w7800", weights="q4_k_m", host="ddr5-5600x2", depth=0).prefill(512)
+    lo, hi = (float(x) for x in w.set_index("strategy").loc["resident", "ttft_band_s"].split("-"))
+    assert lo <= 512 / 2254 and 512 / 3186 <= hi  # llama.cpp #24546: W7800 pp512 2254-3186 tok/s (a check)
+    e = estimate(QWEN3, gpu="rtx3060", weights="q4_k_m", host="ddr4-3200x2", placement="--cpu-moe")
+    p = e.prefill(4096).set_index("strategy")
+    assert p.loc["yours", "link_s"] > p.loc["static_split", "link_s"] > 0  # more experts in host memory, more copies
+    assert p.loc["yours", "ttft_s"] >= p.loc["static_split", "ttft_s"]
+    with pytest.raises(ValueError, match="prompt=0"):
+        e.prefill(0)
+    s = e.summary(prompt=1024)
+    assert s["best"] == e.best and s["prefill"] is not None and s["cache_sizing"].cliff_mib > 0
+    assert main(["estimate", "--config", "qwen3-30b-a3b", "--gpu", "rtx3060", "--host", "ddr4-3200x2",
+                 "--weights", "q4_k_m", "--prompt", "2048"]) == 0
+    assert "Prefill, modelled, at a 2048-token prompt" in capsys.readouterr().out
+
+
+def test_speculative_strategies_are_priced_with_the_modelled_draft():
+    from specter_lab.estimate.speculative import ACCEPTANCE_RANGE, SPECULATIVE, draft_model
+    from specter_lab.routing.importing import MEASURED_DRAFT
+
+    e = estimate(QWEN3, gpu="rtx4090", vram="24GB", host="ddr5-5600x2", weights="bf16")
+    assert set(SPECULATIVE) <= set(e.table.strategy)
+    for name in SPECULATIVE:
+        r, p = e.row(name), e.placements[name]
+        assert "MODELLED" in r.placement and p["acceptance"] == MEASURED_DRAFT[p["draft_bits"]].acceptance
+        assert r.low_tok_s < r.tokens_per_s < r.high_tok_s
+    assert e.row("specter").tokens_per_s >= e.row("spec_lru").tokens_per_s  # prefetch hides copies, never adds
+    assert any("MODELLED" in a for a in e.assumptions)
+    d = draft_model(e.model, e.budget, 16.0)
+    assert d.tokens_per_window(8, 1.0) == 9 and d.tokens_per_window(8, 0.0) == 1
+    assert ACCEPTANCE_RANGE[0] < d.acceptance <= ACCEPTANCE_RANGE[1] + 0.01
+    assert "draft acceptance" in e.unknowns
+    # a draft is narrower than the experts: q4_k_m experts get a 3- or 2-bit draft, never an int4 one
+    q4 = estimate(QWEN3, gpu="rtx4070", host="ddr5-5600x2", weights="q4_k_m")
+    assert all(q4.placements[n]["draft_bits"] < 4 for n in SPECULATIVE if n in q4.placements)
+
+
+def test_the_emitted_command_read_back_prices_the_same_placement():
+    # DeepSeek's dense block 0 counts in llama.cpp's --n-cpu-moe: the emitted flag must say n + 1 for n expert layers
+    e = estimate("deepseek-v2-lite", gpu="rtx3060", vram="8GB", host="ddr4-3200x2", weights="q4_k_m")
+    split = e.placements["static_split"]
+    cmd = e.llama_cpp().splitlines()
+    flags = next(line for line in cmd if "--n-cpu-moe" in line and "--moe-cache-mib" not in line)
+    flags = flags.split("--no-mmap", 1)[1].split(":")[-1]
+    again = estimate("deepseek-v2-lite", gpu="rtx3060", vram="8GB", host="ddr4-3200x2", weights="q4_k_m",
+                     placement=flags)
+    assert again.placements["yours"]["n_host_layers"] == split["n_cpu_moe"]
+    assert again.row("yours").tokens_per_s == pytest.approx(again.row("static_split").tokens_per_s)

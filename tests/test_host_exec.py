@@ -134,15 +134,14 @@ def test_host_dtype_is_a_knob_on_the_gpu_and_refused_where_it_breaks_exactness(m
     # On a GPU (here: the device check says so) a bf16 host keeps its own copy, at half the fp32 bytes; an fp32
     # host on the priced bf16 deployment reads twice the bytes per expert
     eng = sl.Engine(model, None, "fiddler", expert_budget=0.35, hardware="rtx4090-pcie4", cost_shape="deepseek-v2-lite")
-    monkeypatch.setattr(eng, "device", torch.device("meta"))  # not the CPU: exactness is not promised there
-    eng.host_dtype = eng._check_host_dtype("bfloat16")
-    monkeypatch.setattr(eng, "device", torch.device("cpu"))  # compute where the tensors are
+    # a bf16 host lane, as resolve() sets it up on a GPU (the CPU binding refuses it: exactness is promised there)
+    eng.setup = replace(eng.setup, host_dtype=torch.bfloat16)
     r = eng.generate(IDS, max_new_tokens=N)
     fp32 = sum(t.numel() * 4 for l in sl.inspect_model(model).layers for n in l.param_names
                for t in [getattr(l.experts, n)])
     assert r.metrics["host_copy_bytes"] == fp32 // 2 and r.metrics["host_dtype"] == "bfloat16"
     base = _run(model, "fiddler").metrics  # priced as the bf16 deployment: the same bytes as the bf16 copy
     assert r.metrics["host_ms_per_token"] == pytest.approx(base["host_ms_per_token"])
-    eng.host_dtype, eng._host_exec = torch.float32, None
+    eng.setup, eng._host_exec = replace(eng.setup, host_dtype=torch.float32), None
     wide = eng.generate(IDS, max_new_tokens=N).metrics
     assert wide["host_ms_per_token"] > 1.5 * base["host_ms_per_token"] and wide["host_copy_bytes"] == fp32

@@ -136,7 +136,7 @@ def test_auto_keeps_the_callers_draft_and_k(family_models):
                     draft=sl.QuantSpec(2, 64), k=3)
     spec_rows = eng.plan.table[eng.plan.table.candidate.str.startswith("spec")]
     label = sl.DraftSpec('quantized', sl.QuantSpec(2, 64)).label
-    assert sorted(spec_rows.candidate) == [f"spec {label} k=3", f"spec+host {label} k=3"]
+    assert sorted(spec_rows.candidate) == [f"spec {label} k=3", f"spec+host {label} k=3", f"spec+split {label} k=3"]
     if eng.strategy.speculative:
         assert eng.strategy.k == 3 and eng.draft_cfg.quant == sl.QuantSpec(2, 64)
     ids = PROMPTS[0]

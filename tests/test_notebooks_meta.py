@@ -20,7 +20,7 @@ nbformat = pytest.importorskip("nbformat")
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 EXPECTED = ["01_quickstart", "02_quantization", "03_timelines", "04_compare", "05_your_model",
-            "06_reproducing_specter"]
+            "06_reproducing_specter", "07_estimate"]
 MAX_CODE_RUN = 2  # code cells in a row without a markdown cell between them
 MAX_CHECKED_OUTPUT = 2_000  # characters of stored output per checked cell
 MAX_FILE_BYTES = 100_000

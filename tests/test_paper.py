@@ -83,7 +83,7 @@ def test_cases_hold_the_artifact_settings():
     assert hi.method("mixtral_offloading").residents == 32 and lo.method("mixtral_offloading").residents == 20
     assert c["qwen1.5-moe"].baselines == ("specmoeoff",) and c["phi-3.5-moe"].memory_rule == "matched"
     for case in c.values():  # every case's shape exists at full depth, with the real model's expert count
-        shape = sl.offload.shapes.get_cost_shape(case.cost_shape)
+        shape = sl.pricing.shapes.get_cost_shape(case.cost_shape)
         assert shape.projection == "full" and shape.num_experts == case.num_experts and shape.top_k == case.top_k
     # projected onto 32 experts a layer: the same fraction resident
     assert hi.method("specter").slots_on(32, 64) == 8 and lo.method("specmoeoff").slots_on(32, 64) == 1
@@ -131,7 +131,7 @@ def test_reproduce_paper_refuses_what_it_cannot_do(model):
 
 def test_waterfall_takes_the_speedup_apart(model):
     w = sl.bench.paper_waterfall(model, None, prompts=[IDS], max_new_tokens=40, progress=False)
-    assert list(w.step) == [s[0] for s in sl.reproduce.WATERFALL_STEPS]
+    assert list(w.step) == [s[0] for s in sl.studies.reproduce.WATERFALL_STEPS]
     assert w.metric.iloc[0] == "tpot_ms_artifact" and (w.metric.iloc[1:] == "tpot_ms").all()
     # each factor is the step's change, so their product takes the headline to the last step
     assert w.speedup.iloc[0] * w.factor.iloc[1:].prod() == pytest.approx(w.speedup.iloc[-1])

@@ -140,7 +140,7 @@ def test_stop_generation_is_a_clean_stop(model, ref, strategy):
 
     def callback(info):
         if info.step == 2:
-            raise sl.engine.StopGeneration
+            raise sl.decode.StopGeneration
 
     r = engine.generate(IDS, max_new_tokens=N, callback=callback)
     assert r.metrics["stopped"] is True

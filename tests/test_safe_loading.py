@@ -133,3 +133,14 @@ def test_trust_remote_code_is_passed_only_when_given(tmp_path, model, monkeypatc
     seen.clear()
     sl.load_model(tmp_path, trust_remote_code=True)
     assert seen == [("model", True, True), ("tokenizer", True)]
+
+
+def test_a_bf16_checkpoint_stays_bf16_unless_asked(tmp_path):
+    """Never a silent upcast: the checkpoint's own dtype is the default on the CPU too; another is asked for."""
+    sl.tiny_random_model("qwen2_moe", seed=3).to(torch.bfloat16).save_pretrained(tmp_path)
+    loaded, _ = sl.load_model(tmp_path)
+    assert loaded.dtype == torch.bfloat16
+    assert {p.dtype for p in loaded.parameters()} == {torch.bfloat16}
+    assert sl.load_model(tmp_path, dtype="float32")[0].dtype == torch.float32
+    ref = hf_greedy(loaded, IDS, N)
+    assert sl.Engine(loaded, None, "lru", cache_slots=3).generate(IDS, max_new_tokens=N).token_ids == ref

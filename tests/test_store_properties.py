@@ -21,6 +21,7 @@ import functools
 import math
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -260,3 +261,30 @@ def test_engine_runs_keep_the_invariants(family, strategy, slots, eviction, ids,
     assert len(f["transfers"]) == len(r.trace.transfers)
     assert (f["compute"].stall >= -EPS).all()
     assert model.config._experts_implementation != "specter"
+
+
+@pytest.mark.parametrize("strategy", ["lru", "global_lru", "host_lru", "mixtral_offloading", "specter", "specter_plus"])
+def test_a_large_cpu_store_aliases_its_slots_with_the_same_floats(strategy, monkeypatch):
+    """Past CPU_SLOT_COPY_LIMIT a CPU slot is a view of the host copy (no second copy of a real-size model's
+    budget): the tokens and every metric are those of the copying store."""
+    import specter_lab.offload.store as store_mod
+
+    model = sl.tiny_random_model("qwen2_moe", seed=1)
+    ids = [1, 5, 9, 13, 2]
+
+    def run():
+        eng = sl.Engine(model, None, strategy, expert_budget=0.5, verify_lossless=True)
+        run_ = eng.prepare(ids, max_new_tokens=16)
+        aliased = run_.store.aliases
+        try:
+            return run_.execute(), aliased
+        finally:
+            run_.store.release()
+
+    copied, aliased = run()
+    assert not aliased
+    monkeypatch.setattr(store_mod, "CPU_SLOT_COPY_LIMIT", 0)
+    viewed, aliased = run()
+    assert aliased and viewed.token_ids == copied.token_ids
+    same = lambda a, b: a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
+    assert all(same(v, viewed.metrics[k]) for k, v in copied.metrics.items() if k != "draft_rel_error")

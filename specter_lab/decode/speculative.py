@@ -5,6 +5,18 @@ which is rewound to the committed length before verification, and after verifica
 (:class:`~specter_lab.decode.kv.SequenceCache`: attention crops; a recurrent state is restored from the window's
 checkpoint and the kept tokens are recomputed, phase ``recompute``). During drafting the draft's routing is
 counted per layer (the window forecast) and the lookahead prefetcher copies forecast experts at its boundaries.
+
+Verification (``Speculation.verify``, the Engine's ``verify=``):
+
+* ``"batched"`` (default): one target forward over the K+1 positions. Its matmuls have K+1 rows where decoding
+  has one, so in bf16/fp16 its logits differ from token-by-token decoding by rounding: the committed tokens are
+  the target's greedy choice under the verification's numerics, and can differ from HF ``generate`` only where
+  the target's top two logits are within that rounding (a near-tie; see docs/lossless.md, measured in
+  docs/measured/bf16_divergence.md). In float32 the difference does not reach the argmax on the tested models.
+* ``"exact"``: the positions are verified by one-token target forwards, in order, stopping at the first
+  rejection (greedy), so every logit is computed in the shapes decoding uses: the output equals token-by-token
+  decoding (HF ``generate``) by construction, in every dtype. It costs up to K+1 forwards of the dense part per
+  window instead of one (the experts, prefetched from the forecast, are the same).
 """
 
 from __future__ import annotations
@@ -12,6 +24,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from ..predict import KGovernor, LookaheadPrefetcher, WindowForecast, WindowOutcome
@@ -20,7 +33,18 @@ from .kv import Checkpoint
 from .sampling import verify_greedy, verify_sampling
 
 __all__ = ["Speculation", "DraftWindow", "Verdict", "speculative", "ForecastSource", "DraftForecast",
-           "OracleForecast"]
+           "OracleForecast", "VERIFY_MODES", "check_verify_mode"]
+
+VERIFY_MODES = ("batched", "exact")
+
+
+def check_verify_mode(verify: str) -> str:
+    """``verify`` validated: ``"batched"`` (one K+1-token pass) or ``"exact"`` (one-token passes)."""
+    if verify not in VERIFY_MODES:
+        raise ValueError(f"verify={verify!r}: use 'batched' (one target pass over the K+1 positions: the target's "
+                         "greedy choice under that pass's rounding) or 'exact' (one-token passes: equal to "
+                         "token-by-token decoding in every dtype, at up to K+1 dense forwards per window).")
+    return verify
 
 
 class DraftForecast:
@@ -55,6 +79,7 @@ class Speculation:
     source: ForecastSource = field(default_factory=DraftForecast)
     prefetcher: LookaheadPrefetcher | None = None
     governor: KGovernor | None = None
+    verify: str = "batched"  # VERIFY_MODES: one K+1-token pass, or one-token passes ("exact")
 
 
 @dataclass
@@ -99,7 +124,7 @@ def speculative(dec: Decoder, prompt: torch.Tensor, spec: Speculation) -> list[i
         for layer, counts in enumerate(forecast.counts):
             for e, c in counts.items():
                 dec.trace.forecast_count(layer, e, c)
-        verdict = verify(dec, window)
+        verdict = verify(dec, window, spec.verify)
         commit_window(dec, window, verdict, t0)
         if spec.governor is not None:
             spec.governor.observe(_outcome(dec, window, verdict, marks))
@@ -180,10 +205,14 @@ def oracle_forecast(dec: Decoder, spec: Speculation, w: DraftWindow) -> WindowFo
     return forecast
 
 
-def verify(dec: Decoder, w: DraftWindow) -> Verdict:
-    """One target pass over [last, d1..dK]; keep the accepted drafts plus the target's own next token, and stop
-    at the first EOS exactly as HF generate does."""
-    logits, info = dec.forward([w.last] + w.drafts, "target", "verify", keep=0)
+def verify(dec: Decoder, w: DraftWindow, mode: str = "batched") -> Verdict:
+    """One target pass over [last, d1..dK] (``mode="exact"``: one-token passes, :func:`_verify_stepwise`); keep
+    the accepted drafts plus the target's own next token, and stop at the first EOS exactly as HF generate does."""
+    if mode == "exact":
+        logits, routing = _verify_stepwise(dec, w)
+    else:
+        logits, info = dec.forward([w.last] + w.drafts, "target", "verify", keep=0)
+        routing = _by_layer(info.routing)
     if dec.sampling.do_sample:
         acc, nxt, kind = verify_sampling(dec.sampling, dec.gen, logits, w.drafts, w.qs)
     else:
@@ -193,7 +222,22 @@ def verify(dec: Decoder, w: DraftWindow) -> Verdict:
         if tok in dec.eos:
             new, status = new[: i + 1], status[: i + 1]
             break
-    return Verdict(acc, new, status, _by_layer(info.routing))
+    return Verdict(acc, new, status, routing)
+
+
+def _verify_stepwise(dec: Decoder, w: DraftWindow) -> tuple[torch.Tensor, list]:
+    """The window's logits from one-token target forwards over [last, d1..], each exactly a decoding step. Greedy
+    stops at the first position whose argmax rejects the draft (the cache then holds just the kept tokens: no
+    rewind); sampling needs every position. Returns the logits rows computed and the routing per layer."""
+    rows, routes = [], []
+    for i, tok in enumerate([w.last] + w.drafts):
+        logits, info = dec.forward([tok], "target", "verify", keep=1)
+        rows.append(logits[-1])
+        routes.append(info.routing)
+        if not dec.sampling.do_sample and i < len(w.drafts) and int(torch.argmax(logits[-1])) != w.drafts[i]:
+            break
+    routing = [np.concatenate([r[l] for r in routes]) for l in sorted(routes[0])]
+    return torch.stack(rows), routing
 
 
 def commit_window(dec: Decoder, w: DraftWindow, v: Verdict, t0) -> None:

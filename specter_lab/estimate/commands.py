@@ -24,26 +24,27 @@ def llama_cpp_command(e, model_path: str = "model.gguf") -> str:  # e: an estima
     rows = e.table[e.table.strategy.isin(LLAMA_CPP_PLACEMENTS)]
     best = str(rows.iloc[0]["strategy"])
     parts = [f"llama-server -m {model_path} -ngl 99 -c {e.context} --no-mmap"]
-    if e.machine.host is not None:
+    if e.machine.host is not None and e.machine.host.cores:
         parts.append(f"--threads {e.machine.host.cores}")
     L = e.model.moe_layers
     dense_offset = e.model.dense_layers  # llama.cpp numbers blocks over all decoder layers
     if best == "static_split":
         n = e.placements["static_split"]["n_cpu_moe"]
         ot = _ot_regex([dense_offset + i for i in range(n)])
-        flags = " ".join(parts) + f" --n-cpu-moe {n}"
+        # --n-cpu-moe counts blocks from 0, dense ones included (DeepSeek's block 0): n expert layers need n + offset
+        flags = " ".join(parts) + f" --n-cpu-moe {n + dense_offset if n else 0}"
         return f"{flags}\n# or, the same layers by name: {' '.join(parts)} -ot \"{ot}\""
     if best == "global_lru":
         mib = int(e.budget.experts // MiB)
         share = e.placements["global_lru"]["cpu_share"]
-        cached = " ".join(parts) + f" --n-cpu-moe {L} --moe-cache-mib {mib}" + (
+        cached = " ".join(parts) + f" --cpu-moe --moe-cache-mib {mib}" + (
             f" --moe-cache-cpu-share {share:g}" if share else "")
         split = e.placements.get("static_split")
         if split is None:
             return cached
         tps = e.row("static_split").tokens_per_s
         return (f"{cached}\n# without the expert cache (llama.cpp before b12191), the split at {tps:.3g} tok/s: "
-                f"{' '.join(parts)} --n-cpu-moe {split['n_cpu_moe']}")
+                f"{' '.join(parts)} --n-cpu-moe {split['n_cpu_moe'] + dense_offset if split['n_cpu_moe'] else 0}")
     return " ".join(parts)
 
 
@@ -61,17 +62,40 @@ def engine_call(e) -> str:
             "checkpoint's")
 
 
+def _yours(e) -> list[str]:
+    """The user's own flags against the best placement, in one line."""
+    if "yours" not in e.placements:
+        return []
+    y, b = e.row("yours"), e.row(e.best)
+    gain = b.tokens_per_s / y.tokens_per_s
+    notes = "".join(f" Note: {n}." for n in e.placements["yours"]["notes"])
+    return [f"Your flags ({e.placements['yours']['flags']}): {y.tokens_per_s:.3g} tok/s (band {y.band_tok_s}); the "
+            f"best, {e.best}, {b.tokens_per_s:.3g} tok/s: {gain:.2f}x by changing it.{notes}"]
+
+
+def _sizing(e) -> list[str]:
+    s = e.cache_sizing()
+    return [] if s is None else [s.describe()]
+
+
 def report(e) -> str:
     """What ``specter-lab estimate`` prints."""
     g = e.model
     head = (f"Estimate for {g.name} ({g.model_type}: {g.total_params / 1e9:.1f}B params, {g.moe_layers} MoE layers x "
             f"{g.num_experts} experts, top-{g.top_k}, {g.active_params / 1e9:.2f}B read per token) at weights "
             f"{e.precision.label}, context {e.context}, on {e.machine.label}.")
-    cols = ["strategy", "tokens_per_s", "band_tok_s", "tpot_ms", "hit_rate", "copies_per_token", "host_experts_per_token",
+    cols = ["strategy", "tokens_per_s", "band_tok_s", "dominant_unknown", "tpot_ms", "hit_rate", "copies_per_token", "host_experts_per_token",
             "device_ms", "link_ms", "host_ms", "placement", "runs_as"]
     table = e.table[cols].to_string(index=False, float_format=lambda v: f"{v:.3g}")
-    lines = [head, e.budget.describe() + ".", "", "Decode, modelled (fastest first):", table, "",
-             f"Placement it implies: {e.best}: {e.table.iloc[0]['placement']}.", "", "Run it:",
+    best = e.row(e.best)
+    band = (f"Band for {e.best}: {best.low_tok_s:.3g}-{best.high_tok_s:.3g} tok/s"
+            + (f"; the unknown that dominates it: {best.dominant_unknown} ({e.unknowns.get(best.dominant_unknown)})"
+               if best.dominant_unknown else ""))
+    warn = ([] if e.machine.host is not None else
+            ["Host not given: the band spans a desktop from dual-channel DDR4-2666 to DDR5-6400; give --host "
+             "ddr5-5600x2 (your memory), a measured GB/s, or 'calibrated' after `specter-lab calibrate --host`."])
+    lines = [head, e.budget.describe() + ".", *warn, "", "Decode, modelled (fastest first):", table, "", band + ".",
+             f"Placement it implies: {e.best}: {best.placement}.", *_yours(e), *_sizing(e), "", "Run it:",
              "  " + e.llama_cpp().replace("\n", "\n  "), "  " + e.engine_call(), "", "Assumptions:"]
     if "global_lru" not in STRATEGIES:
         lines.insert(-1, "  (global_lru is priced here; the Engine strategy of that name is not in this install.)")

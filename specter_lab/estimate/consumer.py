@@ -6,8 +6,10 @@ Each row is one published tokens/s of llama.cpp or ktransformers on a named GPU 
 :func:`specter_lab.estimate.price_token` from the model's config (bundled in ``specter_lab/data/configs``), the
 weights' format, the GPU profile and host CPU, and the placement expressed as our strategy. One constant is
 fitted from the rows: the fraction of the host's delivered DRAM bandwidth a batch-1 expert matvec reaches
-(``HOST_DECODE_EFFICIENCY``), the geometric mean of each host-bound row's own value; ``loo_ratio`` prices each of
-those rows with the constant fitted on the others. Rows marked ``check`` are not in the fit.
+(``HOST_DECODE_EFFICIENCY``), the geometric mean of each ``fit`` row's own value; ``loo_ratio`` prices each of
+those rows with the constant fitted on the others. Rows tagged ``check`` are never in the fit: they are the test
+(:func:`consumer_summary` reports the two groups' errors and band coverage apart). A row's band is the estimate's
+(:mod:`.bands`): what is not known about its machine, each unknown at its ends, combined in quadrature.
 """
 
 from __future__ import annotations
@@ -20,13 +22,14 @@ import pandas as pd
 
 from . import replay
 from .budget import vram_budget
+from .bands import Scenario, combine, unknowns
 from .pricing import HOST_DECODE_EFFICIENCY, Machine, price_token
 from ..model.geometry import ModelGeometry, geometry_from_config
 from ..pricing.precision import get_precision
-from ..pricing.profiles import HOSTS, PROFILES
+from ..pricing.profiles import get_host, resolve_gpu
 
-__all__ = ["ConsumerRow", "CONSUMER_ROWS", "consumer_anchors", "derive_host_efficiency", "simulate_consumer_row",
-           "TOLERANCE"]
+__all__ = ["ConsumerRow", "CONSUMER_ROWS", "consumer_anchors", "consumer_summary", "derive_host_efficiency",
+           "simulate_consumer_row", "row_band", "TOLERANCE"]
 
 TOLERANCE = 0.30
 GiB = 2**30
@@ -40,8 +43,8 @@ class ConsumerRow:
     model: str
     config: str  # bundled config name
     weights: str
-    gpu: str  # profile name
-    host: str  # HOSTS name
+    gpu: str  # profile name or catalog name (specter_lab.pricing.gpus)
+    host: str | None  # HOSTS name or memory description; None: not published (a row with no host work)
     vram_gib: float
     engine: str  # engine and placement, as published
     strategy: str  # the placement as our strategy ("whole layers": llama.cpp -ngl short of every layer)
@@ -49,8 +52,12 @@ class ConsumerRow:
     published_tok_s: tuple[float, float]  # (low, high) as published
     context: int  # mean tokens in the KV cache over the measured decode
     source: str
-    role: str  # host fit | check
+    role: str  # fit (the host efficiency is fitted on it) | check (never fitted: the test)
     note: str = ""
+
+    @property
+    def split(self) -> str:
+        return "fit" if self.role == "fit" else "check"
 
     @property
     def published_mid(self) -> float:
@@ -60,12 +67,12 @@ class ConsumerRow:
 CONSUMER_ROWS: tuple[ConsumerRow, ...] = (
     ConsumerRow("DeepSeek-V2-Lite Q4_K_M", "deepseek-v2-lite", "q4_k_m", "gtx1060-pcie3", "i5-7600k-ddr4-3000", 6.0,
                 "llama.cpp expert split (-ot, --no-mmap)", "static_split", {"rule": "vram", "context": 4096},
-                (22.87, 22.87), 64, _QP_LADDER, "host fit",
+                (22.87, 22.87), 64, _QP_LADDER, "fit",
                 "the split's layer list is not published: placed by the estimator's VRAM rule at 6 GiB (dense + KV "
                 "at 4096 + 0.6 GiB overhead, then as many expert layers as fit)"),
     ConsumerRow("DeepSeek-V2-Lite Q4_K_M", "deepseek-v2-lite", "q4_k_m", "gtx1060-pcie3", "i5-7600k-ddr4-3000", 6.0,
                 "llama.cpp -ngl 13 (whole layers)", "whole layers", {"host_layers": 14, "head_on_host": True},
-                (18.21, 18.21), 64, _QP_LADDER, "host fit",
+                (18.21, 18.21), 64, _QP_LADDER, "fit",
                 "'-ngl 13 / -ngl 20 for the two big models': 13 of 27 decoder layers on the GPU, the other 14 and "
                 "the LM head on the host"),
     ConsumerRow("DeepSeek-V2-Lite Q4_K_M", "deepseek-v2-lite", "q4_k_m", "gtx1060-pcie3", "i5-7600k-ddr4-3000", 6.0,
@@ -75,25 +82,49 @@ CONSUMER_ROWS: tuple[ConsumerRow, ...] = (
                 "prices a warm --no-mmap run, so only the upper half of the range can be reproduced"),
     ConsumerRow("Qwen3-30B-A3B Q2_K", "qwen3-30b-a3b", "q2_k", "gtx1060-pcie3", "i5-7600k-ddr4-3000", 6.0,
                 "llama.cpp split, 34 % of experts in VRAM", "static_split", {"layers_on_gpu": 16},
-                (20.4, 22.2), 64, "FedericoTs/quantprobe README.md@0040d61 (preregs #60/#61)", "host fit",
+                (20.4, 22.2), 64, "FedericoTs/quantprobe README.md@0040d61 (preregs #60/#61)", "fit",
                 "the emitted command: -ngl 99 -ot 'blk\\.(16|...|47)\\.ffn_.*_exps\\.=CPU' (16 of 48 expert layers "
                 "on the GPU)"),
     ConsumerRow("Qwen3-30B-A3B-2507 BF16", "qwen3-30b-a3b", "bf16", "rtx5090-pcie5", "epyc-9355-ddr5-6400", 32.0,
                 "ktransformers 0.5.2 + SGLang, 28 GPU experts per layer", "fiddler",
                 {"gpu_experts": 28, "by": "index", "overlap": True}, (44.0, 52.0), 64,
-                "kvcache-ai/ktransformers#1914", "host fit",
+                "kvcache-ai/ktransformers#1914", "fit",
                 "28 fixed experts per layer on the GPU chosen without a routing profile (a uniform 28/128 of "
                 "routed experts served there), the host's experts overlapped with the GPU's (ktransformers runs "
-                "them concurrently); the host's delivered bandwidth is 0.54 x peak (not measured on this box)"),
+                "them concurrently); the host's delivered bandwidth is 0.78 x peak, the published desktop "
+                "measurements' geometric mean (not measured on this box)"),
     ConsumerRow("gpt-oss-20B MXFP4", "gpt-oss-20b", "mxfp4+q8_0", "rtx2080-pcie3", "i9-10900x-ddr4-2933", 8.0,
                 "llama.cpp --n-cpu-moe 12", "static_split", {"layers_on_gpu": 12}, (36.4, 36.4), 64,
-                "AlexsJones/llmfit#775", "host fit",
+                "AlexsJones/llmfit#775", "fit",
                 "dense tensors at q8_0: inferred from the size of ggml-org's gpt-oss-20b GGUF (about 12 GB: 10.2 GB "
                 "of MXFP4 experts + 1.8B other params at ~8.5 bits), not read from its tensor list"),
     ConsumerRow("gpt-oss-20B MXFP4", "gpt-oss-20b", "mxfp4+q8_0", "rtx4090-pcie4", "i9-10900x-ddr4-2933", 24.0,
                 "llama.cpp, all on the GPU (tg128)", "resident", {}, (167.0, 173.0), 64,
                 "ggml-org/llama.cpp#16649", "check",
                 "no host work: checks the device side alone (datasheet bandwidth x format efficiency + kernels)"),
+    ConsumerRow("DeepSeek-Coder-V2-Lite Q4_K_M (V2-Lite arch.)", "deepseek-v2-lite", "q4_k_m", "rtx2080-pcie3",
+                "i9-10900x-ddr4-2933", 8.0, "llama.cpp --n-cpu-moe 16 (llmfit bench, warmed, context 4096)",
+                "static_split", {"layers_on_gpu": 26 - 15}, (49.6, 49.6), 256,
+                "AlexsJones/llmfit#778 (RTX 2080 community benchmarks, batches 2 & 3)", "check",
+                "--n-cpu-moe 16 counts blocks: block 0 is DeepSeek's dense layer, so 15 of 26 expert layers on the "
+                "host; same box as the gpt-oss fit row, another model and placement"),
+    ConsumerRow("Qwen3-30B-A3B Q4_K_M", "qwen3-30b-a3b", "q4_k_m", "radeonprow7800", None, 48.0,
+                "llama.cpp HIP (RDNA3), all on the GPU (tg128)", "resident", {}, (121.61, 122.31), 64,
+                "ggml-org/llama.cpp#24546 (W7800 sweep, tg128 before/after over ubatch 512-8192)", "check",
+                "an AMD card: checks the catalog's datasheet bandwidth x format efficiency (measured on NVIDIA) on "
+                "RDNA3; no host work"),
+    ConsumerRow("Qwen3-30B-A3B-2507 BF16", "qwen3-30b-a3b", "bf16", "rtx5090-pcie5", "epyc-9355-ddr5-6400", 32.0,
+                "ktransformers 0.5.2 + SGLang, 28 GPU experts per layer, decode after a 3846-token prompt", "fiddler",
+                {"gpu_experts": 28, "by": "index", "overlap": True}, (50.2, 50.2), 3846 + 64,
+                "kvcache-ai/ktransformers#1914 (4K column)", "check",
+                "the fit row's box and run at a deeper context: checks decode at depth (the fit row is the mean over "
+                "its prompt lengths)"),
+    ConsumerRow("Qwen3-30B-A3B-2507 BF16", "qwen3-30b-a3b", "bf16", "rtx5090-pcie5", "epyc-9355-ddr5-6400", 32.0,
+                "ktransformers 0.5.2 + SGLang, 28 GPU experts per layer, decode after a 7678-token prompt", "fiddler",
+                {"gpu_experts": 28, "by": "index", "overlap": True}, (45.8, 45.8), 7678 + 64,
+                "kvcache-ai/ktransformers#1914 (8K column)", "check",
+                "as above at 8K: the published decode falls 13 % from 1K to 8K; the model's KV read alone moves it "
+                "less (a miss it says)"),
 )
 
 
@@ -122,26 +153,41 @@ def _placement_label(row: ConsumerRow) -> str:
     return f"experts of {_layers_on_gpu(row)} of {g.moe_layers} MoE layers on the GPU"
 
 
-def _priced(row: ConsumerRow, eta: float) -> float:
-    """Simulated ms per token of ``row`` with host efficiency ``eta``."""
-    g = _geometry(row.config)
-    prec = get_precision(row.weights)
-    m = Machine(PROFILES[row.gpu], row.vram_gib * GiB, HOSTS[row.host])
-    p = row.placement
+def _machine(row: ConsumerRow) -> Machine:
+    gpu, card = resolve_gpu(row.gpu)
+    return Machine(gpu, row.vram_gib * GiB, get_host(row.host), card)
+
+
+def _counts(row: ConsumerRow) -> tuple[replay.Counts, dict]:
+    """The row's placement as counts per layer, and the pricing options it needs."""
+    g, p = _geometry(row.config), row.placement
     L, k = g.moe_layers, g.top_k
-    extra = {}
     if row.strategy == "resident":
-        counts = replay.resident(L, k)
-    elif row.strategy == "fiddler":
-        counts = _uniform_hot_set(g, p["gpu_experts"])
-        extra["overlap"] = p.get("overlap", False)
-    elif "host_layers" in p:
-        counts = replay.resident(L, k)
-        extra = {"host_layers": p["host_layers"], "head_on_host": p.get("head_on_host", False)}
-    else:
-        on_gpu = _layers_on_gpu(row)
-        counts = replay.static_layers([l < on_gpu for l in range(L)], k)
-    return price_token(g, prec, m, counts, row.context, eta, **extra).total_ms
+        return replay.resident(L, k), {}
+    if row.strategy == "fiddler":
+        return _uniform_hot_set(g, p["gpu_experts"]), {"overlap": p.get("overlap", False)}
+    if "host_layers" in p:
+        return replay.resident(L, k), {"host_layers": p["host_layers"], "head_on_host": p.get("head_on_host", False)}
+    on_gpu = _layers_on_gpu(row)
+    return replay.static_layers([l < on_gpu for l in range(L)], k), {}
+
+
+def _priced(row: ConsumerRow, eta: float, scenario: Scenario | None = None) -> float:
+    """Simulated ms per token of ``row`` with host efficiency ``eta`` (or at ``scenario``)."""
+    g = _geometry(row.config)
+    sc = scenario or Scenario(_machine(row), get_precision(row.weights), eta, row.context)
+    counts, extra = _counts(row)
+    return price_token(g, sc.precision, sc.machine, counts, sc.depth, sc.eta, **extra).total_ms
+
+
+def row_band(row: ConsumerRow, eta: float = HOST_DECODE_EFFICIENCY) -> tuple[float, float, str]:
+    """(low, high, dominant unknown) tokens/s of ``row``: the estimate's band on the row's machine, its depth
+    known (the row's context)."""
+    central = Scenario(_machine(row), get_precision(row.weights), eta, row.context)
+    mid = 1e3 / _priced(row, eta, central)
+    swings = {u.name: (1e3 / _priced(row, eta, u.slow), 1e3 / _priced(row, eta, u.fast))
+              for u in unknowns(central, row.context, depth_given=True)}
+    return combine(mid, swings)
 
 
 def _uniform_hot_set(g: ModelGeometry, gpu_experts: int) -> replay.Counts:
@@ -165,9 +211,9 @@ def _row_eta(row: ConsumerRow) -> float:
 
 
 def derive_host_efficiency(rows: tuple[ConsumerRow, ...] = CONSUMER_ROWS, exclude: int | None = None) -> float:
-    """Geometric mean over the ``host fit`` rows of the host efficiency each reproduces exactly; ``exclude`` leaves
+    """Geometric mean over the ``fit`` rows of the host efficiency each reproduces exactly; ``exclude`` leaves
     that row index out (the leave-one-out check)."""
-    etas = [_row_eta(r) for i, r in enumerate(rows) if r.role == "host fit" and i != exclude]
+    etas = [_row_eta(r) for i, r in enumerate(rows) if r.split == "fit" and i != exclude]
     return math.exp(sum(math.log(e) for e in etas) / len(etas))
 
 
@@ -184,16 +230,36 @@ def consumer_anchors(rows: tuple[ConsumerRow, ...] = CONSUMER_ROWS) -> pd.DataFr
     for i, r in enumerate(rows):
         sim = simulate_consumer_row(r)
         loo = simulate_consumer_row(r, derive_host_efficiency(rows, exclude=i)) / r.published_mid \
-            if r.role == "host fit" else None
+            if r.split == "fit" else None
         lo, hi = r.published_tok_s
         ratio = sim / r.published_mid
+        b_lo, b_hi, dominant = row_band(r)
         out.append({
-            "model": r.model, "machine": f"{r.gpu} + {r.host}", "engine": r.engine, "strategy": r.strategy,
+            "model": r.model, "machine": f"{r.gpu} + {r.host or 'host not published'}",
+            "host_known": r.host is not None, "engine": r.engine, "strategy": r.strategy,
             "placement": _placement_label(r),
             "published_tok_s": f"{lo:g}" if lo == hi else f"{lo:g}-{hi:g}", "published_mid": r.published_mid,
             "simulated_tok_s": sim, "ratio": ratio, "within_30pct": abs(ratio - 1) <= TOLERANCE,
             "in_published_range": lo * (1 - TOLERANCE) <= sim <= hi * (1 + TOLERANCE), "loo_ratio": loo,
-            "row_host_efficiency": _row_eta(r) if r.role == "host fit" else None, "role": r.role,
+            "band_tok_s": f"{b_lo:.3g}-{b_hi:.3g}", "band_low": b_lo, "band_high": b_hi,
+            "in_band": b_lo <= hi and lo <= b_hi, "dominant_unknown": dominant, "abs_error": abs(ratio - 1),
+            "row_host_efficiency": _row_eta(r) if r.split == "fit" else None, "role": r.role, "split": r.split,
             "weights": r.weights, "source": r.source, "note": r.note,
         })
+    return pd.DataFrame(out)
+
+
+def consumer_summary(df: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The ``fit`` and ``check`` rows' errors apart: rows, median |simulated / published - 1| (also over the rows
+    whose host is published), the largest, and how many published figures (or ranges) meet the printed band
+    (``sl.bench.consumer_anchors()`` is ``df``)."""
+    df = consumer_anchors() if df is None else df
+    out = []
+    for split in ("fit", "check"):
+        g = df[df.split == split]
+        known = g[g.host_known]
+        out.append({"split": split, "rows": len(g), "median_abs_error": float(g.abs_error.median()),
+                    "median_abs_error_host_known": float(known.abs_error.median()) if len(known) else float("nan"),
+                    "max_abs_error": float(g.abs_error.max()), "in_band": int(g.in_band.sum()),
+                    "band_coverage": float(g.in_band.mean())})
     return pd.DataFrame(out)

@@ -20,14 +20,20 @@ import pandas as pd
 
 from ..model.geometry import ModelGeometry, geometry_from_config
 from ..pricing.precision import WeightPrecision
-from ..pricing.profiles import CONSUMER_GPUS, PROFILES, HardwareProfile, get_host
+from ..pricing.gpus import GPU
+from ..pricing.profiles import HardwareProfile, get_host, resolve_gpu
 from ..routing.synthetic import locality_for, synthetic_routing
 from ..routing.trace_file import RoutingTrace, load_trace
 from ..run import STRATEGIES
 from ..units import parse_bytes
 from . import replay
 from .budget import RUNTIME_OVERHEAD, VramBudget, precision_for, vram_budget
-from .pricing import HOST_DECODE_EFFICIENCY, HOST_EFFICIENCY_RANGE, Machine, TokenTime, price_token
+from .bands import Scenario, combine, unknowns
+from .placement import UserPlacement, parse_placement
+from .prefill import prefill_table
+from .sizing import CacheSizing, cache_sizing
+from .speculative import ACCEPTANCE_RANGE, speculative_rows, window_time
+from .pricing import HOST_DECODE_EFFICIENCY, Machine, TokenTime, price_token
 
 __all__ = ["estimate", "Estimate", "PLACEMENTS", "NOT_ESTIMATED", "get_gpu", "routing_for"]
 
@@ -44,37 +50,64 @@ PLACEMENTS = {
                  "specter_lab host_lru"),
     "lru": ("a per-layer LRU; every miss is copied over the link", "mixtral-offloading"),
     "on_demand": ("nothing kept: every routed expert copied every token", "accelerate-style offload"),
+    "yours": ("your llama.cpp flags, priced as given", "llama.cpp (your flags)"),
+    "spec_lru": ("a low-bit draft of every expert resident; a per-layer LRU of full-precision slots, misses of the "
+                 "verify window copied on demand (modelled draft)", "specter_lab spec_lru"),
+    "specter": ("a low-bit draft resident; the draft's forecast prefetches the window's misses while it drafts "
+                "(modelled draft)", "specter_lab specter"),
+    "specter_host": ("a low-bit draft resident; forecast misses reused in the window prefetched, the rest computed on "
+                     "the host CPU (modelled draft)", "specter_lab specter_host"),
 }
-# Speculative strategies need a draft's acceptance and the union of a window's routing: measured on a loaded
-# model (sl.plan), not estimated from a config.
-NOT_ESTIMATED = ("spec_lru", "specmoeoff", "specter", "specter_plus", "specter_host", "oracle", "gate_lookahead")
+# Every strategy row is priced above or left out here with its reason (tests/test_strategy_lists.py holds the two
+# together, so a new strategy cannot be silently missing from the estimate). The speculative rows above are priced
+# with the modelled draft (estimate/speculative.py).
+_UNMODELLED = "its schedule is not modelled by this replay"
+NOT_ESTIMATED = {
+    "specmoeoff": f"{_UNMODELLED} (SpecMoEOff's chunked top-M prefetch)",
+    "specter_plus": f"{_UNMODELLED} (a K governor and forecast eviction)",
+    "oracle": "reads the target's true routing: a reference, not a placement anyone runs",
+    "gate_lookahead": "needs the next layer's router predictions, which a config alone does not give",
+    "mixtral_offloading": "a replica of an artifact's implementation costs (write-back, one stream); its "
+                          "placement is lru's",
+    "lfu_decay": f"{_UNMODELLED} (decayed-LFU eviction: the shared cache simulator has LFU without decay)",
+    "host_lfu": f"{_UNMODELLED} (decayed-LFU eviction with host execution)",
+    "split_lru": f"{_UNMODELLED} (the per-token split of misses between device and host by lane)",
+    "split_lfu": f"{_UNMODELLED} (the per-token split by lane, decayed-LFU eviction)",
+    "specter_split": f"{_UNMODELLED} (the forecast's link-bounded copies and the split by lane)",
+}
 
 _TOKENS, _WARMUP = 320, 64  # replayed decode tokens; the first _WARMUP warm the caches (the prompt would)
 _CPU_SHARES = (0.0, 0.25, 0.5, 0.75)  # global_lru's share of misses computed on the host: the fastest is kept
 
 
-def get_gpu(gpu: "str | HardwareProfile") -> HardwareProfile:
-    """``gpu=``: a short name (``"rtx4090"``), a profile name or a HardwareProfile."""
-    if isinstance(gpu, HardwareProfile):
-        return gpu
-    key = str(gpu).strip().lower().replace(" ", "")
-    name = CONSUMER_GPUS.get(key, key)
-    if name not in PROFILES:
-        raise ValueError(f"gpu={gpu!r} is not a known GPU: use one of {sorted(CONSUMER_GPUS)} or a profile name "
-                         f"{sorted(PROFILES)} (or pass a HardwareProfile with your card's numbers).")
-    return PROFILES[name]
+def get_gpu(gpu: "str | HardwareProfile", vram: float | None = None) -> HardwareProfile:
+    """``gpu=``: a catalog name (``"rtx3060"``, ``"RTX 4060 Ti 16GB"``, ``"a4000"``: see
+    :mod:`specter_lab.pricing.gpus`), a profile name or a HardwareProfile. ``vram`` (bytes) picks among a
+    family's memory sizes."""
+    return resolve_gpu(gpu, vram)[0]
 
 
-def _vram(vram, gpu: HardwareProfile) -> float:
+def _vram(vram, gpu: HardwareProfile, card: GPU | None) -> float:
     if vram is None:
+        if card is not None:
+            return card.vram_gb * 2**30
         if gpu.device_memory is None:
             raise ValueError(f"vram= is needed: profile {gpu.name} records no device memory. Give e.g. vram='24GB'.")
         return float(gpu.device_memory)
-    if isinstance(vram, str):
-        return float(parse_bytes(vram, "vram"))
-    if isinstance(vram, (int, float)) and not isinstance(vram, bool) and vram > 0:
-        return float(vram)
-    raise ValueError(f"vram={vram!r}: give bytes or a size such as '24GB' or '8GiB'.")
+    v = float(vram)
+    # marketed "12 GB" is 12 GiB of memory: a vram above the card's by more than the GB/GiB difference is a typo
+    if card is not None and v > card.vram_gb * 2**30 * 1.001:
+        sizes = sorted({f"{g.vram_gb:g}GB" for g in _family(card)})
+        raise ValueError(f"vram={v / 2**30:.2f} GiB is more than the {card.name} has ({card.vram_gb:g} GB): use at most "
+                         f"'{card.vram_gb:g}GB'" + (f" (this family comes with {sizes})" if len(sizes) > 1 else "")
+                         + ", or name the card with more memory.")
+    return v
+
+
+def _family(card: GPU) -> list[GPU]:
+    from ..pricing.gpus import GPU_FAMILIES
+
+    return GPU_FAMILIES.get(card.family, [card])
 
 
 def routing_for(trace, geom: ModelGeometry, tokens: int = _TOKENS, seed: int = 0) -> tuple[np.ndarray, str]:
@@ -115,10 +148,40 @@ class Estimate:
     routing_label: str
     assumptions: list[str]
     placements: dict = field(default_factory=dict)  # strategy -> its parameters (layers on GPU, slots, ...)
+    depth: int | None = None  # tokens in the KV cache while decoding (None: not given, banded)
+    unknowns: dict = field(default_factory=dict)  # what the band spans: unknown -> its range and why
+    _inputs: dict = field(default_factory=dict, repr=False)  # routing, central scenario, unknowns (for the sweeps)
 
     @property
     def best(self) -> str:
-        return str(self.table.iloc[0]["strategy"])
+        """The fastest placement the estimate chose (the user's own flags, row ``yours``, are priced beside it)."""
+        return str(self.table[self.table.strategy != "yours"].iloc[0]["strategy"])
+
+    def prefill(self, prompt: int) -> pd.DataFrame:
+        """Time to first token at a ``prompt``-token prompt for every placement, modelled, beside its decode
+        tokens/s: what each placement trades (see :mod:`.prefill`)."""
+        return prefill_table(self, prompt)
+
+    def summary(self, prompt: int | None = None) -> dict:
+        """What a notebook shows, as plain values: the table, the best placement and its band with the unknown
+        that dominates it, the cache cliff, TTFT at ``prompt`` tokens, the commands and the assumptions."""
+        best = self.row(self.best)
+        sizing = self.cache_sizing()
+        return {"model": self.model.name, "machine": self.machine.label, "weights": self.precision.label,
+                "host_given": self.machine.host is not None, "table": self.table, "best": self.best,
+                "band_tok_s": (float(best.low_tok_s), float(best.high_tok_s)),
+                "dominant_unknown": best.dominant_unknown, "unknowns": self.unknowns,
+                "cache_sizing": sizing, "prefill": self.prefill(prompt) if prompt else None,
+                "llama_cpp": self.llama_cpp(), "engine_call": self.engine_call(), "assumptions": self.assumptions}
+
+    def cache_sizing(self) -> CacheSizing | None:
+        """The cliff and the knee of a global expert cache (``--moe-cache-mib``) for this model on this machine:
+        see :mod:`.sizing`. None when every expert fits in VRAM."""
+        if self.budget.all_fit:
+            return None
+        central = self._inputs["central"]
+        return cache_sizing(self.model, self.budget, self._inputs["routing"],
+                            lambda c: _price(self.model, central, c, {}).tokens_per_s, _WARMUP)
 
     def row(self, strategy: str) -> pd.Series:
         return self.table.set_index("strategy").loc[strategy]
@@ -143,36 +206,113 @@ class Estimate:
 
 def estimate(config, gpu: "str | HardwareProfile" = "rtx4090", vram=None, host=None, weights=None,
              context: int = 4096, trace=None, overhead: float = RUNTIME_OVERHEAD,
-             eta_host: float = HOST_DECODE_EFFICIENCY, seed: int = 0) -> Estimate:
+             eta_host: float = HOST_DECODE_EFFICIENCY, seed: int = 0, depth: int | None = None,
+             placement: str | None = None) -> Estimate:
     """Expected batch-1 decode TPOT and tokens/s per strategy for the model of ``config`` (a ``config.json`` path,
-    its folder, a dict or a bundled name) on ``gpu`` with ``vram`` bytes (default: the card's), beside ``host``
-    (a name in ``sl.HOSTS``; default: the GPU profile's host fields), its weights in ``weights`` (``"q4_k_m"``,
-    ``"mxfp4"``, ``"bf16"``, ``"<experts>+<dense>"``; default: the checkpoint's own format, else bf16), KV cache
-    at ``context`` tokens. Routing: ``trace`` when given, else synthetic matched to the family's published
-    locality. Modelled, not measured: :attr:`Estimate.assumptions` lists what every number rests on."""
+    its folder, a dict or a bundled name) on ``gpu`` (a catalog name such as ``"rtx3060"``, a profile name or a
+    HardwareProfile) with ``vram`` bytes (default: the card's), beside ``host`` (its memory ``"ddr5-5600x2"``, a
+    measured GB/s, ``"calibrated"``, a HostCPU or a name in ``sl.HOSTS``; None: not given, the band spans the
+    desktop range), its weights in ``weights`` (``"q4_k_m"``, ``"mxfp4"``, ``"bf16"``, ``"<experts>+<dense>"``;
+    default: the checkpoint's own format, else bf16), KV cache at ``context`` tokens, decoding at ``depth``
+    tokens in the cache (None: unknown, priced at the full context and banded down to empty). Routing:
+    ``trace`` when given, else synthetic matched to the family's published locality. ``placement``: the llama.cpp
+    flags you run today (``"--n-cpu-moe 20"``, ``"--cpu-moe --moe-cache-mib 6000"``, ``-ot`` patterns), priced as
+    given in a row ``yours`` beside the others. Modelled, not measured:
+    :attr:`Estimate.assumptions` lists what every number rests on; ``band_tok_s`` what the unknowns allow."""
     if isinstance(context, bool) or not isinstance(context, int) or not 1 <= context <= 2**27:
-        raise ValueError(f"context={context!r}: give the tokens the KV cache must hold, an integer in [1, 2**27].")
+        raise ValueError(f"context={context!r}: give the tokens the KV cache must hold, an integer in [1, 2**27] "
+                         "(e.g. 4096).")
     _check_numbers(overhead=overhead, eta_host=eta_host, seed=seed)
-    profile = get_gpu(gpu)
-    machine = Machine(profile, _vram(vram, profile), get_host(host))
+    if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or not 0 <= depth <= context):
+        raise ValueError(f"depth={depth!r}: give the tokens already in the KV cache while decoding, an integer in "
+                         f"[0, context={context}], or None when unknown.")
+    v = _vram_bytes(vram)
+    profile, card = resolve_gpu(gpu, v)
+    machine = Machine(profile, _vram(v, profile, card), get_host(host), card)
     geom = geometry_from_config(config)
     prec = precision_for(geom, weights)
     budget = vram_budget(geom, prec, machine.vram, context, overhead)
     routing, label = routing_for(trace, geom, seed=seed)
+    central = Scenario(machine, prec, eta_host, context if depth is None else depth)
+    unknown = unknowns(central, context, depth is not None)
     rows, placements = [], {}
     for name, counts, params, extra in _placements(geom, budget, routing):
         if isinstance(counts, dict):  # a sweep of one parameter (global_lru's cpu_share): keep the fastest
-            share, counts = min(counts.items(), key=lambda sc: price_token(geom, prec, machine, sc[1], context,
-                                                                           eta_host, **extra).total_ms)
+            share, counts = min(counts.items(), key=lambda sc: _price(geom, central, sc[1], extra).total_ms)
             params = {**params, "cpu_share": share}
-        t = price_token(geom, prec, machine, counts, context, eta_host, **extra)
-        band = [price_token(geom, prec, machine, counts, context, e, **extra).tokens_per_s
-                for e in HOST_EFFICIENCY_RANGE]
         placements[name] = params
-        rows.append(_row(name, t, counts, params, band))
+        rows.append(_priced_row(name, geom, central, unknown, counts, params, extra))
+    draft, spec = speculative_rows(geom, budget, routing, _WARMUP, prec.experts.bits)
+    for name, counts, pre, params in spec:
+        placements[name] = params
+        rows.append(_speculative_row(name, geom, central, unknown, counts, pre, params, draft))
+    yours = None
+    if placement is not None:
+        yours = parse_placement(placement, geom)
+        params = {"flags": yours.flags, "n_host_layers": yours.n_host, "cache_mib": yours.cache_mib,
+                  "cpu_share": yours.cpu_share, "fits": yours.gpu_expert_bytes(geom, budget.expert_bytes)
+                  <= budget.experts + 1.0, "notes": list(yours.notes)}
+        placements["yours"] = params
+        rows.append(_priced_row("yours", geom, central, unknown, _user_counts(yours, routing, budget), params, {}))
     table = pd.DataFrame(rows).sort_values("tpot_ms", kind="stable").reset_index(drop=True)
-    return Estimate(geom, machine, prec, context, budget, table, label,
-                    _assumptions(machine, prec, label, overhead, eta_host), placements)
+    e = Estimate(geom, machine, prec, context, budget, table, label,
+                 _assumptions(machine, prec, label, overhead, eta_host), placements)
+    e.depth, e.unknowns = depth, {u.name: u.why for u in unknown}
+    if spec:
+        e.unknowns["draft acceptance"] = (f"speculative rows only: {ACCEPTANCE_RANGE[0]}-{ACCEPTANCE_RANGE[1]} per "
+                                          f"token ({draft.describe()})")
+    e._inputs = {"routing": routing, "central": central, "unknowns": unknown}
+    return e
+
+
+def _price(geom: ModelGeometry, sc: Scenario, counts: replay.Counts, extra: dict) -> TokenTime:
+    return price_token(geom, sc.precision, sc.machine, counts, sc.depth, sc.eta, **extra)
+
+
+def _priced_row(name, geom, central: Scenario, unknown, counts, params, extra) -> dict:
+    """One table row: the central price, and the band from each unknown's ends."""
+    t = _price(geom, central, counts, extra)
+    swings = {u.name: (_price(geom, u.slow, counts, extra).tokens_per_s,
+                       _price(geom, u.fast, counts, extra).tokens_per_s) for u in unknown}
+    return _row(name, t, counts, params, combine(t.tokens_per_s, swings))
+
+
+def _speculative_row(name, geom, central: Scenario, unknown, counts, prefetched, params, draft) -> dict:
+    """A speculative strategy's row: per committed token, with the draft's acceptance as one more unknown."""
+    t = window_time(geom, central, counts, prefetched, draft)
+    swings = {u.name: (window_time(geom, u.slow, counts, prefetched, draft).tokens_per_s,
+                       window_time(geom, u.fast, counts, prefetched, draft).tokens_per_s) for u in unknown}
+    swings["draft acceptance"] = tuple(window_time(geom, central, counts, prefetched, draft, a).tokens_per_s
+                                       for a in ACCEPTANCE_RANGE)
+    per = draft.tokens_per_window()
+    shown = replay.Counts(counts.device / per, counts.copied / per, counts.host / per, counts.host_trips / per)
+    return _row(name, t, shown, params, combine(t.tokens_per_s, swings))
+
+
+def _user_counts(p: UserPlacement, routing: np.ndarray, budget: VramBudget) -> replay.Counts:
+    """Where the user's flags run each routed expert: resident layers on the GPU; the host layers' experts on the
+    host, or through the expert cache (a global LRU over the host layers only) when ``--moe-cache-mib`` is set."""
+    k = routing.shape[2]
+    host = np.array(p.host_layers, dtype=bool)
+    static = replay.static_layers(list(~host), k)
+    if not p.cache_mib or not host.any():
+        return static
+    slots = int(p.cache_mib * 2**20 // budget.expert_bytes)
+    sub = replay.global_lru(routing[:, host, :], slots, _WARMUP, p.cpu_share)
+    parts = [a.copy() for a in (static.device, static.copied, static.host, static.host_trips)]
+    for a, b in zip(parts, (sub.device, sub.copied, sub.host, sub.host_trips)):
+        a[host] = b
+    return replay.Counts(*parts)
+
+
+def _vram_bytes(vram) -> float | None:
+    if vram is None:
+        return None
+    if isinstance(vram, str):
+        return float(parse_bytes(vram, "vram"))
+    if isinstance(vram, (int, float)) and not isinstance(vram, bool) and vram > 0:
+        return float(vram)
+    raise ValueError(f"vram={vram!r}: give bytes or a size such as '24GB' or '8GiB'.")
 
 
 def _check_numbers(overhead, eta_host, seed) -> None:
@@ -211,10 +351,12 @@ def _placements(geom: ModelGeometry, budget: VramBudget, routing: np.ndarray):
     yield "on_demand", replay.on_demand(L, k), {}, {}
 
 
-def _row(name: str, t: TokenTime, counts: replay.Counts, params: dict, band: list[float]) -> dict:
+def _row(name: str, t: TokenTime, counts: replay.Counts, params: dict, band: tuple[float, float, str]) -> dict:
     what, engine = PLACEMENTS[name]
+    lo, hi, dominant = band
     return {"strategy": name, "tpot_ms": t.total_ms, "tokens_per_s": t.tokens_per_s,
-            "band_tok_s": f"{band[0]:.3g}-{band[1]:.3g}", "hit_rate": counts.hit_rate,
+            "band_tok_s": f"{lo:.3g}-{hi:.3g}", "low_tok_s": lo, "high_tok_s": hi, "dominant_unknown": dominant,
+            "hit_rate": counts.hit_rate,
             "copies_per_token": counts.copies_per_token, "host_experts_per_token": counts.host_per_token,
             "device_ms": t.device_ms, "link_ms": t.link_ms, "host_ms": t.host_ms, "trips_ms": t.trips_ms,
             "placement": _placement_text(name, params, what), "runs_as": engine,
@@ -232,27 +374,42 @@ def _placement_text(name: str, params: dict, what: str) -> str:
         "fiddler": lambda: f"{n} most routed experts/layer pinned on the GPU; the rest on the host CPU",
         "host_lru": lambda: f"LRU of {n} experts/layer; misses reused lately copied, the rest on the host CPU",
         "lru": lambda: f"LRU of {n} experts/layer; misses copied",
+        **{sp: (lambda sp=sp: f"{PLACEMENTS[sp][0].split(';')[1].strip()}; {n} full-precision slots/layer, "
+                              f"K={params['k']}, int{params['draft_bits']} draft {params['draft_gib']:.2f} GiB, acceptance "
+                              f"{params['acceptance']:.3f} (MODELLED)") for sp in ("spec_lru", "specter", "specter_host")},
+        "yours": lambda: (f"{params['flags']}: {params['n_host_layers']} expert layers in host memory"
+                          + (f", an expert cache of {params['cache_mib']:g} MiB" if params["cache_mib"] else "")
+                          + ("" if params["fits"] else " (DOES NOT FIT: more expert bytes in VRAM than it has)")),
     }.get(name)
     return text() if text else what
 
 
 def _assumptions(m: Machine, prec: WeightPrecision, label: str, overhead: float, eta: float) -> list[str]:
-    host = (f"host {m.host.name}: {m.host_bandwidth / 1e9:.1f} GB/s delivered DRAM ({m.host.source})" if m.host
-            else f"host: the {m.gpu.name} profile's default ({m.host_bandwidth / 1e9:.0f} GB/s DRAM)")
+    h = m.host_cpu
+    host = (f"host {h.name}: {h.dram_delivered / 1e9:.1f} GB/s delivered DRAM ({h.source})" if m.host else
+            f"HOST NOT GIVEN: priced at {h.dram_delivered / 1e9:.0f} GB/s delivered DRAM, the band spans "
+            f"{h.delivered_band[0] / 1e9:.0f}-{h.delivered_band[1] / 1e9:.0f} GB/s ({h.source})")
+    gpu = (f"GPU {m.card.name} ({m.card.memory}, {m.card.pcie}; {m.card.source})" if m.card else f"GPU {m.gpu.name}")
     return [
         "modelled, not measured: a llama.cpp-class engine at batch 1 (graphs, one fused MoE kernel a layer, "
         "device and host parts of a layer run one after the other)",
-        f"GPU {m.gpu.name}: {m.vram_bandwidth / 1e9:.0f} GB/s datasheet VRAM x decode efficiency by format "
+        f"{gpu}: {m.vram_bandwidth / 1e9:.0f} GB/s datasheet VRAM x decode efficiency by format "
         f"(experts {prec.experts.name} {prec.experts.gpu_efficiency}, dense {prec.dense.name} "
         f"{prec.dense.gpu_efficiency}: {prec.experts.source}); link {m.gpu.pcie_bandwidth / 1e9:.1f} GB/s; "
         f"{m.gpu.kernel_time * 1e6:.1f} us per kernel, kernels counted on a tiny sibling of the family",
-        f"{host}; the host reaches {eta:.2f} of it in a batch-1 expert matvec (fitted to the consumer rows, "
-        f"sl.bench.consumer_anchors(); band_tok_s: at {HOST_EFFICIENCY_RANGE[0]} and {HOST_EFFICIENCY_RANGE[1]}, the "
-        "lowest and highest a single row reproduces)",
+        f"{host}; the host reaches {eta:.3f} of it in a batch-1 expert matvec (fitted to the fit rows of "
+        "sl.bench.consumer_anchors())",
+        "band_tok_s: the unknowns (host DRAM bandwidth, host matvec efficiency, GPU format efficiency, link "
+        "bandwidth, context depth when not given) each moved to its ends, combined in quadrature on a log scale; "
+        "dominant_unknown names the widest (Estimate.unknowns says each range and why)",
         f"weights {prec.label}: experts {prec.experts.bits} bits/weight, dense {prec.dense.bits}; embeddings on "
-        "the host; KV cache at 2 bytes/value, read at the full stated context (the speed once the context is full)",
+        "the host; KV cache at 2 bytes/value, read at the stated depth (default: the full context)",
         f"runtime overhead {overhead / 2**30:.2f} GiB of VRAM (CUDA context + compute buffers)",
         f"routing: {label}; {_TOKENS - _WARMUP} decode tokens replayed after {_WARMUP} warm-up tokens",
-        f"speculative strategies ({', '.join(NOT_ESTIMATED)}) are not estimated: they need a draft's acceptance, "
-        "measured on a loaded model (sl.plan)",
+        "speculative rows (spec_lru, specter, specter_host; only where a draft narrower than the experts fits beside "
+        "one full-precision slot per layer) are MODELLED: an RTN-g64 draft of every expert resident (the dense "
+        "weights shared), K=8, per-token acceptance and forecast recall measured at the draft's bits on the bundled "
+        f"model (routing/importing.MEASURED_DRAFT), acceptance banded {ACCEPTANCE_RANGE[0]}-{ACCEPTANCE_RANGE[1]}; "
+        "sl.plan measures them on a loaded model",
+        "not estimated: " + "; ".join(f"{n} ({why})" for n, why in NOT_ESTIMATED.items()),
     ]

@@ -27,31 +27,40 @@ import numpy as np
 from ..model.geometry import ModelGeometry
 from ..pricing.opcount import op_counts
 from ..pricing.precision import FORMATS, WeightFormat, WeightPrecision
+from ..pricing.gpus import GPU
+from ..pricing.hosts import UNKNOWN_DESKTOP
 from ..pricing.profiles import HardwareProfile, HostCPU
 from .replay import Counts
 
 __all__ = ["Machine", "TokenTime", "price_token", "HOST_DECODE_EFFICIENCY", "HOST_EFFICIENCY_RANGE"]
 
-HOST_DECODE_EFFICIENCY = 0.575  # fitted: consumer.derive_host_efficiency() (tests/test_consumer.py checks it)
+HOST_DECODE_EFFICIENCY = 0.497  # fitted: consumer.derive_host_efficiency() (tests/test_consumer.py checks it)
 # The lowest and highest value a single consumer row reproduces exactly: an estimate's band (tests check it too).
-HOST_EFFICIENCY_RANGE = (0.469, 0.677)
+HOST_EFFICIENCY_RANGE = (0.396, 0.671)
 
 
 @dataclass(frozen=True)
 class Machine:
-    """One GPU (a profile), its usable VRAM and the host CPU beside it (None: the profile's own host fields)."""
+    """One GPU (a profile), its usable VRAM and the host beside it (None: not given, priced as
+    :data:`~specter_lab.pricing.hosts.UNKNOWN_DESKTOP` and said so); ``card`` the catalog row of the GPU."""
 
     gpu: HardwareProfile
     vram: float  # bytes
     host: HostCPU | None = None
+    card: GPU | None = None
+
+    @property
+    def host_cpu(self) -> HostCPU:
+        """The host that prices the host lane: the one given, else the plausible desktop."""
+        return self.host if self.host is not None else UNKNOWN_DESKTOP
 
     @property
     def host_bandwidth(self) -> float:
-        return self.host.dram_delivered if self.host else self.gpu.cpu_mem_bandwidth
+        return self.host_cpu.dram_delivered
 
     @property
     def host_flops(self) -> float:
-        return self.host.flops if self.host else self.gpu.cpu_flops
+        return self.host_cpu.flops
 
     @property
     def vram_bandwidth(self) -> float:
@@ -60,8 +69,9 @@ class Machine:
 
     @property
     def label(self) -> str:
-        host = self.host.name if self.host else f"the {self.gpu.name} profile's default host"
-        return f"{self.gpu.name} ({self.vram / 2**30:.1f} GiB VRAM) + {host}"
+        gpu = self.card.name if self.card else self.gpu.name
+        host = self.host.name if self.host else "a host not given (a desktop DDR4-2666 to DDR5-6400 x2)"
+        return f"{gpu} ({self.vram / 2**30:.1f} GiB VRAM) + {host}"
 
     @property
     def hardware_name(self) -> str:

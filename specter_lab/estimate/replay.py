@@ -4,15 +4,17 @@ through a copy of its cache to predict other sizes).
 
 Each placement returns :class:`Counts`: per MoE layer, the mean experts a token computes on the device from
 resident weights, copies over the link (then computes on the device), and computes on the host. The first
-``warmup`` tokens are replayed but not counted (the prompt warms a cache before decode starts).
+``warmup`` tokens are replayed but not counted (the prompt warms a cache before decode starts). The caches are
+:func:`specter_lab.routing.cachesim.simulate`'s, the runtime's rule.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
+
+from ..routing.cachesim import CacheStats, simulate
 
 __all__ = ["Counts", "resident", "static_layers", "hot_set", "layer_lru", "global_lru", "on_demand"]
 
@@ -58,90 +60,56 @@ def static_layers(on_device: list[bool], top_k: int) -> Counts:
     return _counts(dev, np.zeros(len(on_device)), host, (host > 0).astype(float))
 
 
+def _from_stats(s: CacheStats) -> Counts:
+    n = max(1, s.steps)
+    return _counts(s.hits / n, s.loads / n, s.bypassed / n, s.bypass_steps / n)
+
+
 def hot_set(routing: np.ndarray, slots: int, warmup: int, by: str = "frequency") -> Counts:
     """``slots`` fixed experts per layer on the device, every other routed expert computed on the host
     (ktransformers' GPU experts, Fiddler). ``by="frequency"``: the most routed experts of the warm-up tokens (a
     profile); ``by="index"``: experts 0..slots-1 (no profile)."""
-    tokens, layers, k = routing.shape
-    dev, host, trips = np.zeros(layers), np.zeros(layers), np.zeros(layers)
+    layers = routing.shape[1]
+    keep = {}
     for layer in range(layers):
         if by == "frequency":
             freq = np.bincount(routing[:warmup, layer].ravel(), minlength=routing.max() + 1)
-            keep = set(np.argsort(-freq, kind="stable")[:slots].tolist())
+            keep[layer] = np.argsort(-freq, kind="stable")[:slots].tolist()
         else:
-            keep = set(range(slots))
-        inside = np.isin(routing[warmup:, layer], list(keep))
-        dev[layer] = inside.sum(axis=1).mean()
-        host[layer] = k - dev[layer]
-        trips[layer] = (~inside).any(axis=1).mean()
-    return _counts(dev, np.zeros(layers), host, trips)
+            keep[layer] = list(range(slots))
+    return _from_stats(simulate(routing, slots, policy="static", initial=keep, warmup=warmup))
 
 
 def layer_lru(routing: np.ndarray, slots: int, warmup: int, miss: str = "copy", reuse_window: int = 4) -> Counts:
-    """A per-layer LRU of ``slots`` experts. ``miss="copy"``: every miss is copied and cached (``lru``);
-    ``"reuse"``: a miss is copied only if a slot is free or the layer routed that expert in the last
-    ``reuse_window`` tokens (its reuse pays for the copy), else computed on the host (``host_lru``, whose per-miss
-    rule is approximated here by recent reuse)."""
-    tokens, layers, _ = routing.shape
-    dev, cop, host, trips = (np.zeros(layers) for _ in range(4))
-    for layer in range(layers):
-        cache: OrderedDict[int, None] = OrderedDict()
-        for t in range(tokens):
-            ids = [int(e) for e in routing[t, layer]]
-            recent = set(routing[max(0, t - reuse_window):t, layer].ravel().tolist())
-            d = c = h = 0
-            for e in ids:
-                if e in cache:
-                    d += 1
-                elif miss == "copy" or e in recent or len(cache) < slots:  # a free slot costs nothing
-                    c += 1
-                else:
-                    h += 1
-                    continue
-                cache[e] = None
-                cache.move_to_end(e)
-                if len(cache) > slots:
-                    cache.popitem(last=False)
-            if t >= warmup:
-                dev[layer] += d
-                cop[layer] += c
-                host[layer] += h
-                trips[layer] += h > 0
-    n = max(1, tokens - warmup)
-    return _counts(dev / n, cop / n, host / n, trips / n)
+    """A per-layer LRU of ``slots`` experts, with the runtime's rule (:func:`~specter_lab.routing.cachesim.simulate`:
+    a token's resident experts are used first, a miss never evicts one the token needs). ``miss="copy"``: every
+    miss is copied and cached (``lru``); ``"reuse"``: a miss is copied only if a slot is free or the layer routed
+    that expert in the last ``reuse_window`` tokens (its reuse pays for the copy), else computed on the host
+    (``host_lru``, whose per-miss rule is approximated here by recent reuse)."""
+    rows = routing.tolist()
+
+    def reused(layer: int, e: int, t: int, free: int) -> bool:  # a free slot costs nothing
+        return free > 0 or any(e in rows[u][layer] for u in range(max(0, t - reuse_window), t))
+
+    return _from_stats(simulate(routing, slots, warmup=warmup, admit=None if miss == "copy" else reused))
 
 
 def global_lru(routing: np.ndarray, slots: int, warmup: int, cpu_share: float = 0.0) -> Counts:
     """One LRU over (layer, expert) with ``slots`` slots in all (llama.cpp ``--moe-cache-mib``): a miss is copied
-    and cached, evicting the least recently used expert of any layer; with ``cpu_share`` that share of the misses
-    (every n-th, deterministically) is computed on the host instead and not cached (``--moe-cache-cpu-share``)."""
-    tokens, layers, _ = routing.shape
-    dev, cop, host, trips = (np.zeros(layers) for _ in range(4))
-    cache: OrderedDict[tuple[int, int], None] = OrderedDict()
+    and cached, evicting the least recently used expert of any layer (never one the token's layer needs); with
+    ``cpu_share`` that share of the misses (every n-th, deterministically) is computed on the host instead and
+    not cached (``--moe-cache-cpu-share``)."""
     owed = 0.0  # misses owed to the host so far
-    for t in range(tokens):
-        for layer in range(layers):
-            h = 0
-            for e in routing[t, layer]:
-                key = (layer, int(e))
-                if key in cache:
-                    dev[layer] += t >= warmup
-                else:
-                    owed += cpu_share
-                    if owed >= 1.0:
-                        owed -= 1.0
-                        h += 1
-                        continue
-                    cop[layer] += t >= warmup
-                cache[key] = None
-                cache.move_to_end(key)
-                if len(cache) > slots:
-                    cache.popitem(last=False)
-            if t >= warmup:
-                host[layer] += h
-                trips[layer] += h > 0
-    n = max(1, tokens - warmup)
-    return _counts(dev / n, cop / n, host / n, trips / n)
+
+    def admit(layer: int, e: int, t: int, free: int) -> bool:
+        nonlocal owed
+        owed += cpu_share
+        if owed >= 1.0:
+            owed -= 1.0
+            return False
+        return True
+
+    return _from_stats(simulate(routing, slots, pool="global", warmup=warmup, admit=admit if cpu_share else None))
 
 
 def on_demand(layers: int, top_k: int) -> Counts:

@@ -47,6 +47,8 @@ def attached(model: nn.Module, info: MoEModelInfo, runtime: Any) -> Iterator[Non
     for layer in info.layers:
         layer.experts.__dict__["_specter_runtime"] = runtime
         layer.experts.__dict__["_specter_layer"] = layer.index
+        # the implementation HF would run: the runtime reproduces its numerics (model/experts.py)
+        layer.experts.__dict__.setdefault("_specter_math", layer.experts.config._experts_implementation)
     try:
         model.set_experts_implementation(IMPLEMENTATION_NAME)
         yield
@@ -54,6 +56,7 @@ def attached(model: nn.Module, info: MoEModelInfo, runtime: Any) -> Iterator[Non
         for layer in info.layers:
             layer.experts.__dict__.pop("_specter_runtime", None)
             layer.experts.__dict__.pop("_specter_layer", None)
+            layer.experts.__dict__.pop("_specter_math", None)
         if before is not None:
             model.set_experts_implementation(before)
 

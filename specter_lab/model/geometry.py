@@ -18,7 +18,7 @@ __all__ = ["ModelGeometry", "geometry_from_config", "load_config", "CONFIG_DIR",
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "data" / "configs"
 # config.json of real models, written from their public model cards (the published rows use them)
-BUNDLED_CONFIGS = ("qwen3-30b-a3b", "gpt-oss-20b", "deepseek-v2-lite")
+BUNDLED_CONFIGS = tuple(sorted(p.stem for p in CONFIG_DIR.glob("*.json")))  # every file there, by its name
 
 
 @dataclass(frozen=True)

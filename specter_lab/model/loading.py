@@ -11,13 +11,14 @@ from urllib.parse import urlparse
 
 import torch
 
+from ..errors import CheckpointError
+from .checkpoint_check import BUNDLED, CheckpointInfo, check_checkpoint
 from .inspect import inspect_model
+from .memory import check_fits, plan_memory
 from .placement import place_for_offload
 
 __all__ = ["load_model", "BUNDLED"]
 
-ASSETS = Path(__file__).resolve().parents[1] / "assets"
-BUNDLED = {"tiny": ASSETS / "tiny-moe"}
 
 
 def _refuse_pickles(path: Path) -> None:
@@ -33,31 +34,53 @@ def _refuse_pickles(path: Path) -> None:
 
 
 def load_model(name_or_path: str | Path = "tiny", *, dtype: torch.dtype | str | None = None,
-               device: str | torch.device = "cpu", trust_remote_code: bool = False, **kwargs: Any):
+               device: str | torch.device = "cpu", trust_remote_code: bool = False,
+               memory_limit: int | str | None = None, **kwargs: Any):
     """Load an MoE model and its tokenizer: ``"tiny"`` (bundled, offline), a local HF folder, or a hub id.
 
-    Weights are read from safetensors only; ``trust_remote_code`` stays off unless you pass True. Raises a
-    ValueError for a path that does not exist, a folder without safetensors, or a model without MoE layers.
-    Returns ``(model, tokenizer)``; the model is in eval mode. ``tokenizer`` is None for a local folder without
-    tokenizer files (prompts are then token ids). With ``device="cuda"`` the model is placed for offloading:
-    everything but the routed experts on the GPU, the experts in pinned host memory. ``dtype`` defaults to
-    float32 on the CPU (the exactness tests' reference precision) and bfloat16 on CUDA (fp32 would double every
-    expert copy and the pinned host memory).
+    Weights are read from safetensors only; ``trust_remote_code`` stays off unless you pass True. ``dtype``
+    defaults to the checkpoint's own (a bf16 checkpoint stays bf16 on the CPU: never a silent upcast); on CUDA a
+    float32 checkpoint loads as bfloat16 (fp32 would double every expert copy and the pinned host memory). Pass
+    ``dtype`` to convert. Returns ``(model, tokenizer)``; the model is in eval mode. ``tokenizer`` is None for a
+    local folder without tokenizer files (prompts are then token ids). With ``device="cuda"`` the model is placed
+    for offloading: everything but the routed experts on the GPU, the experts on the host.
+
+    A local folder is checked before any weight is read (:func:`~specter_lab.model.checkpoint_check.check_checkpoint`:
+    a :class:`~specter_lab.errors.CheckpointError` names the file and field for a missing, truncated or corrupt
+    shard, an index naming an absent file, a shape that disagrees with config.json, a config that is not MoE), and
+    what it will hold is compared with the RAM available (or ``memory_limit``, bytes or '8GiB'):
+    :class:`~specter_lab.errors.NotEnoughMemory` shows the numbers and the fixes before anything is allocated
+    (:func:`~specter_lab.model.memory.plan_memory`). Other ValueErrors: a path that does not exist, a folder
+    without safetensors, a model without MoE layers.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dtype, dev = _check_load_args(name_or_path, dtype, device, trust_remote_code)
     key = str(name_or_path)
     path, source = _resolve_source(key, kwargs)
+    ck = _check_local(path, source, dtype, dev, memory_limit, trust_remote_code)
+    if ck is not None and dtype is None:
+        dtype = torch.bfloat16 if dev.type == "cuda" and ck.dtype == torch.float32 else ck.dtype
+    elif dtype is None:  # a hub id: the checkpoint's dtype as its config says (transformers' "auto")
+        dtype = "auto"
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            source, dtype=dtype, use_safetensors=True, trust_remote_code=trust_remote_code, **kwargs)
+        model, loading = AutoModelForCausalLM.from_pretrained(
+            source, dtype=dtype, use_safetensors=True, trust_remote_code=trust_remote_code,
+            output_loading_info=True, **kwargs)
+        _check_loading(key, loading)
+        if dev.type == "cuda" and model.dtype == torch.float32 and dtype == "auto":
+            model.to(torch.bfloat16)
         inspect_model(model)  # fail early, with a clear message, on a dense model (before the tokenizer)
         tokenizer = None  # a local folder without tokenizer files: the model runs on token ids
         if not path.exists() or any(path.glob("tokenizer*")) or (path / "vocab.json").is_file():
             tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
     except OSError as e:
         raise ValueError(f"load_model({key!r}) failed: {e}. Offline? Pass a local folder instead.") from e
+    except RuntimeError as e:  # transformers refuses a size mismatch the header check could not map
+        if ck is not None and ("mismatch" in str(e) or "size" in str(e)):
+            raise CheckpointError(f"load_model({key!r}): transformers refused the weights: {str(e)[:400]}",
+                                  str(path), None) from None
+        raise
     model.eval()
     if dev.type == "cuda":
         place_for_offload(model, inspect_model(model), dev)
@@ -66,15 +89,40 @@ def load_model(name_or_path: str | Path = "tiny", *, dtype: torch.dtype | str | 
     return model, tokenizer
 
 
-def _check_load_args(name_or_path, dtype, device, trust_remote_code) -> tuple[torch.dtype, torch.device]:
+def _check_local(path: Path, source: str, dtype, dev, memory_limit, trust_remote_code) -> CheckpointInfo | None:
+    """A local folder's checkpoint check and memory plan (None for a hub id: its files are not here yet)."""
+    if not path.exists():
+        if memory_limit is not None:
+            raise ValueError(f"load_model(memory_limit=...): only a local folder can be sized before loading; "
+                             f"download {source!r} first and pass its folder.")
+        return None
+    ck = check_checkpoint(path, trust_remote_code)
+    check_fits(plan_memory(ck, dtype=dtype, device=dev if dev.type == "cpu" else "cpu",
+                           memory_limit=memory_limit))
+    return ck
+
+
+def _check_loading(key: str, loading: dict) -> None:
+    """Refuse what transformers would only warn about: weights the model needs that no shard held (they would be
+    random), or weights of another shape."""
+    missing = sorted(loading.get("missing_keys") or [])
+    mismatched = list(loading.get("mismatched_keys") or [])
+    if missing or mismatched:
+        what = (f"{len(missing)} weights the model needs are missing (first {missing[0]!r})" if missing else
+                f"{len(mismatched)} weights have another shape than config.json implies ({mismatched[0]!r})")
+        raise CheckpointError(f"load_model({key!r}): {what}; transformers would fill them with random values. "
+                              "The checkpoint is incomplete or of another model.", key,
+                              missing[0] if missing else str(mismatched[0]))
+
+
+def _check_load_args(name_or_path, dtype, device, trust_remote_code) -> tuple[torch.dtype | None, torch.device]:
     if not isinstance(name_or_path, (str, Path)) or not str(name_or_path).strip():
         raise ValueError(f"load_model(name_or_path={name_or_path!r}): give 'tiny', a local model folder or a hub id.")
-    if dtype is None:
-        dtype = torch.bfloat16 if str(device).startswith("cuda") else torch.float32
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype, dtype)
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise ValueError(f"load_model(dtype={dtype!r}): use a floating torch dtype (torch.float32, 'bfloat16').")
+    if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
+        raise ValueError(f"load_model(dtype={dtype!r}): use a floating torch dtype (torch.float32, 'bfloat16'), "
+                         "or None for the checkpoint's own.")
     if not isinstance(trust_remote_code, bool):
         raise ValueError(f"load_model(trust_remote_code={trust_remote_code!r}): use True or False (default False).")
     try:

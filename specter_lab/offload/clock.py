@@ -21,10 +21,10 @@ from typing import Any, Callable, Iterable, Iterator, Protocol, runtime_checkabl
 import torch
 
 from ..pricing.profiles import DEFAULT_PROFILE, PROFILES, HardwareProfile, get_profile
+from ..units import Handle
 
 __all__ = ["Clock", "Handle", "Span", "Done", "SimClock", "CudaClock", "ClockFactory", "make_clock", "stamper"]
 
-Handle = Any  # float seconds (SimClock) or torch.cuda.Event (CudaClock); the one alias (trace.py imports it)
 
 
 @dataclass(slots=True)
@@ -331,10 +331,19 @@ class ClockFactory:
         return SimClock(self.profile, single_stream=single_stream)
 
 
+MEASURED = "cuda"  # the one ``hardware=`` value that measures instead of pricing
+
+
+def is_measured(hardware: "str | HardwareProfile | None") -> bool:
+    """Does ``hardware=`` ask for a real clock (CUDA events) rather than a simulated profile? Answered without
+    needing the GPU, so a caller can refuse or adapt before :func:`make_clock` would."""
+    return isinstance(hardware, str) and hardware == MEASURED
+
+
 def make_clock(hardware: "str | HardwareProfile | None") -> ClockFactory:
     """Resolve ``hardware=``: ``"cuda"`` measures on the GPU; anything else is a profile that prices
     (:func:`~specter_lab.pricing.profiles.get_profile`). Raises on an unknown name, or ``"cuda"`` without CUDA."""
-    if hardware == "cuda":
+    if is_measured(hardware):
         if not torch.cuda.is_available():
             raise ValueError("hardware='cuda' needs a CUDA GPU, and torch.cuda.is_available() is False here. "
                              f"Use a simulated profile instead, one of {sorted(PROFILES)}.")

@@ -15,7 +15,12 @@ Miss rules (a strategy's ``miss`` and ``cpu_share`` fields; :func:`specter_lab.r
   prompt itself); speculative strategies still prefetch what the draft forecasts, and the one-offs run on the host;
 * :class:`CostedMisses` (``auto``) – per miss, :class:`MissPolicy`;
 * :class:`ShareMisses` (``copy`` with ``cpu_share=F``) – a share F of the misses on the host, the rest copied
-  (llama.cpp's ``--moe-cache-cpu-share``).
+  (llama.cpp's ``--moe-cache-cpu-share``);
+* :class:`BalancedMisses` (``balance``) – per layer, each miss to the lane that ends the layer sooner, credited
+  with what a copy saves later (HybriMoE's intra-layer scheduling, DALI's per-token assignment).
+
+Whatever the rule, the schedule issues the host's experts first, so the host computes the misses while the device
+computes the resident experts (and the copied ones as they land): the per-token split runs both lanes at once.
 
 A rule is asked only for the misses of a decode-phase forward on a layer that has device slots (the schedule
 handles the prefill and static host layers itself).
@@ -29,7 +34,8 @@ from typing import Protocol
 
 import numpy as np
 
-__all__ = ["MissPolicy", "MissRule", "CopyMisses", "HostMisses", "CostedMisses", "ShareMisses"]
+__all__ = ["MissPolicy", "MissRule", "CopyMisses", "HostMisses", "CostedMisses", "ShareMisses",
+           "BalancedMisses"]
 
 
 @dataclass
@@ -59,10 +65,15 @@ class MissPolicy:
 
     def copy_pays(self, layer: int, expert: int, victim: int | None, now_extra: float, per_use_saving: float) -> bool:
         """True if copying ``expert`` (evicting ``victim``) saves more later than it costs now."""
+        return self.reuse_value(layer, expert, victim, per_use_saving) > max(0.0, now_extra)
+
+    def reuse_value(self, layer: int, expert: int, victim: int | None, per_use_saving: float) -> float:
+        """Seconds a copy of ``expert`` (evicting ``victim``) is expected to save later: its expected uses while
+        resident × ``per_use_saving``, less the victim's (negative when the victim is used more)."""
         lifetime = max(1.0, self.slots[layer] / max(1, self.top_k[layer]))
         gain = self.rate[layer][expert] * lifetime * per_use_saving
         loss = (self.rate[layer][victim] * lifetime * per_use_saving) if victim is not None and victim >= 0 else 0.0
-        return gain - loss > max(0.0, now_extra)
+        return gain - loss
 
 
 class MissRule(Protocol):
@@ -109,11 +120,9 @@ class CostedMisses:
     policy: MissPolicy
 
     def on_host(self, schedule, fwd, layer, missing, counts) -> list[int]:
-        pol, c, store = self.policy, schedule.cost, schedule.store
+        pol, c = self.policy, schedule.cost
         pol.observe(layer, fwd.routing[layer])
-        cands = [(j, e) for j, e in enumerate(store.slots[layer].expert) if e not in counts]
-        victim = None if -1 in store.slots[layer].expert or not cands else store.policy.victim(layer, cands)
-        victim_e = store.slots[layer].expert[victim] if victim is not None else None
+        victim_e = _victim(schedule.store, layer, counts)
         saving = schedule.host_time(1) - c.expert_time(1)
         host = []
         for e in missing:
@@ -122,3 +131,61 @@ class CostedMisses:
             if not pol.copy_pays(layer, e, victim_e, extra, saving):
                 host.append(e)
         return host
+
+
+def _victim(store, layer: int, counts) -> int | None:
+    """The expert a copy into ``layer`` would evict now (None: a free slot, or nothing evictable)."""
+    cands = [(j, e) for j, e in enumerate(store.slots[layer].expert) if e not in counts]
+    victim = None if -1 in store.slots[layer].expert or not cands else store.policy.victim(layer, cands)
+    return store.slots[layer].expert[victim] if victim is not None else None
+
+
+@dataclass
+class BalancedMisses:
+    """Per layer, each miss to the lane that finishes the layer sooner (HybriMoE's intra-layer scheduling, DALI's
+    per-token 0-1 assignment), with what a copy saves later counted in its favour.
+
+    The layer's work from the moment its routing is known, on the cost model: the device computes the resident
+    experts (``expert_time(n)`` each, back to back), the copy lane lands each copied miss one ``copy_time`` after
+    the previous one (starting behind any copy still in flight: the clock's copy lane, where it can be read) and
+    the device computes it after it lands; the host lane computes its misses back to back (``host_time(n)``) and
+    the device waits for the last one at the layer's end. Misses are placed largest first (most tokens: the
+    longest-processing-time rule), each where the layer's finish ``max(device end, host end)`` is earlier, after
+    crediting the copy with :meth:`MissPolicy.reuse_value` (the expert stays and is a hit at its later uses; the
+    victim's later uses go to the host). A tie is copied. The placement is greedy, not optimal; the bound
+    (:mod:`specter_lab.routing.bound`) prices the same two lanes with the future known."""
+
+    policy: MissPolicy
+
+    def on_host(self, schedule, fwd, layer, missing, counts) -> list[int]:
+        pol, c, clock = self.policy, schedule.cost, schedule.clock
+        pol.observe(layer, fwd.routing[layer])
+        victim = _victim(schedule.store, layer, counts)
+        saving = schedule.host_time(1) - c.expert_time(1)
+        miss_set = set(missing)
+        dev = sum(c.expert_time(n) for e, n in counts.items() if e not in miss_set)
+        link = _link_backlog(clock)
+        t_copy = c.copy_time(c.expert_bytes)
+        host_end = 0.0
+        on_host = []
+        for e in sorted(missing, key=lambda x: (-counts[x], x)):
+            n = counts[e]
+            land = link + t_copy
+            dev_if_copy = max(dev, land) + c.expert_time(n)
+            host_if = host_end + schedule.host_time(n)
+            finish_copy = max(dev_if_copy, host_end) - pol.reuse_value(layer, e, victim, saving)
+            finish_host = max(dev, host_if)
+            if finish_copy <= finish_host:
+                dev, link = dev_if_copy, land
+            else:
+                host_end = host_if
+                on_host.append(e)
+        return on_host
+
+
+def _link_backlog(clock) -> float:
+    """Seconds until the copy lane is free (0 where a clock cannot say mid-run without a sync)."""
+    free = clock.copy_free_at()
+    if free is None:
+        return 0.0
+    return max(0.0, clock.elapsed(clock.now(), free))

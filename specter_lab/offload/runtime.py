@@ -12,8 +12,10 @@ callables it gives the schedule. Three modes:
 * ``draft``   – the draft's experts (see :mod:`specter_lab.run.drafts`): the rest of the model is the target's own;
 * ``shadow``  – exact, off the clock and off the cache (the oracle's look at the target's true routing).
 
-Contributions are summed in ascending expert order, as HF's eager loop does, so fp results do not depend on
-which experts happened to be resident.
+Every expert's matmuls and the weighted sum follow the experts implementation HF runs for the model (eager,
+grouped_mm, batched_mm: :mod:`specter_lab.model.experts`), so results are HF's bit for bit in every dtype and do
+not depend on which experts happened to be resident; an implementation whose numerics are not reproduced is
+refused when the runtime is built (:class:`~specter_lab.errors.NotExact`), before anything is generated.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 import torch
 
-from ..model.experts import Group, combine, exact_forward, expert_apply, route_groups
+from ..errors import NotExact
+from ..model.experts import (EXACT_IMPLEMENTATIONS, Group, combine, exact_forward, expert_apply,
+                             implementation_gap, implementation_of, route_groups)
 from .schedule import HOOK_POINTS, DraftSource, ForwardInfo, LayerSchedule, rank_prediction
 
 __all__ = ["OffloadRuntime", "ForwardInfo", "DraftSource", "HOOK_POINTS", "gate_ids"]
@@ -54,18 +58,20 @@ class _LayerMath:
     mod: torch.nn.Module
     x: torch.Tensor  # [T, H]
     groups: dict[int, Group]
+    impl: str = "eager"  # the experts implementation whose numerics to reproduce
     _xh: torch.Tensor | None = None  # the layer's input on the host, read back once for all its host experts
 
     def device(self, e: int, weights) -> Callable[[], torch.Tensor]:
         g = self.groups[e]
-        return lambda: expert_apply(self.mod, g.take(self.x), weights)
+        return lambda: expert_apply(self.mod, g.take(self.x), weights, impl=self.impl, pairs=g.pairs)
 
     def host(self, e: int, weights) -> Callable[[], torch.Tensor]:
         dtype = next(iter(weights.values())).dtype
         if self._xh is None or self._xh.dtype != dtype:
             self._xh = self.x.to("cpu", dtype)
-        rows = self.groups[e].take(self._xh)
-        return lambda: expert_apply(self.mod, rows, weights, post_norm=False)
+        g = self.groups[e]
+        rows = g.take(self._xh)
+        return lambda: expert_apply(self.mod, rows, weights, post_norm=False, impl=self.impl, pairs=g.pairs)
 
     def gate_prediction(self, layer: int) -> list[tuple[int, int]]:
         ids = gate_ids(self.info.layers[layer], self.x)
@@ -90,6 +96,8 @@ class OffloadRuntime:
         self.draft = schedule.draft
         self.hooks = schedule.hooks  # named hook points (HOOK_POINTS)
         self.fwd: ForwardInfo | None = None  # the forward in progress (set only by forward())
+        if self.store.materialize:  # a replay computes nothing: any implementation can be priced
+            check_implementations(info, self.store.device)
 
     @contextmanager
     def forward(self, info: ForwardInfo) -> Iterator[ForwardInfo]:
@@ -121,12 +129,37 @@ class OffloadRuntime:
             return exact_forward(mod, x, idx, w, lambda e: {n: h[e].to(x.device, non_blocking=True)
                                                             for n, h in host.items()}, idx_np)
         groups = route_groups(idx, idx_np)
-        math = _LayerMath(self.info, mod, x, groups)
+        impl = implementation_of(mod)
+        math = _LayerMath(self.info, mod, x, groups, impl)
         outs, host_outs = self.schedule.layer(fwd, layer, {e: g.n for e, g in groups.items()}, x.shape[0], math)
         outs.update({e: math.finish_host(o) for e, o in host_outs.items()})
         if len(outs) < len(groups):  # the draft skipped absent experts
             w = _renormalised(w, groups, outs)
-        return combine(x, outs, groups, w)
+        return combine(x, outs, groups, w, impl)
+
+
+def check_implementations(info, device="cpu") -> None:
+    """Refuse (before any generation) a model whose experts run an implementation the runtime does not
+    reproduce, or whose reproduction differs from it on ``device`` (checked on random weights of the layer's
+    shapes, once per shape, device and dtype): its outputs would differ from HF's by rounding, token by token."""
+    for layer in info.layers:
+        impl = implementation_of(layer.experts)
+        if impl not in EXACT_IMPLEMENTATIONS:
+            raise NotExact(
+                f"{info.model_type or 'this model'}: its experts run transformers' {impl!r} implementation "
+                f"(config._experts_implementation, layer {layer.index}), whose numerics specter_lab does not "
+                f"reproduce, so offloaded results would not be HF generate's bit for bit. Load the model with "
+                f"experts_implementation= one of {', '.join(EXACT_IMPLEMENTATIONS)} (or call "
+                "model.set_experts_implementation(...)) before building the Engine.")
+        dtype = getattr(layer.experts, layer.param_names[0]).dtype
+        gap = implementation_gap(layer.experts, impl, layer.param_names, layer.top_k, device, dtype)
+        if gap != 0.0:
+            raise NotExact(
+                f"{info.model_type or 'this model'}: on {device} in {dtype}, transformers' {impl!r} experts "
+                f"implementation and specter_lab's per-expert reproduction of it differ (by {gap:.3g} on random "
+                f"weights of layer {layer.index}'s shapes), so offloaded results would not be HF generate's bit "
+                f"for bit. Another implementation may match here: load the model with experts_implementation= "
+                f"one of {', '.join(i for i in EXACT_IMPLEMENTATIONS if i != impl)}.")
 
 
 def _renormalised(w: torch.Tensor, groups: dict[int, Group], outs) -> torch.Tensor:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Literal, Protocol, Sequence
 
 import numpy as np
 
@@ -42,12 +42,17 @@ class ForwardInfo:
     record: bool = True  # False: leave no trace (the lossless guard's reference pass)
 
 
+# Where a draft's routed experts come from (the table in :mod:`specter_lab.run.drafts`): the schedule is what
+# acts on it, so the type lives here, one floor below the draft's spec.
+DraftVariant = Literal["quantized", "resident", "hybrid", "host"]
+
+
 @dataclass
 class DraftSource:
     """Where the draft's routed experts come from (see :mod:`specter_lab.run.drafts`): ``variant``, the low-bit
     experts (quantized / hybrid), what one such expert costs to read, and the hybrid set size per layer."""
 
-    variant: str = "quantized"
+    variant: DraftVariant = "quantized"
     experts: object | None = None  # DraftExperts
     expert_bytes: float = 0.0
     hybrid_size: int = 0

@@ -14,7 +14,10 @@ a run priced from its routing alone (replay).
 
 On the CPU the "device" slots are separate memory and a transfer is a real ``copy_`` into them, so a slot that
 holds the wrong expert, or a compute that reads a slot before its copy, changes the output and the lossless tests
-catch it. On CUDA the host copies are pinned and copies are non-blocking on the clock's copy stream.
+catch it. Past :data:`~specter_lab.model.memory.CPU_SLOT_COPY_LIMIT` (a real-size model on the CPU) a slot is a
+view of its expert's host copy instead, set when the copy would run: the same floats and the same clock, without
+a second host copy of the budget's experts. On CUDA the host copies are pinned and copies are non-blocking on the
+clock's copy stream.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from typing import Callable, Iterable
 import torch
 
 from ..errors import CopyFault
+from ..model.memory import CPU_SLOT_COPY_LIMIT
+from ..model.placement import PinnedStaging
 from .cache import EvictionPolicy
 from .clock import Handle, stamper
 
@@ -70,6 +75,19 @@ def _host_copy(t: torch.Tensor, pin: bool) -> torch.Tensor:
     return t if t.is_pinned() else t.pin_memory()
 
 
+def _pool_bytes(host: list[dict[str, torch.Tensor]], slots_per_layer: list[int]) -> int:
+    """Bytes the slots would take as copies: each layer's slots × one expert's tensors."""
+    return sum(n * sum(t[0].numel() * t.element_size() for t in h.values())
+               for h, n in zip(host, slots_per_layer) if h)
+
+
+def _unpinned(ts: list[torch.Tensor]) -> bool:
+    """Whether routed experts sit unpinned on the host (placed so on purpose: too big to pin; see
+    :func:`~specter_lab.model.placement.place_for_offload`). The store then stages its copies through a bounded
+    pinned ring instead of pinning a second copy of every expert."""
+    return bool(ts) and all(t.device.type == "cpu" and not t.is_pinned() for t in ts)
+
+
 def _signature(host: dict[str, torch.Tensor]) -> tuple:
     return tuple((n, tuple(t.shape[1:]), t.dtype) for n, t in host.items())
 
@@ -112,22 +130,31 @@ class ExpertStore:
         self.pool = pool
         self.materialize = materialize
         pin = self.device.type == "cuda"
+        # experts left unpinned where they lie (too big to pin): copied through a bounded pinned ring
+        stage = pin and materialize and _unpinned(
+            [t for h in host for t in h.values()] if host is not None else
+            [getattr(l.experts, n) for l in info.layers for n in l.param_names])
+        self.staging = PinnedStaging() if stage else None
         if materialize:
             self.host: list[dict[str, torch.Tensor]] = host if host is not None else [
-                {name: _host_copy(getattr(layer.experts, name).detach(), pin) for name in layer.param_names}
-                for layer in info.layers]
+                {name: _host_copy(getattr(layer.experts, name).detach(), pin and self.staging is None)
+                 for name in layer.param_names} for layer in info.layers]
             sigs = [_signature(h) for h in self.host]
         else:
             self.host = [{} for _ in info.layers]
             sigs = [_layer_signature(layer) for layer in info.layers]
         self.group = [sigs.index(s) for s in sigs]  # layer → pool group (same shapes share a pool)
+        # a large CPU store points its slots at the host copies instead of copying into them (module docstring)
+        self.aliases = (materialize and self.device.type == "cpu"
+                        and _pool_bytes(self.host, slots_per_layer) > CPU_SLOT_COPY_LIMIT)
         self.pools: list[dict[str, torch.Tensor]] = []
         self.slots: list[LayerSlots] = [LayerSlots([], [], [], [], [], []) for _ in info.layers]
         for g in sorted(set(self.group)):
             members = [l for l in range(len(self.host)) if self.group[l] == g]
             rows = sum(slots_per_layer[l] for l in members)
-            self.pools.append({name: torch.empty((rows, *t.shape[1:]), dtype=t.dtype, device=self.device)
-                               for name, t in self.host[members[0]].items()})  # {} without tensors
+            self.pools.append({} if self.aliases else  # {} without tensors, or with aliased slots
+                              {name: torch.empty((rows, *t.shape[1:]), dtype=t.dtype, device=self.device)
+                               for name, t in self.host[members[0]].items()})
             row = 0
             for l in members:
                 for _ in range(slots_per_layer[l]):
@@ -156,10 +183,19 @@ class ExpertStore:
         key = (self.group[layer], self.slots[layer].rows[slot])
         views = self._views.get(key)
         if views is None:
+            if self.aliases:
+                raise RuntimeError(f"layer {layer} slot {slot}: read before any expert was copied into it")
             views = {name: pool[key[1]] for name, pool in self.pools[key[0]].items()}
             if not self.info.layers[layer].experts.is_transposed:
                 views.update({f"{n}.t": t.t() for n, t in list(views.items()) if not n.endswith("_bias")})
             self._views[key] = views
+        return views
+
+    def _with_transposed(self, layer: int, views: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``views`` plus the transposed view a plain ``x @ W.t()`` reads for untransposed layouts."""
+        views = dict(views)
+        if not self.info.layers[layer].experts.is_transposed:
+            views.update({f"{n}.t": t.t() for n, t in list(views.items()) if not n.endswith("_bias")})
         return views
 
     def host_expert(self, layer: int, expert: int) -> dict[str, torch.Tensor]:
@@ -270,14 +306,19 @@ class ExpertStore:
 
     def _copy(self, layer: int, expert: int, slot: int, after, issue_at):
         if self.materialize:
-            src, dst = self.host_expert(layer, expert), self.weights(layer, slot)
+            src = self.host_expert(layer, expert)
+            dst = None if self.aliases else self.weights(layer, slot)
         else:
             src = dst = None  # a tensorless store (a replay): only the fault hook, if any, runs
 
         def do_copy() -> None:
             if self.fault_hook is not None:
                 self.fault_hook(layer, expert)
-            if src is not None:
+            if src is not None and self.aliases:  # the slot becomes a view of the host copy (same floats)
+                self._views[(self.group[layer], self.slots[layer].rows[slot])] = self._with_transposed(layer, src)
+            elif src is not None and self.staging is not None:
+                self.staging.copy_into(src, dst)
+            elif src is not None:
                 for name, t in src.items():
                     dst[name].copy_(t, non_blocking=True)
 

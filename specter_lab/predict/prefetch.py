@@ -5,7 +5,9 @@ slots), layer by layer, protecting the predicted ones from each other. The first
 draft steps; the next after ⌈bytes issued / (bandwidth · draft-step time)⌉ more steps, both running averages:
 just enough drafting to hide the copies just issued. ``chunking="budgeted"`` (beyond the paper) replaces it:
 after every draft step, issue only the copies the copy stream can finish in time, most likely first, never
-evicting a more likely forecast expert.
+evicting a more likely forecast expert. ``chunking="stall"`` (Fate, PreScope) ranks the copies across layers by
+the stall each is expected to save at verification instead of by likelihood, and issues none that would still
+wait for the link when verification starts, when the link is needed for its demand copies.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from ..offload.schedule import host_lane_time
 from .forecast import WindowForecast
 
 if TYPE_CHECKING:  # annotations only: the prefetcher is handed a store and a cost model, it builds neither
@@ -41,11 +44,12 @@ class LookaheadPrefetcher:
     shared_slots: bool = False  # rebalance the slot pool across layers by forecast demand at each boundary
     min_count: int = 1  # prefetch only experts the window's forecast routes at least this often (host execution
     #                     computes the one-offs on the host instead)
+    host_misses: bool = False  # a miss at verification may run on the host (prices what a prefetch saves: "stall")
 
     def begin_window(self, k: int) -> None:
         self.bytes_issued = 0
         self.k = k
-        if self.chunking == "budgeted":
+        if self.chunking in ("budgeted", "stall"):
             self.next_boundary = 1
             self._fraction_steps = []
         elif self.chunking == "adaptive":
@@ -98,6 +102,8 @@ class LookaheadPrefetcher:
             self.rebalance(forecast)
         if self.chunking == "budgeted":
             return self.budgeted(steps_done, forecast, issue_at)
+        if self.chunking == "stall":
+            return self.by_stall(steps_done, forecast, issue_at)
         issued = 0
         for layer in range(len(forecast.counts)):
             m = self.store.slots[layer].size
@@ -157,6 +163,62 @@ class LookaheadPrefetcher:
                 copy_t += t_copy
             elif store.pool == "layer":
                 full.add(layer)
+        self.bytes_issued += issued
+        self.next_boundary = steps_done + 1
+        return issued
+
+    def stall_saved(self, n: int) -> float:
+        """Seconds verification is expected to save when an expert it routes ``n`` tokens to is resident rather
+        than missed: a demand copy (``copy_time``) without host execution, else the cheaper of the copy and the host
+        lane (the split's two ways to serve a miss), each less the device time the hit costs anyway."""
+        c = self.cost
+        hit = c.expert_time(n)
+        copy = c.copy_time(c.expert_bytes) + hit
+        miss = min(copy, host_lane_time(c, n)) if self.host_misses else copy
+        return max(0.0, miss - hit)
+
+    def by_stall(self, steps_done: int, forecast: WindowForecast, issue_at=None) -> int:
+        """Prefetch across layers by expected stall saved (Fate, PreScope), run after every draft step.
+
+        Candidates are the forecast experts not resident, ranked by :meth:`stall_saved` at their forecast token
+        count (ties: earlier layer, then higher expert id); each is issued if it lands before verification reaches
+        its layer and evicts only experts expected to save at least as much. "Cancelled when the link is needed":
+        a copy that would not have *started* by the time verification begins is not issued (verification's demand
+        copies need the link then; a copy already on the link runs to its end, as a DMA does). On a clock whose copy
+        lane cannot be read mid-run this is :meth:`budgeted`'s unclocked form."""
+        store, cost = self.store, self.cost
+        clock = store.clock
+        free = clock.copy_free_at()
+        if free is None:
+            return self._budgeted_unclocked(steps_done, forecast, issue_at)
+        now = clock.now() if issue_at is None else issue_at
+        step = self.step_time_avg or 1e-4
+        draft_end = now + max(0, self.k - steps_done) * step
+        copy_t = max(free, now)
+        t_copy = cost.copy_time(cost.expert_bytes)
+        per_layer_verify = cost.dense_layer_time(self.k + 1, 0)
+        saved = {}  # token count → seconds saved (a handful of distinct counts per window)
+        cands = []
+        for layer, counts in enumerate(forecast.counts):
+            where = store.slots[layer].where
+            for e, c in counts.items():
+                if e not in where:
+                    if c not in saved:
+                        saved[c] = self.stall_saved(c)
+                    cands.append((saved[c], -layer, e))
+        cands.sort(reverse=True)
+        issued = 0
+        for value, neg_layer, e in cands:
+            if copy_t > draft_end or value <= 0:
+                break  # would start after verification begins (the link is needed), or saves nothing
+            layer = -neg_layer
+            if copy_t + t_copy > draft_end + layer * per_layer_verify:
+                continue  # would land after verification reached its layer
+            keep = {x for x, cx in forecast.counts[layer].items()
+                    if saved.setdefault(cx, self.stall_saved(cx)) >= value}
+            if store.prefetch(layer, e, protected=keep, issue_at=issue_at):
+                issued += cost.expert_bytes
+                copy_t += t_copy
         self.bytes_issued += issued
         self.next_boundary = steps_done + 1
         return issued

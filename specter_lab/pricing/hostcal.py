@@ -5,11 +5,15 @@ each host dtype torch runs here) and the DRAM bandwidth one process gets; it nee
 profile (``cpu_mem_bandwidth``, ``cpu_flops``) are then fitted so that the cost model's host expert time
 reproduces the measured times, and saved. ``hardware="rtx4090-pcie4+host"`` is that device profile with this
 machine's host: every output names it (``…+host``), and ``host_profile()`` says what was measured.
+``sl.estimate(..., host="calibrated")`` reads the same file's DRAM read bandwidth (measured on every core) as the
+host's delivered bandwidth (:func:`specter_lab.pricing.hosts.calibrated_host`).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import platform
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -18,7 +22,7 @@ import torch
 
 from .profiles import HOST_FILE, profile_dir, saved_host
 
-__all__ = ["HostProfile", "calibrate_host", "host_profile"]
+__all__ = ["HostProfile", "calibrate_host", "host_profile", "dram_read_bandwidth"]
 
 
 @dataclass
@@ -35,6 +39,10 @@ class HostProfile:
     dtype: str  # the dtype the fit used (the fastest at batch 1)
     threads: int
     notes: str = ""
+    dram_threads: int = 0  # threads the DRAM read ran on (all cores: what a decode engine uses)
+    dram_bytes: int = 0  # bytes read per pass
+    cores: int = 0
+    cpu: str = ""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -61,6 +69,20 @@ def _timed(fn, budget_s: float = 0.5, min_reps: int = 5) -> float:
     return (time.perf_counter() - t0) / reps
 
 
+def dram_read_bandwidth(nbytes: int = 256 << 20, threads: int | None = None) -> tuple[float, int, int]:
+    """(bytes/s, threads, bytes): one process summing a ``nbytes`` tensor (well past every cache) on ``threads``
+    threads (default: every core, as a decode engine runs), best of a 1 s budget. What ``sl.estimate``'s host
+    lane reads as the host's delivered DRAM bandwidth (``host='calibrated'``)."""
+    before = torch.get_num_threads()
+    n = threads or os.cpu_count() or before
+    torch.set_num_threads(n)
+    try:
+        big = torch.ones(nbytes, dtype=torch.uint8).view(torch.float32)
+        return big.numel() * 4 / _timed(lambda: big.sum(), budget_s=1.0, min_reps=3), n, nbytes
+    finally:
+        torch.set_num_threads(before)
+
+
 def calibrate_host(hidden: int = 2048, intermediate: int = 1408, k: int = 8, dtypes=("float32", "bfloat16"),
                    save: bool = True) -> HostProfile:
     """Time one expert (default: DeepSeek-V2-Lite's, H 2048, I 1408) at 1 and ``k + 1`` tokens in each dtype and
@@ -68,15 +90,17 @@ def calibrate_host(hidden: int = 2048, intermediate: int = 1408, k: int = 8, dty
     with torch.inference_mode():
         tokens = [1, k + 1]
         times = {d: [_timed(_expert_call(hidden, intermediate, n, getattr(torch, d))) for n in tokens] for d in dtypes}
-        big = torch.ones(256 << 20, dtype=torch.uint8).view(torch.float32)  # 256 MiB, well past every cache
-        dram = big.numel() * 4 / _timed(lambda: big.sum(), budget_s=1.0, min_reps=3)
+        dram, dram_threads, dram_bytes = dram_read_bandwidth()
     params = 3 * hidden * intermediate
     best = min(dtypes, key=lambda d: times[d][0])
     wbytes = torch.finfo(getattr(torch, best)).bits // 8
     t1, tk = times[best]
     prof = HostProfile(hidden, intermediate, tokens, times, dram, cpu_mem_bandwidth=params * wbytes / t1,
                        cpu_flops=2.0 * params * tokens[1] / tk, dtype=best, threads=torch.get_num_threads(),
-                       notes=f"calibrate_host on {torch.get_num_threads()} threads, torch {torch.__version__}")
+                       notes=f"calibrate_host on {torch.get_num_threads()} threads, torch {torch.__version__}; "
+                             f"DRAM read on {dram_threads} threads (sl.estimate reads it: host='calibrated')",
+                       dram_threads=dram_threads, dram_bytes=dram_bytes, cores=os.cpu_count() or 0,
+                       cpu=platform.processor() or platform.machine())
     if save:
         profile_dir().mkdir(parents=True, exist_ok=True)
         (profile_dir() / HOST_FILE).write_text(prof.to_json())

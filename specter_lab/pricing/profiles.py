@@ -10,13 +10,20 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
+
+from .gpus import CARDS, GPU, LINK_EFFICIENCY, find_gpu
+from .hosts import (DELIVERED_FRACTION, DELIVERED_FRACTION_RANGE, DRAM_MEASUREMENTS, HOST_FILE, HOSTS, DramMeasurement,
+                    HostCPU, parse_host, profile_dir)
 
 GB = 1e9
 
 __all__ = ["HardwareProfile", "PROFILES", "DEFAULT_PROFILE", "get_profile", "profile_dir", "GB", "EXECUTIONS",
-           "HOST_OP_COST", "KERNEL_TIME", "HostCPU", "HOSTS", "get_host", "with_host_cpu", "CONSUMER_GPUS"]
+           "HOST_OP_COST", "KERNEL_TIME", "HostCPU", "HOSTS", "get_host", "with_host_cpu", "CONSUMER_GPUS",
+           "DramMeasurement", "DRAM_MEASUREMENTS", "DELIVERED_FRACTION", "DELIVERED_FRACTION_RANGE",
+           "gpu_profile", "resolve_gpu", "catalog_profile"]
 
 EXECUTIONS = ("eager", "compiled")
 # Defaults derived from the published batch-1 table (``sl.bench.published()``, ``specter_lab/published.py`` holds
@@ -137,63 +144,11 @@ CONSUMER_GPUS = {"gtx1060": "gtx1060-pcie3", "rtx2080": "rtx2080-pcie3", "rtx309
                  "h100": "h100-pcie5", "h200": "h200-pcie5"}
 
 
-@dataclass(frozen=True)
-class HostCPU:
-    """A host CPU and its DRAM, as decode on the host sees them.
-
-    ``dram_peak`` is the datasheet figure (channels x MT/s x 8 bytes); ``dram_delivered`` what one process reads
-    (a STREAM-like measurement where one exists, else ``DELIVERED_FRACTION`` of the peak, said so in ``source``).
-    ``flops`` is dense fp32 FMA throughput over all cores (cores x all-core GHz x FLOP/cycle of the SIMD path)."""
-
-    name: str
-    cpu: str
-    cores: int
-    dram: str
-    dram_peak: float  # bytes/s
-    dram_delivered: float  # bytes/s
-    flops: float  # fp32 FLOP/s
-    source: str
-
-
-# quantprobe's i5-7600K box reads 26.1 of its 48 GB/s (docs/HARDWARE.md, prereg #27): the one measured ratio,
-# used for hosts nobody measured.
-DELIVERED_FRACTION = 26.1 / 48.0
-
-HOSTS: dict[str, HostCPU] = {
-    h.name: h
-    for h in [
-        HostCPU(name="i5-7600k-ddr4-3000", cpu="Intel Core i5-7600K (4C/4T, Kaby Lake, AVX2)", cores=4,
-                dram="DDR4-3000, 2 channels", dram_peak=48.0 * GB, dram_delivered=26.1 * GB,
-                flops=4 * 4.0e9 * 32,
-                source="Intel ARK (4 cores, 4.2 GHz turbo, 2 channels); delivered 26.1 GB/s measured on the box of "
-                       "the published rows (FedericoTs/quantprobe docs/HARDWARE.md); 32 FLOP/cycle (2 AVX2 FMA)"),
-        HostCPU(name="i9-10900x-ddr4-2933", cpu="Intel Core i9-10900X (10C/20T, Cascade Lake-X, AVX-512)", cores=10,
-                dram="DDR4-2933, 4 channels", dram_peak=93.9 * GB, dram_delivered=93.9 * GB * DELIVERED_FRACTION,
-                flops=10 * 4.0e9 * 64,
-                source="Intel ARK (10 cores, quad-channel DDR4-2933 = 93.9 GB/s); delivered = peak x 0.54 (the "
-                       "i5 box's measured ratio: no measurement of this box), 64 FLOP/cycle (2 AVX-512 FMA)"),
-        HostCPU(name="epyc-9355-ddr5-6400", cpu="AMD EPYC 9355 (32C, Zen 5), one socket, AVX2 path", cores=32,
-                dram="DDR5-6400, 12 channels", dram_peak=614.4 * GB, dram_delivered=614.4 * GB * DELIVERED_FRACTION,
-                flops=32 * 3.5e9 * 32,
-                source="AMD spec (32 cores, 12 channels DDR5-6400 = 614 GB/s per socket); delivered = peak x 0.54 "
-                       "(assumed, as above); 32 FLOP/cycle on the AVX2 path the published run used"),
-    ]
-}
-
-
-def get_host(host: "str | HostCPU | None", arg: str = "host") -> HostCPU | None:
-    """Resolve ``host=``: None (the GPU profile's own host fields), a HostCPU or a name in HOSTS (a prefix such as
-    ``"i9-10900x"`` is enough when it names one host)."""
-    if host is None or isinstance(host, HostCPU):
-        return host
-    key = str(host).strip().lower()
-    if key in HOSTS:
-        return HOSTS[key]
-    matches = [n for n in HOSTS if n.startswith(key)]
-    if len(matches) == 1:
-        return HOSTS[matches[0]]
-    raise ValueError(f"{arg}={host!r} is not a known host CPU: use one of {sorted(HOSTS)} (or a unique prefix), "
-                     "or None for the GPU profile's default host.")
+def get_host(host: "str | HostCPU | float | None", arg: str = "host") -> HostCPU | None:
+    """Resolve ``host=``: None (not given), a HostCPU, a name in HOSTS (a unique prefix such as ``"i9-10900x"`` is
+    enough), a memory description (``"ddr5-5600x2"``), a measured GB/s or ``"calibrated"``
+    (:func:`specter_lab.pricing.hosts.parse_host`)."""
+    return parse_host(host, arg)
 
 
 def with_host_cpu(profile: HardwareProfile, host: HostCPU) -> HardwareProfile:
@@ -201,13 +156,6 @@ def with_host_cpu(profile: HardwareProfile, host: HostCPU) -> HardwareProfile:
     says which host priced the host lane."""
     return replace(profile, name=f"{profile.name}+{host.name}", cpu_mem_bandwidth=host.dram_delivered,
                    cpu_flops=host.flops, notes=f"{profile.notes}; host {host.cpu}, {host.dram} ({host.source})")
-
-
-def profile_dir() -> Path:
-    return Path(os.environ.get("SPECTER_LAB_PROFILES", Path.home() / ".cache" / "specter_lab" / "profiles"))
-
-
-HOST_FILE = "host.json"  # written by calibrate_host() (offload/hostcal.py)
 
 
 def saved_host(path: Path | None = None) -> dict:
@@ -258,6 +206,14 @@ def get_profile(hardware: "str | HardwareProfile | None") -> HardwareProfile:
     base, plus, host = hardware.partition("+")
     if plus and host in HOSTS and base != "cuda":  # a GPU profile beside a named host CPU (sl.estimate's machines)
         return with_host_cpu(get_profile(base), HOSTS[host])
+    if plus and base != "cuda":  # ... or beside a host described by its memory ("rtx3060-12gb-pcie4+ddr4-3200x2")
+        try:
+            return with_host_cpu(get_profile(base), get_host(host))
+        except ValueError:
+            pass
+    built = catalog_profile(hardware)  # a catalog card by its profile name ("rtx3060-12gb-pcie4")
+    if built is not None:
+        return built
     for candidate in (Path(hardware), profile_dir() / f"{hardware}.json"):
         if candidate.suffix == ".json" and candidate.is_file():
             return HardwareProfile.from_json(candidate.read_text())
@@ -268,3 +224,43 @@ def get_profile(hardware: "str | HardwareProfile | None") -> HardwareProfile:
         + ", a path to a profile .json, or a HardwareProfile(...)."
     )
 
+
+# ------------------------------------------------------------------ the GPU catalog as profiles
+def gpu_profile(card: GPU) -> HardwareProfile:
+    """The cost model's profile of ``card``: its hand-set profile when one exists (the published rows' GPUs),
+    else built from the datasheet (effective link = raw PCIe x LINK_EFFICIENCY; effective VRAM = 0.8 x datasheet;
+    peak_flops = the FP32 shader rate, halved without tensor cores: an assumption that only prefill reads)."""
+    if card.profile:
+        return replace(PROFILES[card.profile], hbm_datasheet=PROFILES[card.profile].hbm_datasheet
+                       or card.bandwidth_gbs * GB)
+    latency = {3: 10e-6, 4: 9e-6, 5: 8e-6}[card.pcie_gen]
+    return HardwareProfile(
+        name=f"{card.key}-pcie{card.pcie_gen}", pcie_bandwidth=card.link_raw * LINK_EFFICIENCY, copy_latency=latency,
+        hbm_bandwidth=0.8 * card.bandwidth_gbs * GB, hbm_datasheet=card.bandwidth_gbs * GB,
+        peak_flops=card.tflops * 1e12 * (1.0 if card.tensor_cores else 0.5), launch_overhead=6e-6,
+        pageable_bandwidth=card.link_raw * 0.4, device_memory=card.vram_gb * 2**30,
+        notes=f"{card.name}: {card.memory} = {card.bandwidth_gbs:g} GB/s, {card.pcie}, {card.tflops:g} TFLOPS FP32 "
+              f"({card.source})")
+
+
+def resolve_gpu(gpu: "str | HardwareProfile", vram: float | None = None) -> tuple[HardwareProfile, GPU | None]:
+    """``gpu=`` as the estimator takes it: a HardwareProfile (as given), a profile name in PROFILES, or a catalog
+    name; returns the profile and the catalog card (None for a profile given directly)."""
+    if isinstance(gpu, HardwareProfile):
+        return gpu, None
+    if str(gpu) in PROFILES:
+        return PROFILES[str(gpu)], next((c for c in CARDS.values() if c.profile == str(gpu)), None)
+    built = catalog_profile(str(gpu))
+    if built is not None:
+        return built, CARDS[str(gpu).rsplit("-pcie", 1)[0]]
+    card = find_gpu(gpu, vram)
+    return gpu_profile(card), card
+
+
+def catalog_profile(name: str) -> HardwareProfile | None:
+    """The profile of a catalog card by its profile name (``"rtx3060-12gb-pcie4"``), so an emitted
+    ``hardware=`` resolves; None when ``name`` is not one."""
+    key, sep, gen = name.rpartition("-pcie")
+    if sep and key in CARDS and gen == str(CARDS[key].pcie_gen):
+        return gpu_profile(CARDS[key])
+    return None

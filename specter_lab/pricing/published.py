@@ -50,6 +50,11 @@ class PublishedRow:
     role: str  # host fit | kernel fit | check
     note: str = ""
 
+    @property
+    def split(self) -> str:
+        """``fit`` (a constant is derived from it) or ``check`` (never fitted: the test)."""
+        return "fit" if self.role.endswith("fit") else "check"
+
 
 PUBLISHED_ROWS: tuple[PublishedRow, ...] = (
     PublishedRow("Qwen1.5-MoE-A2.7B bf16", "A100", 'transformers experts_implementation="eager"', 57.7,
@@ -175,7 +180,7 @@ def published(rows: tuple[PublishedRow, ...] = PUBLISHED_ROWS) -> pd.DataFrame:
         out.append({
             "model": r.model, "gpu": r.gpu, "implementation": r.implementation, "published_ms": r.published_ms,
             "simulated_ms": price.ms, "ratio": ratio, "within_30pct": abs(ratio - 1) <= TOLERANCE,
-            "loo_ratio": loo, "role": r.role, "aten_ops_per_token": price.ops, "kernels_per_token": price.kernels,
+            "loo_ratio": loo, "role": r.role, "split": r.split, "aten_ops_per_token": price.ops, "kernels_per_token": price.kernels,
             "host_op_cost_us": p.host_op_cost * 1e6 if r.execution == "eager" else 0.0,
             "host_only_ms": price.host_ms, "device_only_ms": price.device_ms, "profile": p.name,
             "execution": r.execution, "counted": r.counted,

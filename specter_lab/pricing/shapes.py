@@ -1,11 +1,17 @@
-"""Cost shapes: per-layer dimensions of real MoE models (from their public config.json), used to price a tiny
-model's run as if its layers had these sizes. Routing still comes from the model actually run: a *projection*."""
+"""Cost shapes: per-layer dimensions of real MoE models, used to price a tiny model's run as if its layers had these
+sizes. Routing still comes from the model actually run: a *projection*. Each row is sized from the model's public
+config.json (bundled in ``specter_lab/data/configs``) by the same geometry the estimator uses
+(:mod:`specter_lab.model.geometry`): no size is typed twice."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Iterator, Mapping
 
-__all__ = ["CostShape", "COST_SHAPES", "get_cost_shape", "PROJECTIONS"]
+from ..model.geometry import CONFIG_DIR, geometry_from_config, load_config
+from ..model.inspect import text_config
+
+__all__ = ["CostShape", "COST_SHAPES", "get_cost_shape", "shape_from_config", "PROJECTIONS"]
 
 PROJECTIONS = ("layers", "full")
 
@@ -46,47 +52,67 @@ class CostShape:
         return self.name + ("@full" if self.projection == "full" else "")
 
 
-def _shape(name, hidden, moe_inter, n_experts, top_k, layers, attn_params, shared_inter, vocab, kv_dim,
-           family="qwen2_moe", dense_layers=0, dense_inter=0):
+def shape_from_config(name: str, family: str = "qwen2_moe", config=None) -> CostShape:
+    """The cost shape of the model ``config`` describes (default: the bundled ``data/configs/<name>.json``), sized
+    by :func:`~specter_lab.model.geometry.geometry_from_config`, the geometry the estimator prices with: its
+    modules built on the meta device and counted (biases, norms and routers included). ``family``: whose op
+    counts price host dispatch (a pricing choice, not a size)."""
+    cfg = load_config(config if config is not None else CONFIG_DIR / f"{name}.json", "config")
+    tc = text_config(cfg)
+    g = geometry_from_config(cfg)
     return CostShape(
         name=name,
-        hidden=hidden,
-        expert_params=3 * hidden * moe_inter,
-        dense_params=attn_params + 3 * hidden * shared_inter + n_experts * hidden + 2 * hidden,
-        vocab=vocab,
-        kv_bytes_per_token_per_layer=2 * kv_dim * 2,
-        num_experts=n_experts,
-        top_k=top_k,
-        num_layers=layers,
+        hidden=int(tc.hidden_size),
+        expert_params=g.expert_params,
+        dense_params=g.dense_params_per_moe_layer,
+        vocab=int(tc.vocab_size),
+        kv_bytes_per_token_per_layer=int(max(g.kv_bytes_per_token)),  # an attention layer's (fp16, K + V)
+        num_experts=g.num_experts,
+        top_k=g.top_k,
+        num_layers=g.decoder_layers,
         family=family,
-        dense_layers=dense_layers,
-        dense_layer_params=(attn_params + 3 * hidden * dense_inter + 2 * hidden) if dense_layers else 0,
+        dense_layers=g.dense_layers,
+        dense_layer_params=g.dense_layer_params // g.dense_layers if g.dense_layers else 0,
     )
 
 
-# One table, from each model's public config.json (hidden_size, moe/intermediate size, experts, top-k, layers,
-# attention projections, shared-expert width, vocabulary, KV width).
-COST_SHAPES: dict[str, CostShape] = {
-    s.name: s
-    for s in [
-        # Mixtral-8x7B: H 4096, I 14336, 8 experts top-2, 32 layers, 32 q / 8 kv heads × 128, vocab 32000
-        _shape("mixtral-8x7b", 4096, 14336, 8, 2, 32, 2 * 4096 * 4096 + 2 * 4096 * 1024, 0, 32000, 1024),
-        # DeepSeek-V2-Lite: H 2048, moe I 1408, 64 experts top-6, 2 shared (2816), 27 layers, MLA (kv_lora 512 +
-        # rope 64 cached), vocab 102400. Attention: q 2048·16·192, kv_a 2048·576, kv_b 512·16·256, o 2048·2048.
-        # First layer dense (first_k_dense_replace 1, intermediate 10944): 26 MoE layers.
-        _shape("deepseek-v2-lite", 2048, 1408, 64, 6, 27,
-               2048 * 16 * 192 + 2048 * 576 + 512 * 16 * 256 + 16 * 128 * 2048, 2816, 102400, 288,
-               family="deepseek_v2", dense_layers=1, dense_inter=10944),
-        # Qwen1.5-MoE-A2.7B: H 2048, moe I 1408, 60 experts top-4, shared 5632, 24 layers, 16 heads, vocab 151936
-        _shape("qwen1.5-moe-a2.7b", 2048, 1408, 60, 4, 24, 4 * 2048 * 2048, 5632, 151936, 2048),
-        # Phi-3.5-MoE: H 4096, I 6400, 16 experts top-2, 32 layers, 32 q / 8 kv heads, vocab 32064
-        _shape("phi-3.5-moe", 4096, 6400, 16, 2, 32, 2 * 4096 * 4096 + 2 * 4096 * 1024, 0, 32064, 1024),
-        # OLMoE-1B-7B: H 2048, I 1024, 64 experts top-8, 16 layers, 16 heads, vocab 50304
-        _shape("olmoe-1b-7b", 2048, 1024, 64, 8, 16, 4 * 2048 * 2048, 0, 50304, 2048),
-        # Qwen3-30B-A3B: H 2048, moe I 768, 128 experts top-8, 48 layers, 32 q / 4 kv heads × 128, vocab 151936
-        _shape("qwen3-30b-a3b", 2048, 768, 128, 8, 48, 2048 * 4096 * 2 + 2 * 2048 * 512, 0, 151936, 512),
-    ]
-}
+class _Shapes(Mapping[str, CostShape]):
+    """:data:`COST_SHAPES`: the names are known up front, each row is sized from its bundled config.json on first
+    use (a meta-device build, ~0.1 s: importing the package builds none)."""
+
+    def __init__(self, families: dict[str, str]) -> None:
+        self._families = families
+        self._rows: dict[str, CostShape] = {}
+
+    def __getitem__(self, name: str) -> CostShape:
+        if name not in self._families:
+            raise KeyError(name)
+        row = self._rows.get(name)
+        if row is None:
+            row = self._rows[name] = shape_from_config(name, self._families[name])
+        return row
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._families)
+
+    def __len__(self) -> int:
+        return len(self._families)
+
+    def __repr__(self) -> str:
+        return f"COST_SHAPES({sorted(self._families)})"
+
+
+# Real models whose layers a tiny model's run can be priced at: name (= its config in specter_lab/data/configs,
+# where the README says where each came from) → the family whose aten op counts price host dispatch (qwen2_moe,
+# the counted family, unless the model's own family is counted too).
+COST_SHAPES: Mapping[str, CostShape] = _Shapes({
+    "mixtral-8x7b": "qwen2_moe",
+    "deepseek-v2-lite": "deepseek_v2",
+    "qwen1.5-moe-a2.7b": "qwen2_moe",
+    "phi-3.5-moe": "qwen2_moe",
+    "olmoe-1b-7b": "qwen2_moe",
+    "qwen3-30b-a3b": "qwen2_moe",
+})
 
 
 def get_cost_shape(cost_shape: "str | CostShape | None") -> CostShape | None:

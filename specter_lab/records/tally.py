@@ -15,13 +15,14 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
+
+from ..units import Handle
 
 __all__ = ["Tally", "Durations"]
 
 _TIMED_PHASES = frozenset(("draft", "recompute", "snapshot"))
 
-Handle = Any
 
 
 @dataclass

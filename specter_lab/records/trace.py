@@ -21,11 +21,11 @@ import numpy as np
 import pandas as pd
 
 from .tally import Tally
+from ..units import Handle
 
 __all__ = ["Trace", "StepRecord", "TokenRecord", "RoutingRecord", "ForecastRecord", "CacheEvent", "Transfer",
            "ComputeSpan", "COLUMNS", "TRACE_LEVELS"]
 
-Handle = Any  # a clock handle: float seconds (simulated) or a CUDA event
 
 
 @dataclass(slots=True)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+from .cachesim import simulate, stack_requests
+
 __all__ = ["request_sequences", "lru_hits", "belady_hits", "cache_bounds"]
 
 
@@ -23,49 +25,23 @@ def request_sequences(result, source: str = "target") -> dict[int, list[set[int]
     return seqs
 
 
+def _hits(requests: list[set[int]], slots: int, count_from: int, policy: str) -> tuple[int, int]:
+    stats = simulate(stack_requests([requests]), slots, policy=policy, warmup=count_from)
+    return int(stats.hits.sum()), int(stats.lookups.sum())
+
+
 def lru_hits(requests: list[set[int]], slots: int, count_from: int = 1) -> tuple[int, int]:
     """(hits, requests) of a per-layer LRU cache of ``slots`` experts, starting empty, counted from forward
-    ``count_from`` on (the prefill warms the cache but is not a decode hit). Like the runtime: a forward's
-    resident experts are used first; a miss evicts the least recently used expert this forward does not need."""
-    order: list[int] = []  # least recent first
-    hits = total = 0
-    for i, req in enumerate(requests):
-        present = sorted(req & set(order))
-        for e in present:
-            order.remove(e)
-            order.append(e)
-        for e in sorted(req - set(order)):
-            if len(order) >= slots:
-                victim = next((x for x in order if x not in req), order[0])
-                order.remove(victim)
-            order.append(e)
-        if i >= count_from:
-            hits, total = hits + len(present), total + len(req)
-    return hits, total
+    ``count_from`` on (the prefill warms the cache but is not a decode hit): :func:`~.cachesim.simulate` with the
+    runtime's rule (a forward's resident experts are used first; a miss evicts the least recently used expert
+    this forward does not need)."""
+    return _hits(requests, slots, count_from, "lru")
 
 
 def belady_hits(requests: list[set[int]], slots: int, count_from: int = 1) -> tuple[int, int]:
     """(hits, requests) of Belady's MIN with ``slots`` experts: on a miss with a full cache, evict the resident
     expert (not needed by the current forward) whose next request is furthest away (never = infinitely far)."""
-    cache: set[int] = set()
-    hits = total = 0
-    for i, req in enumerate(requests):
-        present = req & cache
-
-        def next_use(x: int) -> float:
-            for j in range(i + 1, len(requests)):
-                if x in requests[j]:
-                    return j
-            return float("inf")
-
-        for e in sorted(req - cache):
-            if len(cache) >= slots:
-                candidates = [x for x in cache if x not in req] or list(cache)
-                cache.remove(max(candidates, key=next_use))
-            cache.add(e)
-        if i >= count_from:
-            hits, total = hits + len(present), total + len(req)
-    return hits, total
+    return _hits(requests, slots, count_from, "belady")
 
 
 def cache_bounds(result, slots: int | None = None) -> pd.DataFrame:

@@ -13,7 +13,8 @@ issue's figures and this runtime's per-layer caches use; the moe-lrc plots are m
   never evicts, so the first uses are a prefetch of a cold start), or always misses (``cold="miss"``);
 * the hit rate is hits / lookups per layer, then the mean over layers; -1 ids (not recorded) are no lookup.
 
-It is not the runtime's decode hit rate: a run warms its caches with the prompt's prefill, counts only decode
+The counting runs on :func:`specter_lab.routing.cachesim.lru_stack_positions` (the simulator's ``moe-lrc`` LRU,
+every cache size in one pass). It is not the runtime's decode hit rate: a run warms its caches with the prompt's prefill, counts only decode
 lookups and may split its budget unevenly; the curve is the routing's own property, comparable across models.
 
 **Less local routing** (:func:`less_local`): each routed expert is replaced, with probability ``q``, by an expert
@@ -30,6 +31,8 @@ from dataclasses import dataclass
 from typing import Literal, Sequence
 
 import numpy as np
+
+from .cachesim import lru_stack_positions
 
 __all__ = ["lru_hit_curve", "less_local", "LessLocal", "replace_experts", "TARGET_HIT_AT_HALF"]
 
@@ -61,35 +64,6 @@ def _num_experts(num_experts, n_layers: int) -> np.ndarray:
     return ne
 
 
-def _stack_positions(routing: np.ndarray, num_experts: np.ndarray, cold: str) -> np.ndarray:
-    """[T, L, k] LRU stack position of each lookup (the number of the layer's experts used more recently); a
-    lookup hits a cache of c experts iff its position < c. -1 slots: position -1 (no lookup). A first use gets
-    the number of distinct experts seen so far (``cold="fit"``) or an infinite position (``"miss"``)."""
-    T, L, k = routing.shape
-    E = int(num_experts.max())
-    last = np.full((L, E), -1, dtype=np.int64)  # stamp of the last use, -1: never used
-    seen = np.zeros(L, dtype=np.int64)
-    rows = np.arange(L)[:, None]
-    out = np.full((T, L, k), -1, dtype=np.int64)
-    far = np.iinfo(np.int64).max
-    for t in range(T):
-        ids = routing[t]
-        valid = ids >= 0
-        safe = np.where(valid, ids, 0)
-        stamp = last[rows, safe]  # [L, k]
-        warm = valid & (stamp >= 0)
-        newer = (last[:, None, :] > stamp[:, :, None]).sum(-1)  # experts used after this one
-        first = valid & ~warm
-        cold_pos = seen[:, None] + np.cumsum(first, axis=1) - 1 if cold == "fit" else np.full((L, k), far)
-        out[t] = np.where(warm, newer, np.where(first, cold_pos, -1))
-        seen += first.sum(1)
-        # later slots of a token are more recent (moe-lrc's order); a duplicate id (invalid routing) stamps twice
-        stamps = t * k + np.arange(k)
-        ls, ks = np.nonzero(valid)
-        last[ls, ids[ls, ks]] = stamps[ks]
-    return out
-
-
 def lru_hit_curve(routing: Routing, fractions: Sequence[float] = (0.25, 0.5), *, num_experts,
                   cold: Literal["fit", "miss"] = "fit", per_layer: bool = False) -> dict[float, "float | np.ndarray"]:
     """Per-layer LRU hit rate of ``routing`` (``[tokens, layers, top_k]`` expert ids, -1 = no lookup; or a list
@@ -112,7 +86,7 @@ def lru_hit_curve(routing: Routing, fractions: Sequence[float] = (0.25, 0.5), *,
     for a in seqs:
         if a.shape[1] != len(ne):
             raise ValueError(f"routing: sequences have {a.shape[1]} and {len(ne)} layers; give one model's routing.")
-        pos = _stack_positions(a, ne, cold)
+        pos = lru_stack_positions(a, ne, cold)
         valid = pos >= 0
         lookups += valid.sum((0, 2))
         for f in fractions:

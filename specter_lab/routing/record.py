@@ -26,7 +26,7 @@ from ..decode.kv import SequenceCache
 from ..model import attached, inspect_model
 from ..model.experts import exact_forward
 from ..offload.runtime import gate_ids
-from ..run.quant import DraftExperts, QuantSpec
+from ..run.quant import DraftExperts, QuantSpec, shared_draft
 from .trace_file import RoutedSequence, RoutingTrace
 
 __all__ = ["record"]
@@ -164,7 +164,7 @@ def record(model, tokenizer=None, prompts: Sequence = (), *, max_new_tokens: int
                          "tokens; chains cannot be recorded for it yet. Record with k_max=0 (autoregressive "
                          "strategies replay exactly).")
     t0 = time.perf_counter()
-    dexp = DraftExperts(info, spec, device=device) if k_max else None
+    dexp = shared_draft(model, info, spec, device) if k_max else None  # the engines' own, when they made it
     rec = _Recorder(info, dexp)
     total = sum(len(ids) and max_new_tokens * (1 + (k_max + 1) if k_max else 1) for ids in seqs_ids)
     seqs = []

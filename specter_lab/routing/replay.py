@@ -1,8 +1,9 @@
 """Replay: price any strategy on recorded routing in seconds, with the same code as a live run.
 
-:func:`replay` builds the same :class:`~specter_lab.run.engine.Engine` a live run would (strategy, budget split,
-cost model, clock), but on a model skeleton made from the trace's config on the ``meta`` device (no weights), a
-store without tensors, and a :class:`ReplayDecoder` that, for every forward the decode loop asks for, hands the
+:func:`replay` resolves the same :class:`~specter_lab.run.setup.RunSetup` a live run would (strategy, budget
+split, cost model, clock) from a model skeleton made from the trace's config on the ``meta`` device (no weights), and
+builds the live run's parts with :func:`~specter_lab.run.setup.prepare_run` (no Engine, no exactness probe: a
+replay runs no model), a store without tensors, and a :class:`ReplayDecoder` that, for every forward the decode loop asks for, hands the
 layer schedule the recorded routing and the decode loop the recorded tokens. Store, eviction, prefetch,
 governor, host execution and clock are the live run's own code, so the trace records and metrics are the same
 (greedy; ``tests/test_replay.py`` checks every strategy). Sampling is not replayed: run it live.
@@ -17,16 +18,18 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from ..run.assembly import uses_gate_predictions
 from ..decode import Decoder
-from ..run.engine import Engine, GenerationResult
+from ..model import MoEModelInfo, inspect_model
+from ..offload.clock import is_measured
 from ..offload.schedule import ForwardInfo, counts_of, rank_prediction
 from ..predict import KGovernor
+from ..run.assembly import uses_gate_predictions
 from ..run.drafts import as_draft_spec
 from ..run.quant import QuantSpec
+from ..run.setup import GenerationResult, RunSetup, prepare_run, resolve
 from .trace_file import RoutedSequence, RoutingTrace, TraceError
 
-__all__ = ["replay", "ReplayDecoder", "skeleton", "ReplayMismatch", "refusal"]
+__all__ = ["replay", "replay_setup", "ReplayDecoder", "skeleton", "skeleton_info", "ReplayMismatch", "refusal"]
 
 class ReplayMismatch(RuntimeError):
     """The decode loop asked for a forward the trace does not hold (a bug, or a trace of another run)."""
@@ -174,31 +177,65 @@ def skeleton(config: "dict[str, Any]"):
     return _skeleton(json.dumps(config, sort_keys=True, default=str))
 
 
-def replay(trace: RoutingTrace, strategy="lru", *, tokenizer=None, sequences: "Sequence[int] | None" = None,
-           draft: "QuantSpec | None" = None, callback: Callable | None = None, trace_level: str = "full",
-           **engine_options) -> list[GenerationResult]:
-    """Replay ``strategy`` on every recorded sequence (or those in ``sequences``): one
-    :class:`~specter_lab.run.engine.GenerationResult` each, with the live run's trace records and metrics.
+def skeleton_info(config: "dict[str, Any]") -> MoEModelInfo:
+    """What the runtime needs to know of the model a config describes (its skeleton's, nothing allocated)."""
+    return _skeleton_info(json.dumps(config, sort_keys=True, default=str))
 
-    ``engine_options`` are the Engine's (``expert_budget``, ``cache_slots``, ``hardware`` — a simulated profile —,
-    ``cost_shape``, ``k``, ``eviction``, …). Speculative strategies need a trace with draft chains, replay the
-    draft it was recorded with, and K ≤ the trace's ``k_max``. ``trace_level``: the Engine's ``trace=``;
-    ``"steps"`` keeps no per-op record (the metrics are the same: what a sweep runs)."""
+
+@lru_cache(maxsize=8)
+def _skeleton_info(config_json: str) -> MoEModelInfo:
+    return inspect_model(_skeleton(config_json))
+
+
+def replay_setup(trace: RoutingTrace, strategy="lru", *, draft: "QuantSpec | None" = None, trace_level: str = "full",
+                 check: bool = True, **options) -> tuple[RunSetup, MoEModelInfo]:
+    """The run set-up a replay of ``strategy`` on ``trace`` prices with, and its model's info; raises (before any
+    run) where the trace cannot replay it (``check=False``: only the set-up, e.g. for the bound, which reads its
+    budget split and prices alone). ``strategy`` may be a plan (``sl.plan(..., trace=trace)``)."""
     if not isinstance(trace, RoutingTrace):
         raise TypeError(f"trace must be a sl.RoutingTrace (sl.record(...) or sl.load_trace(path)), got "
                         f"{type(trace).__name__}.")
-    if engine_options.get("hardware") == "cuda":
+    if is_measured(options.get("hardware")):
         raise ValueError("hardware='cuda' measures a live run; a replay prices on a simulated profile: give one.")
-    model = skeleton(trace.config)
-    eng = Engine(model, tokenizer, strategy, draft=_recorded_draft(trace, draft), trace=trace_level,
-                 **engine_options)
-    _check_replayable(eng, trace)
+    if options.get("verify", "batched") != "batched":
+        raise ValueError(f"verify={options['verify']!r}: a trace holds each window's one K+1-token verification "
+                         "pass (verify='batched'); the exact mode's one-token passes are run live.")
+    if strategy == "auto":
+        raise ValueError("strategy='auto' plans on a model; on a trace plan first, then replay the plan: "
+                         "sl.replay(trace, sl.plan(None, None, trace=trace, ...)).")
+    if hasattr(strategy, "engine_kwargs"):  # a plan: the strategy, draft and K it chose
+        chosen = strategy.engine_kwargs()
+        strategy, draft, options["k"] = chosen.pop("strategy"), chosen.get("draft", draft), chosen.get("k")
+    info = skeleton_info(trace.config)
+    setup = resolve(info, strategy, draft=_recorded_draft(trace, draft), trace=trace_level, **options)
+    if check:
+        _check_replayable(setup, info, trace)
+    return setup, info
+
+
+def replay(trace: RoutingTrace, strategy="lru", *, tokenizer=None, sequences: "Sequence[int] | None" = None,
+           draft: "QuantSpec | None" = None, callback: Callable | None = None, trace_level: str = "full",
+           **options) -> list[GenerationResult]:
+    """Replay ``strategy`` on every recorded sequence (or those in ``sequences``): one
+    :class:`~specter_lab.run.setup.GenerationResult` each, with the live run's trace records and metrics.
+
+    ``options`` are the Engine's (``expert_budget``, ``cache_slots``, ``hardware`` — a simulated profile —,
+    ``cost_shape``, ``k``, ``eviction``, …). Speculative strategies need a trace with draft chains, replay the
+    draft it was recorded with, and K ≤ the trace's ``k_max``. ``trace_level``: the Engine's ``trace=``;
+    ``"steps"`` keeps no per-op record (the metrics are the same: what a sweep runs)."""
+    plan = strategy if hasattr(strategy, "engine_kwargs") else None
+    setup, info = replay_setup(trace, strategy, draft=draft, trace_level=trace_level, **options)
+    governor = KGovernor() if setup.strategy.k == "auto" else None  # learns across the sequences, as live
     picked = range(len(trace.sequences)) if sequences is None else list(sequences)
     results = []
     for i in picked:
         seq = trace.sequences[i]
-        run = eng.prepare(seq.prompt.tolist(), len(seq.tokens), callback=callback,
+        run = prepare_run(setup, info, seq.prompt.tolist(), len(seq.tokens), device=torch.device("meta"),
+                          draft=setup.draft_source(), governor=governor, callback=callback,
                           replay=partial(ReplayDecoder, seq))
+        run.tokenizer = tokenizer
+        if plan is not None:
+            run.finish = lambda m: m.update({"strategy": "auto", "plan": plan.label})
         try:
             result = run.execute()
         finally:
@@ -214,7 +251,7 @@ def replay(trace: RoutingTrace, strategy="lru", *, tokenizer=None, sequences: "S
 def _recorded_draft(trace: RoutingTrace, draft) -> "QuantSpec | None":
     """The draft the chains were recorded with (a different one cannot be replayed from them)."""
     cfg = as_draft_spec(draft) if draft is not None else None
-    if cfg is not None and cfg.variant != "quantized":
+    if cfg is not None and not cfg.recordable:
         raise ValueError(f"draft={cfg.variant!r}: that draft computes with whatever the cache holds, so its routing "
                          "depends on the strategy and cannot be recorded apart from it; replay the quantized "
                          "draft, or run this one live.")
@@ -228,19 +265,19 @@ def _recorded_draft(trace: RoutingTrace, draft) -> "QuantSpec | None":
     return recorded
 
 
-def _check_replayable(eng: Engine, trace: RoutingTrace) -> None:
-    if trace.num_layers != eng.info.num_layers:
-        raise TraceError(f"trace has {trace.num_layers} MoE layers, its config's model {eng.info.num_layers}: "
+def _check_replayable(setup: RunSetup, info: MoEModelInfo, trace: RoutingTrace) -> None:
+    if trace.num_layers != info.num_layers:
+        raise TraceError(f"trace has {trace.num_layers} MoE layers, its config's model {info.num_layers}: "
                          "the config is of another model.")
-    trace.validate([l.num_experts for l in eng.info.layers])
-    why = refusal(eng, trace)
+    trace.validate([l.num_experts for l in info.layers])
+    why = refusal(setup, trace)
     if why:
         raise ValueError(why)
 
 
-def refusal(eng: Engine, trace: RoutingTrace) -> str | None:
-    """Why ``trace`` cannot replay ``eng``'s strategy (None: it can)."""
-    st = eng.strategy
+def refusal(setup: RunSetup, trace: RoutingTrace) -> str | None:
+    """Why ``trace`` cannot replay ``setup``'s strategy (None: it can)."""
+    st = setup.strategy
     if uses_gate_predictions(st) and "imported" in trace.meta:
         return (f"strategy={st.name!r} prefetches with the next layer's router, whose predictions an imported "
                 "trace does not hold: replay another strategy, or record the model with sl.record (it keeps them).")
@@ -249,7 +286,7 @@ def refusal(eng: Engine, trace: RoutingTrace) -> str | None:
     if not trace.speculative:
         return (f"strategy={st.name!r} speculates, but this trace has no draft chains (recorded with k_max=0): "
                 "record with k_max > 0, or replay a non-speculative strategy.")
-    k_need = (eng.governor or KGovernor()).k_max if st.k == "auto" else st.k
+    k_need = KGovernor().k_max if st.k == "auto" else st.k
     if k_need > trace.k_max:
         return (f"k={st.k!r} needs chains of {k_need} drafts; this trace holds {trace.k_max}: use "
                 f"k <= {trace.k_max}, or record with k_max={k_need}.")

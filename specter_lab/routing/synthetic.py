@@ -16,10 +16,11 @@ Every output that uses it says ``synthetic routing matched to <source>``; a reco
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from .cachesim import simulate
 
 __all__ = ["Locality", "LOCALITY", "locality_for", "synthetic_routing", "lru_hit_rate", "hot_coverage"]
 
@@ -124,32 +125,24 @@ def synthetic_routing(num_layers: int, num_experts: int, top_k: int, tokens: int
 
 def lru_hit_rate(routing: np.ndarray, slots: int) -> float:
     """Per-layer LRU hit rate over ``routing`` with ``slots`` experts a layer, counted as moe-lrc counts it (all of
-    a token's lookups before the update; first-time accesses that fit count as hits)."""
-    tokens, layers, _ = routing.shape
-    hits = total = 0
-    for layer in range(layers):
-        cache: OrderedDict[int, None] = OrderedDict()
-        for t in range(tokens):
-            ids = [int(e) for e in routing[t, layer]]
-            for e in ids:
-                hits += e in cache or len(cache) < slots
-                total += 1
-            for e in ids:
-                cache[e] = None
-                cache.move_to_end(e)
-                if len(cache) > slots:
-                    cache.popitem(last=False)
-    return hits / total
+    a token's lookups before the update; while a layer's cache has room at a token's start, that token's
+    first-time accesses count as hits): :func:`~.cachesim.simulate` with ``rule="moe-lrc"``."""
+    stats = simulate(routing, slots, rule="moe-lrc")
+    return int(stats.hits.sum() + stats.roomy.sum()) / int(stats.lookups.sum())
 
 
 def hot_coverage(routing: np.ndarray, pinned: int) -> float:
     """Share of the second half's routed experts served by each layer's ``pinned`` most routed experts of the first
-    half (a static hot set chosen by a frequency profile, judged on held-out tokens)."""
+    half (a static hot set chosen by a frequency profile, judged on held-out tokens): the simulator's ``static``
+    pool, counted from the second half on."""
     tokens, layers, _ = routing.shape
     half = tokens // 2
-    served = 0.0
+    hot = {}
     for layer in range(layers):
         freq = np.bincount(routing[:half, layer].ravel(), minlength=int(routing.max()) + 1)
-        hot = np.argsort(-freq, kind="stable")[:pinned]
-        served += np.isin(routing[half:, layer], hot).mean()
+        hot[layer] = np.argsort(-freq, kind="stable")[:pinned].tolist()
+    stats = simulate(routing, pinned, policy="static", initial=hot, warmup=half)
+    served = 0.0
+    for h, n in zip(stats.hits.tolist(), stats.lookups.tolist()):
+        served += h / n
     return served / layers

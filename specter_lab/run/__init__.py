@@ -5,6 +5,6 @@ them to a live model.
 Tools above this folder (the estimator, the planner) read the strategy table through the names exported here.
 """
 
-from .strategies import BASELINES, STRATEGIES, Strategy, get_strategy
+from .strategies import AUTO, BASELINES, STRATEGIES, Strategy, describe, get_strategy, strategy_names
 
-__all__ = ["STRATEGIES", "Strategy", "get_strategy", "BASELINES"]
+__all__ = ["STRATEGIES", "Strategy", "get_strategy", "BASELINES", "AUTO", "strategy_names", "describe"]

@@ -31,7 +31,8 @@ from ..decode import Decoder, Sampling, Speculation, autoregressive, speculative
 from ..decode.speculative import DraftForecast, OracleForecast
 from ..offload.cache import make_policy
 from ..offload.clock import Clock
-from ..offload.hostexec import CopyMisses, CostedMisses, HostMisses, MissPolicy, MissRule, ShareMisses
+from ..offload.hostexec import (BalancedMisses, CopyMisses, CostedMisses, HostMisses, MissPolicy, MissRule,
+                                ShareMisses)
 from ..offload.runtime import OffloadRuntime
 from ..offload.schedule import DraftSource, LayerSchedule
 from ..offload.store import ExpertStore
@@ -82,10 +83,10 @@ def miss_rule(st: Strategy, store: ExpertStore) -> MissRule:
     """The strategy's rule for misses after the prefill (``miss``, ``cpu_share``)."""
     if st.miss == "host":
         return HostMisses()
-    if st.miss == "auto":
+    if st.miss in ("auto", "balance"):
         layers = store.info.layers
-        return CostedMisses(MissPolicy([l.num_experts for l in layers], store.slots_per_layer,
-                                       [l.top_k for l in layers]))
+        policy = MissPolicy([l.num_experts for l in layers], store.slots_per_layer, [l.top_k for l in layers])
+        return CostedMisses(policy) if st.miss == "auto" else BalancedMisses(policy)
     return ShareMisses(st.cpu_share) if st.cpu_share else CopyMisses()
 
 
@@ -127,7 +128,8 @@ def speculation(st: Strategy, store: ExpertStore, governor: KGovernor | None) ->
     prefetcher = None
     if st.prefetch in ("draft", "oracle"):
         prefetcher = LookaheadPrefetcher(store, store.cost, chunking=st.chunking, protect=st.protect,
-                                         shared_slots=st.shared_slots and store.can_share(), min_count=st.reuse)
+                                         shared_slots=st.shared_slots and store.can_share(), min_count=st.reuse,
+                                         host_misses=computes_on_host(st))
     source = OracleForecast() if st.prefetch == "oracle" else DraftForecast()
     return Speculation(st.k, source, prefetcher, governor if st.k == "auto" else None)
 

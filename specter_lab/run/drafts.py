@@ -20,9 +20,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from typing import get_args
+
+from ..offload.schedule import DraftVariant
 from .quant import QuantSpec
 
-DRAFT_VARIANTS = ("quantized", "resident", "hybrid", "host")
+DRAFT_VARIANTS: tuple[str, ...] = get_args(DraftVariant)
 
 __all__ = ["DraftSpec", "DRAFT_VARIANTS", "as_draft_spec", "draft_expert_bytes", "draft_device_experts"]
 
@@ -32,7 +35,7 @@ class DraftSpec:
     """A draft: ``variant`` (see module doc), the low-bit format, and for ``hybrid`` how many low-bit experts
     per layer it keeps resident."""
 
-    variant: str = "quantized"
+    variant: DraftVariant = "quantized"
     quant: QuantSpec = field(default_factory=QuantSpec)
     hybrid_experts: int = 4
 
@@ -48,6 +51,17 @@ class DraftSpec:
     @property
     def uses_lowbit(self) -> bool:
         return self.variant in ("quantized", "hybrid")
+
+    @property
+    def hybrid(self) -> bool:
+        """Low-bit copies for a few experts per layer, chosen after the prefill."""
+        return self.variant == "hybrid"
+
+    @property
+    def recordable(self) -> bool:
+        """Its routing does not depend on what the cache holds, so ``sl.record`` can write its chains once and a
+        replay of any strategy can play them (only the paper's quantized draft)."""
+        return self.variant == "quantized"
 
     @property
     def label(self) -> str:

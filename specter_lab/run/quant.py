@@ -9,7 +9,9 @@ What the draft costs on the device is the *packed* size: the codes (2, 3.2, 4 or
 bit-packing formats, 3 bits being ten codes per 32-bit word), an fp16 scale and zero per group, fp16 biases.
 Three storage layouts (``DraftExperts.layout``):
 
-* ``dense``  – dequantized once (the CPU default: CPU memory is not the budget, and it is fastest there);
+* ``dense``  – dequantized once (the CPU default for models whose experts take under
+  :data:`DENSE_DRAFT_LIMIT`: fastest there, and a dequantized copy of a small model costs little; a real-size
+  model's draft on the CPU is packed instead, since a dequantized copy is as large as the experts themselves);
 * ``int4mm`` – 4 bits in the layout of PyTorch's int4 matmul kernel (tinygemm), which reads the packed weights
   directly: one op per projection, nothing dequantized (CUDA sm80+, and the CPU kernel for ``pack=True``);
 * ``packed`` – HQQ-packed codes, unpacked (one vectorised shift/mask) and dequantized per expert when used
@@ -19,10 +21,13 @@ Three storage layouts (``DraftExperts.layout``):
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from ..model.memory import DENSE_DRAFT_LIMIT, QUANT_CHUNK_BYTES
 
 SUPPORTED_BITS = (2, 3, 4, 8)
 METHODS = ("rtn", "hqq")
@@ -31,7 +36,7 @@ STORED_BITS = {2: 2.0, 3: 3.2, 4: 4.0, 8: 8.0}
 LAYOUTS = ("dense", "int4mm", "packed")
 
 __all__ = ["QuantSpec", "QuantizedTensor", "DraftExperts", "Int4Weight", "quantize_tensor", "pack_codes",
-           "unpack_codes", "SUPPORTED_BITS", "LAYOUTS"]
+           "unpack_codes", "SUPPORTED_BITS", "LAYOUTS", "shared_draft"]
 
 
 @dataclass(frozen=True)
@@ -235,6 +240,21 @@ def _kernel_ok(device: torch.device, dtype: torch.dtype) -> bool:
         return False
 
 
+def _chunk_experts(t: torch.Tensor) -> int:
+    """How many experts of fused tensor ``t`` ([E, ...]) to quantize at once."""
+    per_expert = t[0].numel() * 4
+    return max(1, min(t.shape[0], QUANT_CHUNK_BYTES // max(1, per_expert)))
+
+
+def _dense_bytes(info, dtype: torch.dtype, experts: "list[set[int]] | None" = None) -> int:
+    """Bytes a dequantized draft would hold: the routed experts' weights (those kept) at ``dtype``."""
+    total = 0
+    for li, layer in enumerate(info.layers):
+        share = 1.0 if experts is None else len(experts[li]) / layer.num_experts
+        total += share * sum(getattr(layer.experts, n).numel() for n in layer.param_names)
+    return int(total * dtype.itemsize)
+
+
 class DraftExperts:
     """The draft's routed experts for every MoE layer: quantized copies of the target's fused tensors in one of
     :data:`LAYOUTS` (module docstring). Biases stay in full precision (they are tiny). Everything else the draft
@@ -248,9 +268,11 @@ class DraftExperts:
                  experts: "list[set[int]] | None" = None) -> None:
         self.spec = spec
         self.device = torch.device(device)
-        self.packed = self.device.type != "cpu" if pack is None else bool(pack)
         first = getattr(info.layers[0].experts, info.layers[0].param_names[0])
         self.dtype = compute_dtype or first.dtype
+        if pack is None:  # the device layout off the CPU; on it, dense while a dequantized copy is small
+            pack = self.device.type != "cpu" or _dense_bytes(info, self.dtype, experts) > DENSE_DRAFT_LIMIT
+        self.packed = bool(pack)
         self.layout = "dense" if not self.packed else (
             "int4mm" if spec.bits == 4 and _kernel_ok(self.device, self.dtype) else "packed")
         self.kernel = {"dense": "dequantized once", "int4mm": "torch int4 matmul (tinygemm)",
@@ -278,21 +300,30 @@ class DraftExperts:
         packed = numel = 0
         errs = []
         for name in layer.param_names:
-            t = getattr(mod, name).detach()[ids]
             if name.endswith("_bias"):
-                t = t.to(self.device)
+                t = getattr(mod, name).detach()[ids].to(self.device)
                 for i, e in enumerate(ids):
                     views[e][name] = t[i]
                 packed += t.numel() * 2
                 self._stored += t.numel() * t.element_size()
                 continue
-            # Groups run along the input axis: a transposed layout ([E, in, out]) is quantized transposed.
-            src = t.transpose(1, 2) if mod.is_transposed else t
-            qt = quantize_tensor(src, self.spec)
-            packed, numel = packed + qt.packed_bytes, numel + t.numel()
-            errs.append((qt.rel_error, t.numel()))
-            for e, w in zip(ids, self._stored_weights(qt, name, mod.is_transposed)):
-                views[e].update(w)
+            # Groups run along the input axis: a transposed layout ([E, in, out]) is quantized transposed. A
+            # real-size tensor is quantized a few experts at a time (groups never span experts, so the codes are
+            # the same): its float32 working copies stay bounded instead of three times the whole tensor.
+            full = getattr(mod, name).detach()
+            step = _chunk_experts(full)
+            err2 = norm2 = 0.0
+            for c0 in range(0, len(ids), step):
+                chunk = ids[c0: c0 + step]
+                t = full[chunk] if keep is not None or step < len(ids) else full
+                src = t.transpose(1, 2) if mod.is_transposed else t
+                qt = quantize_tensor(src, self.spec)
+                packed, numel = packed + qt.packed_bytes, numel + t.numel()
+                n2 = float(t.float().norm()) ** 2 if step < len(ids) else 1.0
+                err2, norm2 = err2 + qt.rel_error ** 2 * n2, norm2 + n2
+                for e, w in zip(chunk, self._stored_weights(qt, name, mod.is_transposed)):
+                    views[e].update(w)
+            errs.append(((err2 / norm2) ** 0.5 if norm2 else 0.0, full[:1].numel() * len(ids)))
         return views, packed, numel, errs
 
     def _stored_weights(self, qt: QuantizedTensor, name: str, transposed: bool) -> list[dict]:
@@ -337,3 +368,24 @@ class _Dequantized:
     def packed_matmul(self, x: torch.Tensor) -> torch.Tensor:
         return x @ self.qt.dequantize(self.index, dtype=self.dtype).t()
 
+
+# Quantizing the draft is the slow part of building an engine, and on a real-size model its copy is gigabytes:
+# the engines of a model and sl.record share one per (spec, device), held no longer than the model lives.
+_DRAFTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def shared_draft(model, info, spec: QuantSpec, device: "torch.device | str") -> DraftExperts:
+    """The draft of ``model`` in ``spec`` on ``device``, quantized on first use and then shared.
+
+    On a GPU at most one draft per model is kept on the device (the planner and ``compare`` try several):
+    building another drops the shared one, so a draft nobody uses any more is freed rather than sitting outside
+    every budget."""
+    device = torch.device(device)
+    shared = _DRAFTS.setdefault(model, {})
+    key = (spec, str(device))
+    if key not in shared:
+        if device.type != "cpu":
+            for other in [k for k in shared if k[1] == key[1]]:
+                del shared[other]
+        shared[key] = DraftExperts(info, spec, device=device)
+    return shared[key]

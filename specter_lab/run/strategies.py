@@ -14,24 +14,28 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields, replace
-from typing import Literal, get_args
+from typing import Literal, Union, get_args
 
-__all__ = ["Strategy", "STRATEGIES", "BASELINES", "get_strategy", "Prefetch", "Eviction", "Miss", "Pool",
-           "Chunking", "Dispatch", "PREFETCH", "EVICTION", "MISS", "POOL", "DISPATCH"]
+__all__ = ["Strategy", "STRATEGIES", "BASELINES", "AUTO", "get_strategy", "strategy_names", "describe", "Prefetch",
+           "Eviction", "Miss", "Pool", "Chunking", "Dispatch", "Role", "PREFETCH", "EVICTION", "MISS", "POOL",
+           "DISPATCH", "ROLES"]
 
 Prefetch = Literal["none", "gate", "draft", "oracle"]
-Eviction = Literal["lru", "lfu", "forecast"]
-Miss = Literal["copy", "host", "auto"]
+Eviction = Literal["lru", "lfu", "lfu_decay", "forecast"]
+Miss = Literal["copy", "host", "auto", "balance"]
 Pool = Literal["layer", "global"]
 Dispatch = Literal["specter", "mixtral_offloading"]
-Chunking = "Literal['adaptive', 'budgeted'] | tuple[float, ...]"
+ChunkingName = Literal["adaptive", "budgeted", "stall"]
+Chunking = Union[ChunkingName, tuple[float, ...]]  # a named rule, or the draft fractions to issue prefetches at
+Role = Literal["baseline", "specter", "replica", "reference"]
 
 PREFETCH: tuple[str, ...] = get_args(Prefetch)
 EVICTION: tuple[str, ...] = get_args(Eviction)
 MISS: tuple[str, ...] = get_args(Miss)
 POOL: tuple[str, ...] = get_args(Pool)
 DISPATCH: tuple[str, ...] = get_args(Dispatch)
-CHUNKING_NAMES = ("adaptive", "budgeted")
+ROLES: tuple[str, ...] = get_args(Role)
+CHUNKING_NAMES: tuple[str, ...] = get_args(ChunkingName)
 
 
 def _is_int(x) -> bool:
@@ -50,14 +54,18 @@ class Strategy:
     * ``prefetch``    – ``none`` | ``gate`` (next layer's router on this layer's state) | ``draft`` (the draft's
       routing counts over the window) | ``oracle`` (the target's true routing of the window).
     * ``chunking``    – ``adaptive`` (the paper: first boundary at ⌊0.2·K⌋ steps, then just enough steps to hide
-      the bytes just issued), ``budgeted`` (beyond the paper) or a tuple of draft fractions (``specmoeoff``).
-    * ``eviction``    – ``lru`` | ``lfu`` | ``forecast`` (furthest forecast next use, then recency).
+      the bytes just issued), ``budgeted`` (beyond the paper), ``stall`` (ranked across layers by expected stall
+      saved, none issued that would still wait for the link at verification) or a tuple of draft fractions
+      (``specmoeoff``).
+    * ``eviction``    – ``lru`` | ``lfu`` | ``lfu_decay`` (LFU whose counts decay per use of the layer:
+      :class:`~specter_lab.offload.cache.DecayLFU`) | ``forecast`` (furthest forecast next use, then recency).
     * ``pool``        – ``layer``: a fixed number of slots per layer; ``global``: one pool for all layers, the
       victim chosen over every layer's slots (llama.cpp's ``--moe-cache-mib``).
     * ``k``           – draft length, or ``"auto"`` for the per-window governor.
     * ``shared_slots`` – one slot pool for all layers, re-divided each window by the forecast's demand.
     * ``miss``        – what a miss after the prefill does: ``copy`` it (and keep it), compute it on the ``host``
-      CPU from its host copy (nothing copied on demand), or decide per miss (``auto``): see
+      CPU from its host copy (nothing copied on demand), decide per miss by expected reuse (``auto``), or per
+      layer by which lane ends the layer sooner, reuse credited (``balance``): see
       :mod:`specter_lab.offload.hostexec`.
     * ``cpu_share``   – with ``miss="copy"``: this share of the misses is computed on the host instead
       (llama.cpp's ``--moe-cache-cpu-share``).
@@ -76,7 +84,7 @@ class Strategy:
     name: str
     speculative: bool = False
     prefetch: Prefetch = "none"
-    chunking: "str | tuple[float, ...]" = "adaptive"
+    chunking: Chunking = "adaptive"
     eviction: Eviction = "lru"
     k: int | str = 8
     protect: bool = True
@@ -91,21 +99,25 @@ class Strategy:
     single_stream: bool = False  # copies on the compute stream (no overlap)
     dispatch: Dispatch = "specter"  # whose counted expert dispatch (aten ops, host syncs) prices the run
     description: str = ""
+    # What the row is to a comparison (not a mechanism: the assembly never reads it): a baseline the paper's
+    # method is compared with, the paper's method or an extension of it, a replica of an artifact's costs, or a
+    # reference that reads the true routing.
+    role: Role = "baseline"
 
     def __post_init__(self) -> None:
         for name in ("speculative", "protect", "keep", "shared_slots", "static", "writeback", "single_stream"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"Strategy {self.name!r}: {name}={getattr(self, name)!r} must be True or False.")
         for name, allowed in (("prefetch", PREFETCH), ("eviction", EVICTION), ("miss", MISS), ("pool", POOL),
-                              ("dispatch", DISPATCH)):
+                              ("dispatch", DISPATCH), ("role", ROLES)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"Strategy {self.name!r}: {name}={getattr(self, name)!r} is unknown; use one of "
                                  f"{list(allowed)}.")
         c = self.chunking
         if c not in CHUNKING_NAMES and not (isinstance(c, tuple) and c and all(_is_number(f) and 0 <= f <= 1
                                                                                 for f in c)):
-            raise ValueError(f"Strategy {self.name!r}: chunking={c!r}: use 'adaptive', 'budgeted' or a tuple of "
-                             "draft fractions in [0, 1].")
+            raise ValueError(f"Strategy {self.name!r}: chunking={c!r}: use 'adaptive', 'budgeted', 'stall' or a "
+                             "tuple of draft fractions in [0, 1].")
         if self.k != "auto" and not (_is_int(self.k) and self.k >= 1):
             raise ValueError(f"Strategy {self.name!r}: k={self.k!r}: use an integer draft length >= 1 or 'auto'.")
         if not (_is_int(self.reuse) and self.reuse >= 1):
@@ -136,7 +148,7 @@ STRATEGIES: dict[str, Strategy] = {
         Strategy("lru", eviction="lru", description="per-layer LRU expert cache, no prediction (mixtral-offloading's "
                  "policy, run lean: immutable host copies, a copy stream, one sync per layer)"),
         Strategy("mixtral_offloading", eviction="lru", writeback=True, single_stream=True,
-                 dispatch="mixtral_offloading", description="Mixtral-Offloading as Specter's artifact runs it: per-"
+                 dispatch="mixtral_offloading", role="replica", description="Mixtral-Offloading as Specter's artifact runs it: per-"
                  "layer LRU, every miss also writes the evicted expert back to the host, copies and experts on one "
                  "stream, its DeepSeek dispatch (~19 host syncs per layer at top-6, unfused expert MLPs)"),
         Strategy("global_lru", eviction="lru", pool="global", description="one LRU over a slot pool shared by "
@@ -150,39 +162,70 @@ STRATEGIES: dict[str, Strategy] = {
                  description="SpecMoEOff as re-implemented by the paper: K=3, top-M prefetch at draft fractions "
                  "0.2 and 0.6"),
         Strategy("specter", speculative=True, prefetch="draft", chunking="adaptive", eviction="lru", k=8,
-                 description="the paper: K-token quantized draft, multi-step lookahead prefetch with adaptive "
+                 role="specter", description="the paper: K-token quantized draft, multi-step lookahead prefetch with adaptive "
                  "chunking, protected top-M"),
         Strategy("specter_plus", speculative=True, prefetch="draft", chunking="budgeted", eviction="forecast",
-                 k="auto", description="beyond the paper: furthest-forecast eviction, bandwidth-aware prefetch, "
+                 k="auto", role="specter", description="beyond the paper: furthest-forecast eviction, bandwidth-aware prefetch, "
                  "K governor"),
         Strategy("fiddler", miss="host", description="Fiddler-style: the device keeps what the prompt loaded "
                  "(its most used experts, LRU), every later miss is computed on the host CPU, nothing is copied"),
         Strategy("host_lru", miss="auto", description="LRU cache that copies a miss only when its expected reuse "
                  "pays for the copy, else computes it on the host CPU (llama.cpp / ktransformers users' choice, "
                  "decided per miss)"),
+        Strategy("lfu_decay", eviction="lfu_decay", description="per-layer cache evicting the least frequently "
+                 "used expert, counts decaying per use of the layer (the field's best online policy, layer+LFU), "
+                 "misses copied"),
+        Strategy("host_lfu", miss="auto", eviction="lfu_decay", description="host_lru with decayed-LFU eviction"),
+        Strategy("split_lru", miss="balance", description="per-token split (HybriMoE, DALI): the device computes "
+                 "the resident experts while the host computes the misses placed there, each miss to the lane that "
+                 "ends the layer sooner, a copy credited with its expected reuse; LRU cache"),
+        Strategy("split_lfu", miss="balance", eviction="lfu_decay", description="split_lru with decayed-LFU "
+                 "eviction"),
         Strategy("static_split", miss="host", static=True, description="llama.cpp --n-cpu-moe N at equal "
                  "memory: whole layers' experts on the device, the first N layers' experts computed on the host"),
         Strategy("specter_host", speculative=True, prefetch="draft", chunking="adaptive", eviction="lru", k=8,
-                 miss="host", reuse=2, description="specter's draft and lookahead prefetch of the experts the window "
+                 miss="host", reuse=2, role="specter", description="specter's draft and lookahead prefetch of the experts the window "
                  "reuses; the one-offs and what the forecast missed "
                  "is computed on the host during verification instead of copied (SpecMoEOff / MoE-SpAc style)"),
-        Strategy("auto", description="the planner's choice for this model, budget and hardware (sl.plan): "
-                 "any of the above, a draft variant, bits, K, or no speculation"),
+        Strategy("specter_split", speculative=True, prefetch="draft", chunking="budgeted", eviction="lfu_decay",
+                 k="auto", miss="balance", role="specter", description="Specter for small budgets: the window's forecast copies "
+                 "only what the link lands before verification needs it (most forecast first, evicting nothing more "
+                 "likely), verification splits what is still missing between the device and the host by lane "
+                 "(split_lfu's rule), K governor"),
         Strategy("oracle", speculative=True, prefetch="oracle", chunking="adaptive", eviction="forecast", k=8,
-                 description="bound: specter's schedule with the target's true routing as the forecast"),
+                 role="reference", description="specter's schedule with the target's true routing as the forecast "
+                 "(a reference, not a bound: sl.bound is the limit)"),
     ]
 }
 
 
-# What the paper's method is compared with at equal memory: every strategy that is not Specter, its extension or
-# a bound, nor a replica of an artifact's implementation costs (mixtral_offloading: see specter_lab.studies.paper).
-BASELINES = ("on_demand", "lru", "global_lru", "gate_lookahead", "spec_lru", "specmoeoff", "fiddler", "host_lru",
-             "static_split")
+# ``strategy="auto"`` is not a row: it asks the planner (sl.plan) to choose among the rows, a draft variant, bits
+# and K for this model, budget and hardware. It is accepted wherever a strategy name is (Engine, compare, the CLI).
+AUTO = "auto"
+AUTO_DESCRIPTION = ("the planner's choice for this model, budget and hardware (sl.plan): any strategy, a draft "
+                    "variant, bits, K, or no speculation")
+
+# What the paper's method is compared with at equal memory: every row whose role is a baseline (not Specter or
+# its extensions, not a replica of an artifact's implementation costs, not a reference reading the true routing).
+BASELINES: tuple[str, ...] = tuple(n for n, s in STRATEGIES.items() if s.role == "baseline")
+
+
+def strategy_names(with_auto: bool = True) -> list[str]:
+    """Every name a caller may pass as ``strategy=``: the rows, then ``"auto"``."""
+    return [*STRATEGIES, AUTO] if with_auto else list(STRATEGIES)
+
+
+def describe(name: str) -> str:
+    """One line on what a strategy name does (``"auto"`` included)."""
+    return AUTO_DESCRIPTION if name == AUTO else get_strategy(name).description
 
 
 def get_strategy(name: "str | Strategy") -> Strategy:
     if isinstance(name, Strategy):
         return name
+    if name == AUTO:
+        raise ValueError("strategy='auto' is the planner, not a row: give it to sl.Engine (which plans), or "
+                         "choose with sl.plan(...) and pass the plan.")
     if name not in STRATEGIES:
-        raise ValueError(f"strategy={name!r} is unknown; use one of {list(STRATEGIES)}.")
+        raise ValueError(f"strategy={name!r} is unknown; use one of {strategy_names()}.")
     return STRATEGIES[name]

@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 
 from ..run.engine import Engine
 from .fidelity import fidelity
-from ..offload.clock import make_clock
+from ..offload.clock import is_measured, make_clock
 from ..pricing.shapes import get_cost_shape
 from .prompts import heldout_prompts
 from ..estimate.consumer import consumer_anchors
@@ -30,8 +30,8 @@ from ..routing.bound import trace_bound, x_of_bound
 from ..errors import BudgetTooSmall
 from ..routing.record import record
 from ..routing.trace_file import RoutingTrace
-from .runs import SKIPPED, Cell, DoesNotFit, as_source, run_cells, run_prompts, sweep_executor, try_engine, workers_of
-from ..run.strategies import BASELINES, STRATEGIES, get_strategy
+from .runs import SKIPPED, Cell, DoesNotFit, as_source, run_cells, run_prompts, sweep_executor, workers_of
+from ..run.strategies import AUTO, BASELINES, get_strategy, strategy_names
 from ..units import parse_budget
 
 __all__ = ["compare", "fidelity", "summarize", "heldout_prompts", "ablations", "k_sweep", "cpu_overhead",
@@ -62,9 +62,10 @@ def compare(model, tokenizer, strategies: Sequence[str] | None = None, prompts: 
     minutes; ``model`` may be None; the prompts are the trace's; greedy); ``executor=`` runs the cells on any
     ``concurrent.futures.Executor``, with the same rows as the serial run (``"auto"``: a local process pool for a
     replayed sweep of many cells; ``None``: here, one after the other; see :func:`~specter_lab.studies.runs.run_cells`)."""
-    strategies = list(strategies or STRATEGIES)
+    strategies = list(strategies or strategy_names())
     for s in strategies:
-        get_strategy(s)
+        if s != AUTO:
+            get_strategy(s)
     hws = _as_list(hardware)
     for h in hws:
         make_clock(h)
@@ -79,32 +80,32 @@ def compare(model, tokenizer, strategies: Sequence[str] | None = None, prompts: 
     # Build every engine first, so a bad budget for any strategy fails before the long part starts. The CUDA
     # clock measures this model as it is: a cost shape applies to the simulated profiles only.
     # A strategy the budget cannot hold (its draft plus a slot per layer) is a row that says so, not an error.
-    cells = {(s, h, b): Cell.of(s, expert_budget=b, hardware=h, cost_shape=None if h == "cuda" else cost_shape,
-                                k=k if get_strategy(s).speculative else None, draft=draft, **engine_kw)
+    cells = {(s, h, b): Cell.of(s, expert_budget=b, hardware=h, cost_shape=None if is_measured(h) else cost_shape,
+                                k=k if s != AUTO and get_strategy(s).speculative else None, draft=draft, **engine_kw)
              for b in budgets for h in hws for s in strategies}
-    engines = {key: source.engine(cell) for key, cell in cells.items()}
-    if all(isinstance(e, DoesNotFit) for e in engines.values()):
+    setups = {key: source.setup(cell) for key, cell in cells.items()}
+    if all(isinstance(e, DoesNotFit) for e in setups.values()):
         raise ValueError(f"expert_budget={expert_budget!r} is too small for every strategy asked for: "
-                         f"{next(iter(engines.values())).reason}")
-    todo = [key for key, e in engines.items() if not isinstance(e, SKIPPED)]
+                         f"{next(iter(setups.values())).reason}")
+    todo = [key for key, e in setups.items() if not isinstance(e, SKIPPED)]
     t0 = time.perf_counter()
     with sweep_executor(source, len(todo), executor) as ex:
         runs = dict(zip(todo, run_cells(source, [cells[key] for key in todo], ex, progress, "compare")))
     sweep = {"cells": len(todo), "seconds": time.perf_counter() - t0, "workers": workers_of(ex)}
     bounds = _bounds(source, hws, budgets, cost_shape)
     rows = []
-    for (s, h, b), engine in engines.items():
-        if isinstance(engine, SKIPPED):
+    for (s, h, b), setup in setups.items():
+        if isinstance(setup, SKIPPED):
             rows.append({"strategy": s, "hardware": h, "expert_budget": b, "tpot_ms": float("nan"),
-                         "fits": engine.label, "routing": source.label})
+                         "fits": setup.label, "routing": source.label})
             continue
         for i, m in enumerate(runs[(s, h, b)].metrics):
             bound_ms = bounds[(h, b)][i] if (h, b) in bounds else float("nan")
             rows.append({**{c: m.get(c) for c in COMPARE_COLUMNS if c in m},
                          "bound_tpot_ms": bound_ms, "x_of_bound": x_of_bound(bound_ms, m.get("tpot_ms")),
                          "strategy": s, "hardware": h, "prompt": i, "expert_budget": b,
-                         "execution": "measured" if engine.clocks.measured else engine.profile.execution,
-                         "projection": engine.cost.projection_label, "fits": "yes", "routing": source.label,
+                         "execution": "measured" if setup.measured else setup.profile.execution,
+                         "projection": setup.cost.projection_label, "fits": "yes", "routing": source.label,
                          "wall_s": runs[(s, h, b)].seconds / len(runs[(s, h, b)].metrics)})
     df = pd.DataFrame(rows)
     df = df[[c for c in COMPARE_COLUMNS if c in df.columns]]
@@ -122,7 +123,7 @@ def _bounds(source, hws, budgets, cost_shape) -> dict:
     out = {}
     for h in hws:
         for b in budgets:
-            if h == "cuda":
+            if is_measured(h):
                 continue  # a measured run has no priced bound
             try:
                 out[(h, b)] = [r.tpot_ms for r in trace_bound(trace, "lru", expert_budget=b, hardware=h,
@@ -210,8 +211,7 @@ def cpu_overhead(model, tokenizer, prompt, max_new_tokens=64, strategies=("lru",
                                              min_new_tokens=max_new_tokens))
         rows = [{"strategy": "hf_generate", "seconds": hf, "ratio": 1.0}]
         for s in strategies:
-            eng = Engine(model, tokenizer, s, expert_budget=1.0)
-            eng.info.eos_token_ids = []
+            eng = Engine(model, tokenizer, s, expert_budget=1.0, ignore_eos=True)
             t = best(lambda: eng.generate(ids, max_new_tokens=max_new_tokens))
             rows.append({"strategy": s, "seconds": t, "ratio": t / hf})
     finally:

@@ -95,7 +95,7 @@ def fidelity(model, tokenizer, prompts: Sequence | None = None, specs: Sequence[
                "rel_error": draft.rel_error, "quantize_s": q_time}
         if acceptance:
             eng = Engine(model, tokenizer, "spec_lru", expert_budget=1.0, draft=spec, k=k)
-            eng._draft = draft
+            eng.use_draft(draft)  # the experts measured above: not quantized twice
             row["acceptance_rate"] = run_prompts(eng, prompts, max_new_tokens).mean("acceptance_rate")
         rows.append(row)
     return pd.DataFrame(rows)

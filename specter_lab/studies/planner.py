@@ -26,11 +26,12 @@ from ..run.drafts import DraftSpec, as_draft_spec
 from ..run.engine import register_auto_planner
 from ..model import inspect_model
 from .prompts import calibration_prompts
+from ..predict import KGovernor
 from ..run.quant import QuantSpec
 from ..routing.replay import skeleton
 from ..routing.trace_file import RoutingTrace
 from .runs import SKIPPED, Cell, PromptRuns, as_source, run_cells, sweep_executor
-from ..run.strategies import BASELINES, get_strategy
+from ..run.strategies import BASELINES, STRATEGIES, get_strategy
 
 __all__ = ["Plan", "plan", "default_candidates", "regime_map"]
 
@@ -57,22 +58,37 @@ class Plan:
         return head + self.table.to_html(index=False, float_format=lambda v: f"{v:.3f}")
 
 
+# The planner's candidates come from the strategy table: every non-speculative row, and the speculative rows
+# that are searched over draft variant × K. A row left out says why here, so a new strategy is a candidate unless
+# someone writes down why not (tests/test_strategy_lists.py holds the table and these lists together).
+NOT_CANDIDATES = {
+    "on_demand": "keeps nothing: lru at the same budget holds everything it holds and more",
+    "mixtral_offloading": "a replica of an artifact's implementation costs, not a configuration anyone would pick",
+    "spec_lru": "specter_plus searched over draft × K with demand loads covers it (its prefetch only adds)",
+    "specmoeoff": "a re-implementation for the paper's comparison; specter_plus's search covers its K and draft",
+    "specter": "the paper's fixed K=8 int4: one point of specter_plus's search over draft × K",
+    "oracle": "reads the target's true routing: a reference, not something a run can do",
+}
+
+
+def candidate_strategies() -> tuple[list[str], list[str]]:
+    """(non-speculative rows, speculative rows searched over draft × K), in the table's order."""
+    rows = [n for n in STRATEGIES if n not in NOT_CANDIDATES]
+    plain = [n for n in rows if not STRATEGIES[n].speculative]
+    searched = [n for n in rows if STRATEGIES[n].speculative]
+    return plain, searched
+
+
 def default_candidates(num_experts: int, draft=None, k: "int | str | None" = None) -> list[tuple[str, str, dict[str, Any]]]:
     """(label, strategy, engine options). No speculation, then speculation with each draft variant × K.
 
     ``draft`` / ``k`` pin the speculative candidates to the caller's draft and draft length (the planner then
     only decides *whether* to speculate, and with what split)."""
-    cands: list[tuple[str, str, dict[str, Any]]] = [
-        ("lru", "lru", {}),
-        ("global_lru", "global_lru", {}),  # one pool for every layer: a layer that routes widely borrows slots
-        ("gate_lookahead", "gate_lookahead", {}),
-        # host execution: misses computed on the host CPU (every miss, or where a copy does not pay)
-        ("fiddler", "fiddler", {}),
-        ("host_lru", "host_lru", {}),
-        ("static_split", "static_split", {}),  # whole layers resident: wins where the budget holds them all
-    ]
+    plain, searched = candidate_strategies()
+    cands: list[tuple[str, str, dict[str, Any]]] = [(s, s, {}) for s in plain]
     drafts = [
         ("int4", DraftSpec("quantized", QuantSpec(4, 64))),
+        ("int3", DraftSpec("quantized", QuantSpec(3, 64))),  # fits at a quarter of the experts, where int4 does not
         ("int2", DraftSpec("quantized", QuantSpec(2, 64))),
         ("resident", DraftSpec("resident")),
         ("hybrid-int2", DraftSpec("hybrid", QuantSpec(2, 64), max(1, num_experts // 8))),
@@ -82,12 +98,19 @@ def default_candidates(num_experts: int, draft=None, k: "int | str | None" = Non
         drafts = [(d.label, d)]
     # k=1 wins when copies dominate; 8 is the paper's; "auto" is the governor.
     ks = (1, 4, 8, "auto") if k is None else (k,)
-    for dname, d in drafts:
-        for kk in ks:
-            cands.append((f"spec {dname} k={kk}", "specter_plus", {"draft": d, "k": kk}))
-    for dname, d in drafts[:1]:  # speculation + host execution of what the forecast missed
-        for kk in ks[-2:]:
-            cands.append((f"spec+host {dname} k={kk}", "specter_host", {"draft": d, "k": kk}))
+    for s in searched:
+        st = STRATEGIES[s]
+        if st.miss == "copy":  # every draft variant × K
+            cands += [(f"spec {dname} k={kk}", s, {"draft": d, "k": kk}) for dname, d in drafts for kk in ks]
+            continue
+        # speculation + host execution of what the forecast missed, with every low-bit draft (a small budget holds
+        # only the smaller ones): the one-offs on the host (miss="host"), or the window's copies as the link allows
+        # and the rest split by lane (miss="balance"), which also tries K=2 beside the governor: a 2-bit draft's
+        # short accepted runs want short windows (docs/measured/closer_to_bound.md)
+        host = st.miss == "host"
+        kks = ks[-2:] if host else ((2, ks[-1]) if k is None else ks)
+        cands += [(f"{'spec+host' if host else 'spec+split'} {dname} k={kk}", s, {"draft": d, "k": kk})
+                  for dname, d in drafts if d.variant == "quantized" for kk in kks]
     return cands
 
 
@@ -101,8 +124,8 @@ def _replayable(cand, trace: RoutingTrace) -> bool:
     d, kk = opts.get("draft"), opts.get("k", get_strategy(strategy).k)
     rec = trace.draft or {}
     recorded = QuantSpec(rec["bits"], rec["group_size"], rec["method"]) if "bits" in rec else None
-    k_need = 16 if kk == "auto" else kk  # the governor's k_max
-    return (trace.speculative and d is not None and d.variant == "quantized" and d.quant == recorded
+    k_need = KGovernor().k_max if kk == "auto" else kk
+    return (trace.speculative and d is not None and d.recordable and d.quant == recorded
             and k_need <= trace.k_max)
 
 

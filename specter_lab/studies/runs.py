@@ -27,9 +27,11 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
-from ..run.engine import Engine, auto_planner
 from ..errors import BudgetTooSmall
-from ..routing.replay import refusal, replay, skeleton
+from ..offload.clock import is_measured
+from ..routing.replay import replay, replay_setup
+from ..run.engine import Engine, auto_planner
+from ..run.setup import RunSetup
 from ..routing.trace_file import RoutingTrace
 
 __all__ = ["PromptRuns", "DoesNotFit", "NotReplayable", "SKIPPED", "run_prompts", "try_engine", "Cell",
@@ -133,8 +135,13 @@ class LiveSource:
     def engine(self, cell: Cell) -> "Engine | DoesNotFit":
         # a sweep reads metrics only: no per-op records (the metrics are the same at every trace level), except
         # on the CUDA clock, where only a full trace's timed events give the stall and host sums
-        level = "full" if cell.kwargs.get("hardware") == "cuda" else "steps"
+        level = "full" if is_measured(cell.kwargs.get("hardware")) else "steps"
         return try_engine(self.model, self.tokenizer, cell.strategy, **{"trace": level, **cell.kwargs})
+
+    def setup(self, cell: Cell) -> "RunSetup | DoesNotFit":
+        """The cell's run set-up (what a table says of it: clock, profile, projection), or why it does not fit."""
+        eng = self.engine(cell)
+        return eng if isinstance(eng, DoesNotFit) else eng.setup
 
     def run(self, cell: Cell) -> "PromptRuns | DoesNotFit":
         eng = self.engine(cell)
@@ -165,18 +172,19 @@ class TraceSource:
     def prompts(self) -> list:
         return [s.prompt.tolist() for s in self.trace.sequences]
 
-    def engine(self, cell: Cell) -> "Engine | DoesNotFit | NotReplayable":
+    def setup(self, cell: Cell) -> "RunSetup | DoesNotFit | NotReplayable":
+        """The set-up a replay of the cell prices with (no Engine, no model), or why it cannot run."""
         strategy, kw = self._resolved(cell)
         try:
-            eng = try_engine(skeleton(self.trace.config), self.tokenizer, strategy, **kw)
-        except ValueError as e:  # e.g. a draft variant that computes with the cache: the trace cannot hold it
+            return replay_setup(self.trace, strategy, **kw)[0]
+        except BudgetTooSmall as e:
+            return DoesNotFit(str(e), e.minimum_bytes, e.minimum_fraction)
+        except ValueError as e:  # a draft the trace did not record, K beyond its chains, …
             return NotReplayable(str(e))
-        why = None if isinstance(eng, DoesNotFit) else refusal(eng, self.trace)
-        return NotReplayable(why) if why else eng
 
     def run(self, cell: Cell) -> "PromptRuns | DoesNotFit | NotReplayable":
         t0 = time.perf_counter()
-        skipped = self.engine(cell)
+        skipped = self.setup(cell)
         if isinstance(skipped, SKIPPED):
             return skipped
         strategy, kw = self._resolved(cell)

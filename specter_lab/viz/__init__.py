@@ -23,7 +23,7 @@ _FIGURES = ("routing_figure", "cache_figure", "timeline_figure", "tokens_figure"
             "bench_html", "clock_label", "STEP_VIEWS")
 _WIDGETS = ("dashboard", "live", "QuantTuner", "Dashboard", "LiveRun", "sync_figure")
 
-_MODULES = ("figures", "bench_figures", "frames", "style", "layout", "report", "strip", "widgets")
+_MODULES = ("figures", "bench_figures", "frames", "style", "layout", "report", "strip", "widgets", "estimate_view")
 
 __all__ = [*_FIGURES, *_WIDGETS, *_MODULES]
 

@@ -36,10 +36,10 @@ def table_clock(df: pd.DataFrame) -> str:
     return label
 
 def _strategy_order(names: Iterable[str]) -> list[str]:
-    from ..run.strategies import STRATEGIES
+    from ..run.strategies import strategy_names
 
     names = list(dict.fromkeys(names))
-    known = [s for s in STRATEGIES if s in names]
+    known = [s for s in strategy_names() if s in names]
     return known + [s for s in names if s not in known]
 
 _HW_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf"]

@@ -1,0 +1,39 @@
+"""The README's code map, one line per module from its docstring's first sentence, folders in layer order.
+
+    python scripts/code_map.py > /tmp/map.md     # then paste it under README.md's "## Code map"
+
+``tests/test_layers.py`` checks that the README names every module, so a new file fails there until it is listed.
+"""
+
+import ast, re
+from pathlib import Path
+PKG = Path(__file__).resolve().parents[1] / "specter_lab"
+LAYERS = [("*the public entry*", ["errors.py", "units.py"]),
+          ("`model/`: the model adapter: inspection, the experts interface, geometry from a config, loading, tiny models", "model"),
+          ("`records/`: a run's records", "records"),
+          ("`pricing/`: what things cost (never imports the runtime)", "pricing"),
+          ("`offload/`: the runtime (knows no strategy)", "offload"),
+          ("`predict/`: forecasts, prefetch, K", "predict"),
+          ("`decode/`: the decode loops", "decode"),
+          ("`run/`: one strategy on one model", "run"),
+          ("`routing/`: routing as data", "routing"),
+          ("`estimate/`: estimates from a config alone (takes only `run/`'s public names)", "estimate"),
+          ("`studies/`: things that run many engines or replays", "studies"),
+          ("`viz/`: notebook views", "viz"),
+          ("*entry points*", ["cli.py", "__init__.py"])]
+def first(path):
+    doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+    line = " ".join(doc.split("\n\n")[0].split())
+    m = re.match(r"(.+?[.:])(\s|$)", line)
+    s = line if len(line) < 150 else line[:147].rsplit(" ", 1)[0] + " …"
+    return s.rstrip(".")
+out = []
+for title, what in LAYERS:
+    out.append(f"- {title}")
+    files = [PKG / f for f in what] if isinstance(what, list) else sorted((PKG / what).glob("*.py"))
+    for f in files:
+        if f.name == "__init__.py" and isinstance(what, str):
+            continue
+        rel = f.relative_to(PKG)
+        out.append(f"  - `{rel}`: {first(f)}")
+print("\n".join(out))

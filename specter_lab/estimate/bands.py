@@ -1,0 +1,106 @@
+"""Honest bands: what an estimate does not know about the machine, each unknown's range, and the low-high tokens/s
+that follows.
+
+Each :class:`Unknown` moves one input of :func:`~specter_lab.estimate.pricing.price_token` to its slow and its
+fast end while the others stay central. The band combines the swings in quadrature on a log scale (the
+unknowns are independent: a box's DRAM does not set its GPU kernels' efficiency), and the unknown with the widest
+single swing is named as the one that dominates. The unknowns:
+
+* **host DRAM bandwidth**: the host's delivered band (:attr:`HostCPU.delivered_band`): a memory description
+  spans the published desktop measurements of delivered / peak, a measured figure +/-10 %, a host not given
+  the whole desktop range;
+* **host matvec efficiency**: the fraction of delivered bandwidth a batch-1 expert matvec reaches: the lowest
+  to the highest a single ``fit`` row reproduces (``HOST_EFFICIENCY_RANGE``);
+* **GPU format efficiency**: the fraction of datasheet VRAM bandwidth a decode kernel reaches in the weights'
+  format: measured on one card for q4_0 / q4_k_m / q2_k (+/-15 % carried to another card), assumed for the
+  others (+/-25 %); a laptop part adds its OEM memory clock (``LAPTOP_SPREAD``);
+* **link bandwidth**: pinned PCIe copies at ``LINK_EFFICIENCY_RANGE`` of raw (only strategies that copy);
+* **context depth**: tokens in the KV cache while decoding, when ``depth=`` is not given: from empty (fast) to
+  the full ``context`` (slow, the central figure).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from ..pricing.gpus import LAPTOP_SPREAD, LINK_EFFICIENCY, LINK_EFFICIENCY_RANGE
+from ..pricing.precision import WeightFormat, WeightPrecision
+from .pricing import HOST_EFFICIENCY_RANGE, Machine
+
+__all__ = ["Scenario", "Unknown", "unknowns", "combine", "MEASURED_FORMATS", "FORMAT_SPREAD"]
+
+MEASURED_FORMATS = ("q4_0", "q4_k_m", "q2_k", "bf16", "fp16")  # bf16: the profiles' effective/datasheet ratio
+FORMAT_SPREAD = {"measured": 0.15, "assumed": 0.25}
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """The inputs one pricing reads: the machine, the weights' formats, host efficiency, KV depth."""
+
+    machine: Machine
+    precision: WeightPrecision
+    eta: float
+    depth: int
+
+
+@dataclass(frozen=True)
+class Unknown:
+    """One input the estimate does not know: its slow and fast scenarios, and why it spans what it spans."""
+
+    name: str
+    slow: Scenario
+    fast: Scenario
+    why: str
+
+
+def _scale_format(f: WeightFormat, s: float) -> WeightFormat:
+    return replace(f, gpu_efficiency=f.gpu_efficiency * s)
+
+
+def _with_host(m: Machine, delivered: float) -> Machine:
+    return replace(m, host=replace(m.host_cpu, dram_delivered=delivered))
+
+
+def unknowns(c: Scenario, context: int, depth_given: bool) -> list[Unknown]:
+    """The unknowns of an estimate centred on ``c`` (``context``: the KV cache's size)."""
+    m, p = c.machine, c.precision
+    out = []
+    lo, hi = m.host_cpu.delivered_band
+    if hi > lo:
+        why = (m.host_cpu.source if m.host is None else
+               f"{m.host_cpu.name}: {lo / 1e9:.0f}-{hi / 1e9:.0f} GB/s delivered")
+        out.append(Unknown("host DRAM bandwidth", replace(c, machine=_with_host(m, lo)),
+                           replace(c, machine=_with_host(m, hi)), why))
+    e_lo, e_hi = HOST_EFFICIENCY_RANGE
+    out.append(Unknown("host matvec efficiency", replace(c, eta=e_lo), replace(c, eta=e_hi),
+                       f"{e_lo}-{e_hi} of delivered bandwidth: the lowest and highest a single fit row reproduces"))
+    measured = p.experts.name in MEASURED_FORMATS and p.dense.name in MEASURED_FORMATS
+    spread = FORMAT_SPREAD["measured" if measured else "assumed"]
+    laptop = bool(m.card and m.card.laptop)
+    s_lo = (1 - spread) * ((1 - LAPTOP_SPREAD) if laptop else 1.0)
+    s_hi = min((1 + spread) * ((1 + LAPTOP_SPREAD) if laptop else 1.0), 1.0 / max(p.experts.gpu_efficiency,
+                                                                                   p.dense.gpu_efficiency))
+    slow_p = WeightPrecision(_scale_format(p.experts, s_lo), _scale_format(p.dense, s_lo))
+    fast_p = WeightPrecision(_scale_format(p.experts, s_hi), _scale_format(p.dense, s_hi))
+    out.append(Unknown("GPU format efficiency", replace(c, precision=slow_p), replace(c, precision=fast_p),
+                       f"{p.label}: {'measured on one card' if measured else 'assumed'}, +/-{spread:.0%}"
+                       + (f", laptop memory clock +/-{LAPTOP_SPREAD:.0%}" if laptop else "")))
+    link = lambda r: replace(m, gpu=replace(m.gpu, pcie_bandwidth=m.gpu.pcie_bandwidth * r / LINK_EFFICIENCY))
+    out.append(Unknown("link bandwidth", replace(c, machine=link(LINK_EFFICIENCY_RANGE[0])),
+                       replace(c, machine=link(LINK_EFFICIENCY_RANGE[1])),
+                       f"pinned copies at {LINK_EFFICIENCY_RANGE[0]}-{LINK_EFFICIENCY_RANGE[1]} of raw PCIe"))
+    if not depth_given:
+        out.append(Unknown("context depth", replace(c, depth=context), replace(c, depth=0),
+                           f"depth not given: KV cache from empty to the full {context} tokens"))
+    return out
+
+
+def combine(central: float, swings: dict[str, tuple[float, float]]) -> tuple[float, float, str]:
+    """(low, high, dominant) tokens/s: each unknown's (slow, fast) tokens/s combined in quadrature on a log scale;
+    ``dominant`` the unknown with the widest swing (none: "")."""
+    lo2 = sum(math.log(central / max(1e-12, s)) ** 2 for s, _ in swings.values() if s < central)
+    hi2 = sum(math.log(max(1e-12, f) / central) ** 2 for _, f in swings.values() if f > central)
+    width = {k: math.log(max(f, central) / max(1e-12, min(s, central))) for k, (s, f) in swings.items()}
+    dominant = max(width, key=width.get) if width and max(width.values()) > 1e-6 else ""
+    return central * math.exp(-math.sqrt(lo2)), central * math.exp(math.sqrt(hi2)), dominant

@@ -1,0 +1,132 @@
+"""The estimate as a notebook view: pick a config, a GPU, its VRAM, a host and the weights' format; see the
+placements table with its bands, the cache cliff, the time to first token and the commands (notebook 07).
+
+Everything shown comes from :meth:`specter_lab.estimate.Estimate.summary`: a MODELLED figure from a config alone,
+with its assumptions printed beside it.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from .layout import base_layout
+
+__all__ = ["EstimateExplorer", "cliff_figure", "estimate_table"]
+
+# What the placements table shows by default (the rest: ``summary["table"]``).
+_COLUMNS = {"strategy": "strategy", "tokens_per_s": "tok/s", "band_tok_s": "band tok/s",
+            "dominant_unknown": "widest unknown", "hit_rate": "hit rate", "runs_as": "runs as"}
+
+
+def estimate_table(table: pd.DataFrame) -> str:
+    """The columns that matter, formatted, as an HTML table that wraps inside a notebook cell."""
+    t = table[[c for c in _COLUMNS if c in table.columns]].rename(columns=_COLUMNS)
+    fmt = {"tok/s": "{:.1f}".format, "hit rate": "{:.0%}".format}
+    rows = "".join("<tr>" + "".join(f"<td>{html.escape(fmt.get(c, str)(v))}</td>" for c, v in r.items()) + "</tr>"
+                   for _, r in t.iterrows())
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in t.columns)
+    return (f"<table style='table-layout:auto;max-width:100%;font-size:12px'><thead><tr>{head}</tr></thead>"
+            f"<tbody>{rows}</tbody></table>")
+
+
+def cliff_figure(sizing) -> go.Figure:
+    """Tokens/s and hit rate of a global expert cache against its size, with the cliff and the size past which
+    more cache stops paying (modelled)."""
+    sw = sizing.sweep
+    fig = go.Figure()
+    fig.add_scatter(x=sw.cache_mib, y=sw.tokens_per_s, mode="lines+markers", name="tokens/s (modelled)")
+    fig.add_scatter(x=sw.cache_mib, y=sw.hit_rate * 100, mode="lines", name="hit rate %", yaxis="y2",
+                    line=dict(dash="dot"))
+    for x, label in ((sizing.cliff_mib, "cliff: 0 % hits below"), (sizing.enough_mib, "more stops paying"),
+                     (sizing.budget_mib, "what the VRAM leaves")):
+        fig.add_vline(x=x, line=dict(width=1, color="#888"), annotation_text=label, annotation_position="top left",
+                      annotation_font_size=11)
+    fig.update_xaxes(type="log", title_text="--moe-cache-mib (MiB, log)")
+    fig.update_layout(yaxis=dict(title="tokens/s", rangemode="tozero"),
+                      yaxis2=dict(title="hit rate %", overlaying="y", side="right", range=[0, 100]))
+    return base_layout(fig, "A global expert cache: the cliff and the knee (modelled)", 260)
+
+
+class EstimateExplorer:
+    """Widgets over :func:`specter_lab.estimate`: change any field and press Estimate (a few seconds each)."""
+
+    def __init__(self, config: str = "qwen3-30b-a3b", gpu: str = "rtx3060", vram: str = "12GB",
+                 host: str = "ddr4-3200x2", weights: str = "q4_k_m", prompt: int = 2048, context: int = 4096,
+                 run_now: bool = True) -> None:
+        import ipywidgets as W
+
+        from ..estimate import estimate  # noqa: F401 - fail here, not on the first click, if it cannot load
+        from ..model.geometry import CONFIG_DIR
+        from ..pricing.gpus import CARDS
+        from ..pricing.hosts import host_examples
+        from ..pricing.precision import FORMATS
+
+        lay = W.Layout(width="250px")
+        self.config = W.Combobox(value=config, options=sorted(p.stem for p in CONFIG_DIR.glob("*.json")),
+                                 description="config", placeholder="a bundled name or a config.json path", layout=lay)
+        self.gpu = W.Combobox(value=gpu, options=sorted(CARDS), description="GPU", layout=lay)
+        self.vram = W.Text(value=vram, description="VRAM", layout=W.Layout(width="160px"))
+        self.host = W.Combobox(value=host, options=host_examples(), description="host", layout=lay)
+        self.weights = W.Dropdown(value=weights, options=list(FORMATS), description="weights",
+                                  layout=W.Layout(width="190px"))
+        self.prompt = W.BoundedIntText(value=prompt, min=1, max=1_000_000, description="prompt",
+                                       layout=W.Layout(width="170px"))
+        self.context = W.BoundedIntText(value=context, min=1, max=10_000_000, description="context",
+                                        layout=W.Layout(width="180px"))
+        self.button = W.Button(description="Estimate", icon="calculator", button_style="primary")
+        self.status, self.table, self.commands = W.HTML(), W.HTML(), W.HTML()
+        self.figure = go.FigureWidget(layout=dict(height=300))
+        self.button.on_click(lambda _: self.run())
+        for w in (self.config, self.gpu, self.vram, self.host, self.weights, self.prompt, self.context):
+            w.observe(lambda _: self._stale(), names="value")
+        self.box = W.VBox([W.HBox([self.config, self.gpu, self.vram]),
+                           W.HBox([self.host, self.weights, self.prompt, self.context, self.button]),
+                           self.status, self.table, self.figure, self.commands])
+        self.summary: dict[str, Any] | None = None
+        if run_now:
+            self.run()
+
+    def _stale(self) -> None:
+        if self.summary is not None:
+            self.status.value = "<b>stale</b>: the fields changed — press <b>Estimate</b>"
+
+    def run(self) -> None:
+        """Estimate with the fields as they are; a bad field is shown, never raised into the notebook."""
+        from ..estimate import estimate
+
+        self.status.value = "estimating …"
+        try:
+            e = estimate(self.config.value, gpu=self.gpu.value, vram=self.vram.value or None,
+                         host=self.host.value or None, weights=self.weights.value, context=self.context.value)
+            s = self.summary = e.summary(prompt=self.prompt.value)
+        except (ValueError, FileNotFoundError) as exc:
+            self.status.value = f"<span style='color:#b00'>{html.escape(str(exc))}</span>"
+            return
+        lo, hi = s["band_tok_s"]
+        host = "" if s["host_given"] else " (no host given: the band covers a desktop's range)"
+        self.status.value = (f"<b>{html.escape(s['model'])}</b> on {html.escape(s['machine'])}, "
+                             f"{html.escape(s['weights'])}{host}: fastest <b>{s['best']}</b>, "
+                             f"{lo:.1f}–{hi:.1f} tok/s (widest unknown: {html.escape(s['dominant_unknown'])}). "
+                             "MODELLED from the config, not measured.")
+        self.table.value = estimate_table(s["table"])
+        sizing = s["cache_sizing"]
+        with self.figure.batch_update():
+            self.figure.data = []
+            if sizing is not None:
+                src = cliff_figure(sizing)
+                self.figure.add_traces(src.data)
+                self.figure.layout = src.layout
+        ttft = s["prefill"]
+        first = "" if ttft is None else (f"time to first token at {self.prompt.value} prompt tokens: "
+                                         f"{ttft.ttft_s.iloc[0]:.2f} s ({ttft.strategy.iloc[0]}, band "
+                                         f"{ttft.ttft_band_s.iloc[0]} s)<br>")
+        cache = "" if sizing is None else html.escape(sizing.describe()) + "<br>"
+        self.commands.value = (f"{first}{cache}<pre style='white-space:pre-wrap'>{html.escape(s['llama_cpp'])}\n"
+                               f"{html.escape(s['engine_call'])}</pre>")
+
+    def _repr_mimebundle_(self, **kwargs):
+        return self.box._repr_mimebundle_(**kwargs)
