@@ -219,9 +219,11 @@ def estimate(config, gpu: "str | HardwareProfile" = "rtx4090", vram=None, host=N
     flags you run today (``"--n-cpu-moe 20"``, ``"--cpu-moe --moe-cache-mib 6000"``, ``-ot`` patterns), priced as
     given in a row ``yours`` beside the others. Modelled, not measured:
     :attr:`Estimate.assumptions` lists what every number rests on; ``band_tok_s`` what the unknowns allow."""
-    if isinstance(context, bool) or not isinstance(context, int) or not 1 <= context <= 2**27:
-        raise ValueError(f"context={context!r}: give the tokens the KV cache must hold, an integer in [1, 2**27] "
+    if isinstance(context, bool) or not isinstance(context, int) or context < 1:
+        raise ValueError(f"context={context!r}: give the tokens the KV cache must hold, an integer >= 1 "
                          "(e.g. 4096).")
+    if context > 2**27:  # beyond any model's positions: a typo, refused before pricing it
+        raise ValueError(f"context={context!r}: at most 2**27 tokens (no model has more positions).")
     _check_numbers(overhead=overhead, eta_host=eta_host, seed=seed)
     if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or not 0 <= depth <= context):
         raise ValueError(f"depth={depth!r}: give the tokens already in the KV cache while decoding, an integer in "
