@@ -148,8 +148,9 @@ def check_config(raw: Any, where: str = "config", _depth: int = 0) -> dict:
 
 def _check_floats(raw: dict, where: str) -> None:
     theta = raw.get("rope_theta")
-    if theta is not None and not (_is_number(theta) and theta > 1):
-        raise _fail(where, "rope_theta", theta, "a finite number > 1 (RoPE's base: log(theta) divides)")
+    if "rope_theta" in raw and not (_is_number(theta) and theta > 1):  # null too: some families divide by it
+        raise _fail(where, "rope_theta", theta, "a finite number > 1 (RoPE's base: log(theta) divides), or the "
+                    "field left out for the family's default")
     for field in _POSITIVE_FLOATS:
         v = raw.get(field)
         if v is not None and not (_is_number(v) and v > 0):
