@@ -11,7 +11,7 @@ reverse. The notebook views (``sl.viz``) load on first use, so importing specter
 ipywidgets.
 """
 
-from .errors import BudgetTooSmall, CopyFault, NotExact
+from .errors import BudgetTooSmall, ConfigError, CopyFault, NotExact
 from .estimate import Estimate, estimate
 from .model import inspect_model, load_model, tiny_random_model
 from .model.checkpoint_check import CheckpointInfo, check_checkpoint
@@ -46,7 +46,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Engine", "GenerationResult", "load_model", "inspect_model", "tiny_random_model", "HardwareProfile", "PROFILES",
     "COST_SHAPES", "CostShape", "calibrate", "calibrate_host", "QuantSpec", "DraftSpec", "DRAFT_VARIANTS", "STRATEGIES", "Strategy",
-    "compare", "summarize", "fidelity", "plan", "Plan", "regime_map", "heldout_prompts", "BudgetTooSmall",
+    "compare", "summarize", "fidelity", "plan", "Plan", "regime_map", "heldout_prompts", "BudgetTooSmall", "ConfigError",
     "CopyFault", "NotExact", "viz", "paper", "record", "replay", "RoutingTrace", "load_trace", "TraceError", "bound",
     "BoundResult", "estimate", "Estimate", "HOSTS", "HostCPU", "FORMATS", "WeightPrecision",
     "import_routing", "lru_hit_curve", "less_local",

@@ -7,7 +7,10 @@ candidate does not fit".
 
 from __future__ import annotations
 
-__all__ = ["BudgetTooSmall", "CopyFault", "NotExact", "Diverged", "CheckpointError", "NotEnoughMemory"]
+__all__ = ["BudgetTooSmall", "CopyFault", "NotExact", "Diverged", "CheckpointError", "NotEnoughMemory", "TraceError",
+           "ConfigError"]
+
+from typing import Any
 
 
 class BudgetTooSmall(ValueError):
@@ -55,3 +58,20 @@ class NotEnoughMemory(ValueError):
     def __init__(self, message: str, plan=None) -> None:
         super().__init__(message)
         self.plan = plan
+
+
+class TraceError(ValueError):
+    """A routing trace (a file, an array, a header field, its config) that cannot be used as it is: refused when it
+    is read, before any model is built or any array allocated; the message names the file, the field, what was
+    found and what would fit."""
+
+
+class ConfigError(ValueError):
+    """A model config (``config.json``, a dict) with a field that no model can be built or sized from: refused
+    before transformers builds anything. ``field`` names it ("" where transformers named none) and ``found`` holds
+    the value (None where unknown); transformers' own validation errors arrive as this, the original chained."""
+
+    def __init__(self, message: str, field: str = "", found: Any = None) -> None:
+        super().__init__(message)
+        self.field = field
+        self.found = found

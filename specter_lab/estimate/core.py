@@ -222,6 +222,9 @@ def estimate(config, gpu: "str | HardwareProfile" = "rtx4090", vram=None, host=N
     if isinstance(context, bool) or not isinstance(context, int) or context < 1:
         raise ValueError(f"context={context!r}: give the tokens the KV cache must hold, an integer >= 1 "
                          "(e.g. 4096).")
+    if context > 2**27:  # beyond any model's positions: a typo, refused before pricing it
+        raise ValueError(f"context={context!r}: at most 2**27 tokens (no model has more positions).")
+    _check_numbers(overhead=overhead, eta_host=eta_host, seed=seed)
     if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or not 0 <= depth <= context):
         raise ValueError(f"depth={depth!r}: give the tokens already in the KV cache while decoding, an integer in "
                          f"[0, context={context}], or None when unknown.")
@@ -312,6 +315,19 @@ def _vram_bytes(vram) -> float | None:
     if isinstance(vram, (int, float)) and not isinstance(vram, bool) and vram > 0:
         return float(vram)
     raise ValueError(f"vram={vram!r}: give bytes or a size such as '24GB' or '8GiB'.")
+
+
+def _check_numbers(overhead, eta_host, seed) -> None:
+    """The numeric arguments of :func:`estimate`, refused before the config is read (a NaN would price silently)."""
+    def number(v) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v)
+
+    if not (number(overhead) and overhead >= 0):
+        raise ValueError(f"overhead={overhead!r}: bytes of VRAM the runtime keeps for itself, a number >= 0.")
+    if not (number(eta_host) and 0 < eta_host <= 1):
+        raise ValueError(f"eta_host={eta_host!r}: the share of host DRAM bandwidth an expert matvec reaches, in (0, 1].")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise ValueError(f"seed={seed!r}: an integer.")
 
 
 def _placements(geom: ModelGeometry, budget: VramBudget, routing: np.ndarray):

@@ -9,8 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 
+from ..errors import ConfigError
+from .config_check import build_config, build_meta_model, check_moe_info, read_config_json
 from .inspect import inspect_model, text_config
 
 __all__ = ["ModelGeometry", "geometry_from_config", "load_config", "CONFIG_DIR", "BUNDLED_CONFIGS"]
@@ -67,7 +68,7 @@ class ModelGeometry:
 def load_config(config: Any, arg: str = "config"):
     """A transformers config from a dict, a PretrainedConfig, a path to ``config.json`` or to a folder holding one,
     or the name of a bundled config (:data:`BUNDLED_CONFIGS`). Remote code is never run."""
-    from transformers import AutoConfig, PretrainedConfig
+    from transformers import PretrainedConfig
 
     if isinstance(config, PretrainedConfig):
         return config
@@ -82,18 +83,14 @@ def load_config(config: Any, arg: str = "config"):
             raise FileNotFoundError(f"{arg}={str(config)!r}: no config.json there. Give a path to a Hugging Face "
                                     f"config.json (or its folder), a dict, or one of {list(BUNDLED_CONFIGS)}.")
         name = path.parent.name if path.name == "config.json" else path.stem
-        config = json.loads(path.read_text())
+        config = read_config_json(path, arg)
     if not isinstance(config, dict):
         raise TypeError(f"{arg}= must be a path, a dict or a transformers config, got {type(config).__name__}")
     raw = dict(config)
     if "model_type" not in raw:
-        raise ValueError(f"{arg}: the config has no 'model_type', so transformers cannot tell its family. Use the "
-                         "model's own config.json from the Hugging Face hub.")
-    try:
-        cfg = AutoConfig.for_model(**raw)
-    except (ValueError, KeyError) as e:
-        raise ValueError(f"{arg}: model_type={raw['model_type']!r} is not a family the installed transformers "
-                         f"knows ({e}); remote code is not run for an estimate.") from e
+        raise ConfigError(f"{arg}: the config has no 'model_type', so transformers cannot tell its family. Use the "
+                          "model's own config.json from the Hugging Face hub.", field="model_type")
+    cfg = build_config(raw, arg)  # every field checked first; transformers' errors named (ConfigError)
     cfg._estimate_name = name or raw.get("_name_or_path") or raw["model_type"]
     return cfg
 
@@ -101,16 +98,13 @@ def load_config(config: Any, arg: str = "config"):
 def geometry_from_config(config: Any, arg: str = "config") -> ModelGeometry:
     """Sizes of the model ``config`` describes, from its modules built on the meta device. Raises a ValueError
     naming ``arg`` when the config is not a mixture-of-experts model of the experts interface."""
-    from transformers import AutoModelForCausalLM
-
     cfg = load_config(config, arg)
     quant = getattr(cfg, "quantization_config", None)
     checkpoint_format = (quant.get("quant_method") if isinstance(quant, dict) else getattr(quant, "quant_method", None))
     if quant is not None:  # the meta model is only counted: build it unquantized (no kernels needed)
         cfg.quantization_config = None
         delattr(cfg, "quantization_config")
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(cfg)
+    model = build_meta_model(cfg, arg)
     try:
         info = inspect_model(model)
     except ValueError as e:
@@ -118,6 +112,7 @@ def geometry_from_config(config: Any, arg: str = "config") -> ModelGeometry:
                          "mixture-of-experts model: it has no routed experts to offload, so every strategy is the "
                          "same. Estimate an MoE config instead (Qwen3-MoE, Mixtral, DeepSeek-V2/V3, GPT-OSS, "
                          "OLMoE, ...), or run a dense model whole on the GPU if its weights fit.") from e
+    check_moe_info(info, arg)
     tc = text_config(cfg)
     embed = model.get_input_embeddings()
     kv, window, kinds = _kv_layout(tc, info)

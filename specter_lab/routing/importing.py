@@ -40,10 +40,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .locality import replace_experts
+from ..errors import ConfigError
 from ..model import inspect_model
+from ..model.config_check import build_config, check_moe_info, read_config_json
+from .formats import detect_format, read_routing
+from .locality import replace_experts
 from .replay import skeleton
-from .trace_file import RoutedSequence, RoutingTrace, TraceError, read_npz
+from .trace_file import RoutedSequence, RoutingTrace, TraceError, TraceSpec, read_npz
 
 __all__ = ["import_routing", "ModeledDraft", "MEASURED_DRAFT", "DraftFidelity", "PHASES"]
 
@@ -101,24 +104,32 @@ class _Segment:
 
 def import_routing(source, config, segments: "Sequence | None" = None, *, recall: float | None = None,
                    acceptance: float | None = None, replace_fraction: float | None = None, k_max: int = 16,
-                   draft_bits: int = 4, seed: int = 0) -> RoutingTrace:
+                   draft_bits: int = 4, seed: int = 0, format: str | None = None) -> RoutingTrace:
     """A :class:`RoutingTrace` from target routing recorded elsewhere (see the module docstring for what is exact
     and what is modeled).
 
     ``source``: an int array ``[tokens, MoE layers, top_k]`` of expert ids (-1 = not recorded: no lookup), or an
     ``.npz`` path holding ``experts`` (optional ``num_experts``, ``top_k``, ``segment_starts``,
-    ``segment_lengths``, ``segment_phases``). ``config``: a transformers config, a dict or a ``config.json``
+    ``segment_lengths``, ``segment_phases``), or a file an engine wrote (:mod:`.formats`: vLLM's
+    ``routed_experts`` ``.npz``/``.npy``, llama.cpp's moe-trace ``.csv``, a ``.jsonl`` line per token and layer;
+    ``format=`` names it where the suffix does not; these carry their own segments). ``config``: a
+    transformers config, a dict or a ``config.json``
     path; it sizes and prices the replay. ``segments``: ``(start, length, phase)`` triples over the rows, phase
     ``"prefill"`` or ``"decode"`` (default: the whole source, one text decoded token by token). ``recall`` /
     ``replace_fraction`` (one of them) and ``acceptance`` model the draft of speculative strategies (defaults:
     :data:`MEASURED_DRAFT` for ``draft_bits``); ``k_max``: the longest draft window (0: no chains)."""
+    draft = _modeled_draft(recall, acceptance, replace_fraction, draft_bits, seed, k_max)  # arguments first
     cfg = _config_dict(config)
     info = _moe_info(cfg)
-    experts, stored = _read_source(source)
-    what = repr(str(source)) if isinstance(source, (str, Path)) else f"array {tuple(np.shape(experts))}"
+    experts, stored, what = _read_source(source, info, format)
+    if isinstance(stored, list):  # an engine's file: its own segments
+        if segments is not None:
+            raise ValueError(f"segments: the source {what} defines its own prefill and decode rows; give none.")
+        segments, stored = stored, {}
+    else:
+        what = repr(str(source)) if isinstance(source, (str, Path)) else f"array {tuple(np.shape(experts))}"
     experts = _checked_experts(experts, info, stored)
     segs = _segments(segments, stored, len(experts))
-    draft = _modeled_draft(recall, acceptance, replace_fraction, draft_bits, seed, k_max)
     text_id, reject_id = _placeholders(info)
     groups = _group(segs)
     seqs = [_sequence(experts, g, text_id) for g in groups]
@@ -140,7 +151,7 @@ def import_routing(source, config, segments: "Sequence | None" = None, *, recall
     draft_field = ({"bits": draft.bits, "group_size": 64, "method": "rtn", "modeled": asdict(draft)}
                    if k_max else None)
     trace = RoutingTrace(cfg, seqs, k_max, draft_field, text, meta)
-    return trace.validate([l.num_experts for l in info.layers])
+    return trace.validate(spec=TraceSpec.of(info))
 
 
 # ---------------------------------------------------------------------------------------------------- config
@@ -155,9 +166,9 @@ def _config_dict(config) -> dict[str, Any]:
             raise FileNotFoundError(f"config={str(config)!r}: no such file; give the model's config.json (or a "
                                     "dict, or a transformers config).")
         try:
-            cfg = json.loads(path.read_text())
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise TraceError(f"config {str(path)!r} is not valid JSON ({exc}); give the model's config.json.") from None
+            cfg = read_config_json(path)
+        except ConfigError as exc:
+            raise TraceError(str(exc)) from exc
     elif isinstance(config, dict):
         cfg = dict(config)
     elif hasattr(config, "to_dict"):
@@ -167,13 +178,24 @@ def _config_dict(config) -> dict[str, Any]:
                         f"{type(config).__name__}.")
     if not isinstance(cfg, dict) or not cfg.get("model_type"):
         raise TraceError("config: no 'model_type': it cannot be sized. Give the model's own config.json.")
-    return json.loads(json.dumps(cfg, default=str))  # as a saved trace holds it (JSON keys are strings)
+    try:
+        return json.loads(json.dumps(cfg, default=str))  # as a saved trace holds it (JSON keys are strings)
+    except (ValueError, RecursionError) as exc:  # NaN is JSON to Python only; a cycle or depth is not JSON
+        raise TraceError(f"config: not JSON-serialisable ({type(exc).__name__}); give the model's config.json.") \
+            from None
 
 
 def _moe_info(cfg: dict):
-    model = skeleton(cfg)  # TraceError if transformers cannot build it
     try:
-        return inspect_model(model)
+        build_config(cfg)  # every field checked, transformers' own errors named (ConfigError)
+        model = skeleton(cfg)  # TraceError if transformers cannot build it
+        info = inspect_model(model)
+        check_moe_info(info)
+        return info
+    except ConfigError as exc:
+        raise TraceError(str(exc)) from exc
+    except TraceError:
+        raise
     except ValueError as exc:
         raise TraceError(f"config: a {cfg['model_type']!r} model is not a mixture-of-experts model ({exc}). "
                          "Give the config of the MoE model the routing was recorded on.") from None
@@ -184,13 +206,17 @@ def _moe_info(cfg: dict):
 _OPTIONAL = ("num_experts", "top_k", "segment_starts", "segment_lengths", "segment_phases")
 
 
-def _read_source(source) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """(experts array, the optional arrays stored with it)."""
+def _read_source(source, info, fmt: str | None):
+    """(experts array, the optional arrays stored with it or an engine file's segments, its label)."""
     if isinstance(source, (str, Path)):
         path = Path(source)
         if not path.is_file():
             raise FileNotFoundError(f"source={str(source)!r}: no such file; give an .npz holding 'experts' "
-                                    "[tokens, layers, top_k], or the array itself.")
+                                    "[tokens, layers, top_k], an engine's routing file, or the array itself.")
+        fmt = fmt or detect_format(path)
+        if fmt is not None:
+            routed = read_routing(path, info.num_layers, info.top_k, fmt)
+            return routed.experts, routed.segments, routed.label
         data = read_npz(path, "is not a readable .npz",
                         "Save it again with np.savez(path, experts=ids) and, for phases, a string array "
                         "(np.array(['prefill', 'decode'])).")
@@ -201,11 +227,17 @@ def _read_source(source) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         if unknown:
             raise TraceError(f"source {str(path)!r}: unknown arrays {unknown}; an import reads 'experts' and "
                              f"optionally {list(_OPTIONAL)}.")
-        return data.pop("experts"), data
+        return data.pop("experts"), data, None
+    if fmt is not None:
+        raise ValueError(f"format={fmt!r}: names the format of a file; the source is {type(source).__name__}.")
     if isinstance(source, np.ndarray):
-        return source, {}
+        return source, {}, None
     if hasattr(source, "__array__") or isinstance(source, (list, tuple)):
-        return np.asarray(source), {}
+        try:
+            return np.asarray(source), {}, None
+        except (ValueError, TypeError, OverflowError) as exc:  # ragged or mixed lists
+            raise TraceError(f"experts: not an array of ids ({type(exc).__name__}); give [tokens, layers, top_k] "
+                             "integers.") from None
     raise TypeError(f"source must be an int array [tokens, layers, top_k] or an .npz path, got "
                     f"{type(source).__name__}.")
 
