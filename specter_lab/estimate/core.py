@@ -69,7 +69,8 @@ NOT_ESTIMATED = {
     "gate_lookahead": "needs the next layer's router predictions, which a config alone does not give",
     "mixtral_offloading": "a replica of an artifact's implementation costs (write-back, one stream); its "
                           "placement is lru's",
-    "lfu_decay": f"{_UNMODELLED} (decayed-LFU eviction: the shared cache simulator has LFU without decay)",
+    "lfu_decay": f"{_UNMODELLED} (decayed-LFU eviction: routing/cachesim.py has it, the estimate's placements "
+                 "do not use it yet)",
     "host_lfu": f"{_UNMODELLED} (decayed-LFU eviction with host execution)",
     "split_lru": f"{_UNMODELLED} (the per-token split of misses between device and host by lane)",
     "split_lfu": f"{_UNMODELLED} (the per-token split by lane, decayed-LFU eviction)",

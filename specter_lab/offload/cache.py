@@ -83,6 +83,9 @@ class LFU(EvictionPolicy):
         return (self.count.get((layer, expert), 0), self.last_use.get((layer, expert), -1))
 
 
+DEFAULT_DECAY = 0.98  # per use of the layer: see DecayLFU (routing/cachesim.py's DecayLFU reads it too)
+
+
 class DecayLFU(EvictionPolicy):
     """Least frequently used with exponential decay ("frequency-aware" per-layer eviction: the field's best online
     policy on real decode traces, ``shared/research/field_2026b.md`` §0.1, §1.3).
@@ -113,7 +116,7 @@ class DecayLFU(EvictionPolicy):
 
     name = "lfu_decay"
 
-    def __init__(self, decay: float = 0.98) -> None:
+    def __init__(self, decay: float = DEFAULT_DECAY) -> None:
         super().__init__()
         if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0 <= decay <= 1:
             raise ValueError(f"DecayLFU(decay={decay!r}): use a number in [0, 1] (1 = plain LFU, 0 = LRU).")

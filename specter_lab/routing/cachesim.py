@@ -32,9 +32,9 @@ of one step; requests run step by step, layer by layer (the time of request (t, 
 
 * ``"lru"``: least recently used first (a load or a use touches).
 * ``"lfu"``: fewest uses first; a use is a touch (a load is not a use, as in the store's ``LFU``), counts are
-  kept after eviction. Ties: the least recently touched (load or use) first. A decay of the counts (as a decaying
-  LFU of the store would have) is one more constructor argument of :class:`LFU`, applied in ``LFU._bump``, and
-  reaches :func:`simulate` as ``policy=functools.partial(LFU, decay=...)``.
+  kept after eviction. Ties: the least recently touched (load or use) first.
+* ``"lfu_decay"``: the store's decayed LFU (:class:`DecayLFU`; ``functools.partial(DecayLFU, decay=...)`` for
+  another decay than the store's default).
 * ``"belady"``: clairvoyant (MIN): the resident whose next request is furthest away (never = infinitely far);
   a resident requested now is never a victim. Ties: the least recently touched first (the store's ``forecast``
   eviction with a perfect forecast ranks so: the test holds them equal).
@@ -54,7 +54,9 @@ from typing import Callable, Container, Hashable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["simulate", "CacheStats", "NextUse", "Policy", "LRU", "LFU", "Belady", "Static", "POLICIES",
+from ..offload.cache import DEFAULT_DECAY
+
+__all__ = ["simulate", "CacheStats", "NextUse", "Policy", "LRU", "LFU", "DecayLFU", "Belady", "Static", "POLICIES",
            "lru_stack_positions", "stack_requests", "RULES"]
 
 RULES = ("store", "moe-lrc")
@@ -124,6 +126,35 @@ class LFU(Policy):
         return min((k for k in self.recency if k not in protected), key=self.count.__getitem__, default=None)
 
 
+class DecayLFU(LFU):
+    """LFU whose counts decay per use of their layer (the store's ``offload.cache.DecayLFU``, same floats): each
+    layer has a use clock advanced at every use of one of its experts; a key's score is Σ ``decay`` ** (age) over
+    its uses, kept lazily as (value, clock of the last update). Victim: the smallest score, ties to the least
+    recently touched. Keys are ``(layer, expert)`` (the layer owns the clock)."""
+
+    name = "lfu_decay"
+
+    def __init__(self, capacity: int, next_use: "NextUse | None" = None, decay: float = DEFAULT_DECAY) -> None:
+        super().__init__(capacity)
+        self.decay = float(decay)
+        self.uses: defaultdict[Hashable, int] = defaultdict(int)  # layer → its use clock
+        self.value: dict[Key, tuple[float, int]] = {}
+
+    def score(self, key: Key) -> float:
+        v = self.value.get(key)
+        if v is None:
+            return 0.0
+        age = self.uses[key[0]] - v[1]
+        return v[0] if age == 0 else v[0] * self.decay ** age
+
+    def _bump(self, key: Key) -> None:
+        self.uses[key[0]] += 1  # the clock first, then the decayed value plus this use: the store's order
+        self.value[key] = (self.score(key) + 1.0, self.uses[key[0]])
+
+    def victim(self, protected: Container[Key], now: int) -> Key | None:
+        return min((k for k in self.recency if k not in protected), key=self.score, default=None)
+
+
 class Belady(Policy):
     """Clairvoyant: the resident whose next request is furthest (``next_use``: the sequence's request times).
     A key requested at ``now`` ranks as needed now until it is touched, so it is never the victim while its
@@ -185,7 +216,8 @@ class Static(Policy):
         return None
 
 
-POLICIES: dict[str, type[Policy]] = {"lru": LRU, "lfu": LFU, "belady": Belady, "static": Static}
+POLICIES: dict[str, type[Policy]] = {"lru": LRU, "lfu": LFU, "lfu_decay": DecayLFU, "belady": Belady,
+                                     "static": Static}
 
 
 class NextUse:
