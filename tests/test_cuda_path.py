@@ -16,6 +16,7 @@ import torch
 
 import specter_lab as sl
 import specter_lab.run.engine as engine_mod
+import specter_lab.run.quant as quant_mod
 from specter_lab.model.placement import layout_action
 from specter_lab.run.quant import QuantSpec
 
@@ -185,7 +186,7 @@ def test_one_device_draft_per_model(model, monkeypatch):
             self.spec = spec
             built.append(weakref.ref(self))
 
-    monkeypatch.setattr(engine_mod, "DraftExperts", FakeDraft)
+    monkeypatch.setattr(quant_mod, "DraftExperts", FakeDraft)  # what shared_draft builds
     eng = sl.Engine(model, None, "specter", expert_budget=0.5)
     eng.device = torch.device("cuda")  # only the bookkeeping runs: FakeDraft allocates nothing
     first = eng.draft
