@@ -25,7 +25,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import torch
 
 import specter_lab as sl

@@ -5,9 +5,13 @@
 ``tests/test_layers.py`` checks that the README names every module, so a new file fails there until it is listed.
 """
 
-import ast, re
+from __future__ import annotations
+
+import ast
 from pathlib import Path
+
 PKG = Path(__file__).resolve().parents[1] / "specter_lab"
+# (the folder's line, its folder or its files), lowest floor first, as tests/test_layers.py's LAYERS
 LAYERS = [("*the public entry*", ["errors.py", "units.py"]),
           ("`model/`: the model adapter: inspection, the experts interface, geometry from a config, loading, tiny models", "model"),
           ("`records/`: a run's records", "records"),
@@ -21,19 +25,27 @@ LAYERS = [("*the public entry*", ["errors.py", "units.py"]),
           ("`studies/`: things that run many engines or replays", "studies"),
           ("`viz/`: notebook views", "viz"),
           ("*entry points*", ["cli.py", "__init__.py"])]
-def first(path):
+
+
+def first(path: Path) -> str:
+    """The first paragraph of a module's docstring, on one line, cut at 150 characters."""
     doc = ast.get_docstring(ast.parse(path.read_text())) or ""
     line = " ".join(doc.split("\n\n")[0].split())
-    m = re.match(r"(.+?[.:])(\s|$)", line)
     s = line if len(line) < 150 else line[:147].rsplit(" ", 1)[0] + " …"
     return s.rstrip(".")
-out = []
-for title, what in LAYERS:
-    out.append(f"- {title}")
-    files = [PKG / f for f in what] if isinstance(what, list) else sorted((PKG / what).glob("*.py"))
-    for f in files:
-        if f.name == "__init__.py" and isinstance(what, str):
-            continue
-        rel = f.relative_to(PKG)
-        out.append(f"  - `{rel}`: {first(f)}")
-print("\n".join(out))
+
+
+def code_map() -> str:
+    out = []
+    for title, what in LAYERS:
+        out.append(f"- {title}")
+        files = [PKG / f for f in what] if isinstance(what, list) else sorted((PKG / what).glob("*.py"))
+        for f in files:
+            if f.name == "__init__.py" and isinstance(what, str):
+                continue
+            out.append(f"  - `{f.relative_to(PKG)}`: {first(f)}")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    print(code_map())

@@ -101,7 +101,7 @@ def trace_case(seed_bytes: bytes, seed_arrays: dict, rng: np.random.Generator) -
             field = str(rng.choice(sorted(cfg) + ["num_experts", "num_experts_per_tok", "vocab_size", "torch_dtype"]))
             cfg[field] = _replacement(cfg.get(field), rng)
         _set_header(arrays, h)
-        return f"config fields changed", _npz_bytes(arrays)
+        return "config fields changed", _npz_bytes(arrays)
     if kind == "junk_header":
         junk = [b"\xff\xfe\x00", b"[" * 100000 + b"]" * 100000, b"[1, 2]", b"{\"version\": 1}", b"null"]
         arrays["header"] = np.frombuffer(junk[int(rng.integers(len(junk)))], dtype=np.uint8)
@@ -384,7 +384,7 @@ def main(argv=None) -> int:
         finally:
             pool.close()
     cmd = "nice python scripts/fuzz_readers.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    report = [f"# Readers under fuzz (issue 35)", "",
+    report = ["# Readers under fuzz (issue 35)", "",
               f"Measured with `{cmd}` on this 2-core CPU, {time.time() - t_start:.0f} s in all, seed {a.seed}. "
               f"Hung = over {HANG_S:.0f} s; the worker's address space is limited to {a.mem_gib:g} GiB. Allocation: "
               "tracemalloc's peak during the refused load (numpy and Python objects; torch's meta tensors "

@@ -4,7 +4,6 @@ to add."""
 
 import dataclasses
 
-import numpy as np
 import pytest
 
 import specter_lab as sl

@@ -17,7 +17,6 @@ import json
 import os
 import re
 import shutil
-import time
 from pathlib import Path
 
 import pytest

@@ -6,7 +6,6 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-import torch
 
 import specter_lab as sl
 from conftest import hf_greedy

@@ -26,7 +26,6 @@ def llama_cpp_command(e, model_path: str = "model.gguf") -> str:  # e: an estima
     parts = [f"llama-server -m {model_path} -ngl 99 -c {e.context} --no-mmap"]
     if e.machine.host is not None and e.machine.host.cores:
         parts.append(f"--threads {e.machine.host.cores}")
-    L = e.model.moe_layers
     dense_offset = e.model.dense_layers  # llama.cpp numbers blocks over all decoder layers
     if best == "static_split":
         n = e.placements["static_split"]["n_cpu_moe"]

@@ -4,7 +4,6 @@ transformers code rather than by a hand-written formula per family."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any

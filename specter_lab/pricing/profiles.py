@@ -9,8 +9,6 @@ measures time; a profile from :func:`specter_lab.pricing.calibrate.calibrate` ho
 from __future__ import annotations
 
 import json
-import os
-import re
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 

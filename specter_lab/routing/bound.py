@@ -51,7 +51,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-import numpy as np
 from .cachesim import Belady, NextUse  # the cache simulator's Belady ranks the timed pool (_Pool, below)
 
 from ..model import MoEModelInfo
