@@ -629,19 +629,15 @@ def test_live_dashboard_on_request_and_capped_strip(model):
 
 
 def test_dashboard_steps_reuse_built_figures(spec_run):
-    """D4: a step the dashboard has built (or warmed in the background) is not built again."""
+    """D4: a step the dashboard has built (or warmed in the background) is not built again: sliding over every
+    step shows the very figures built before. (Identity, not a patched global view: other dashboards' warm
+    threads may still be drawing with the shared view registry.)"""
     d = viz.dashboard(spec_run)
-    calls = []
-    real = F.STEP_VIEWS["routing"].draw
-    for s in range(int(d.slider.min), int(d.slider.max) + 1):
-        d._figures(s)
-    object.__setattr__(F.STEP_VIEWS["routing"], "draw", lambda *a, **k: (calls.append(a[1]), real(*a, **k))[1])
-    try:
-        for s in range(int(d.slider.min), int(d.slider.max) + 1):
-            d.slider.value = s
-    finally:
-        object.__setattr__(F.STEP_VIEWS["routing"], "draw", real)
-    assert calls == [] and d.step == int(d.slider.max)
+    lo, hi = int(d.slider.min), int(d.slider.max)
+    built = {s: d._figures(s) for s in range(lo, hi + 1)}
+    for s in range(lo, hi + 1):
+        d.slider.value = s
+    assert all(d._figures(s) is built[s] for s in built) and d.step == hi
     d.flush()
 
 
