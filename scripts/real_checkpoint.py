@@ -199,6 +199,9 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--keep", action="store_true", help="keep the checkpoint (default: delete it at the end)")
     ap.add_argument("--report", default=None, help="also write the table as markdown to this file")
+    ap.add_argument("--exact", action="store_true",
+                    help="also run specter with verify='exact' (one-token verification: issue 38's exact mode) and "
+                         "compare its time with the default batched verification")
     ap.add_argument("--plan-only", action="store_true",
                     help="write headers only (sparse files, no disk blocks), print the checks and the memory plan at "
                          "full size, delete, stop: what the real run would hold, known before writing it")
@@ -244,11 +247,14 @@ def main(argv=None) -> int:
         ref = stage("hf", lambda: model.generate(torch.tensor([ids]), max_new_tokens=a.tokens, do_sample=False,
                                                  min_new_tokens=a.tokens)[0, len(ids):].tolist(), a.tokens)
         equal = {}
-        for strategy in ("lru", "specter"):
-            got = stage(strategy, lambda s=strategy: sl.Engine(model, tok, s, expert_budget=budget).generate(
+        runs = [("lru", "lru", {}), ("specter", "specter", {})]
+        if a.exact:  # both with the draft the run above built (shared): the verification's cost, not quantizing's
+            runs += [("specter, draft ready", "specter", {}), ("specter verify=exact", "specter", {"verify": "exact"})]
+        for name, strategy, opts in runs:
+            got = stage(name, lambda s=strategy, o=opts: sl.Engine(model, tok, s, expert_budget=budget, **o).generate(
                 ids, max_new_tokens=a.tokens).token_ids, a.tokens)
-            equal[strategy] = got == ref
-            print(f"  {strategy} equals HF generate: {equal[strategy]} ({got} vs {ref})", flush=True)
+            equal[name] = got == ref
+            print(f"  {name} equals HF generate: {equal[name]} ({got} vs {ref})", flush=True)
         stage("record", lambda: sl.record(model, tok, [ids], max_new_tokens=a.tokens, k_max=a.k_max,
                                           progress=False), a.tokens)
     finally:
