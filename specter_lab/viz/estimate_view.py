@@ -16,6 +16,7 @@ import plotly.graph_objects as go
 from . import tables
 from .layout import base_layout
 from .tables import Table
+from .widgets import _fit_width, figure_widget, sync_figure
 
 __all__ = ["EstimateExplorer", "cliff_figure", "estimate_table", "ESTIMATE_COLUMNS"]
 
@@ -75,16 +76,24 @@ class EstimateExplorer:
                                         layout=W.Layout(width="180px"))
         self.button = W.Button(description="Estimate", icon="calculator", button_style="primary")
         self.status, self.table, self.commands = W.HTML(), W.HTML(), W.HTML()
-        self.figure = go.FigureWidget(layout=dict(height=300))
+        self.figure: go.FigureWidget | None = None  # made on the first estimate with a cache (figure_widget)
+        self._show_figure = False
         self.button.on_click(lambda _: self.run())
         for w in (self.config, self.gpu, self.vram, self.host, self.weights, self.prompt, self.context):
             w.observe(lambda _: self._stale(), names="value")
-        self.box = W.VBox([W.HBox([self.config, self.gpu, self.vram]),
-                           W.HBox([self.host, self.weights, self.prompt, self.context, self.button]),
-                           self.status, self.table, self.figure, self.commands])
+        self._controls = [W.HBox([self.config, self.gpu, self.vram]),
+                          W.HBox([self.host, self.weights, self.prompt, self.context, self.button,
+                                  _fit_width()])]  # the box's plotly graphs follow its width
+        self.box = W.VBox()
         self.summary: dict[str, Any] | None = None
         if run_now:
             self.run()
+        self._layout()
+
+    def _layout(self) -> None:
+        """The controls, the status, the table, the cache figure (when there is a cache to size), the commands."""
+        figure = [self.figure] if self.figure is not None and self._show_figure else []
+        self.box.children = (*self._controls, self.status, self.table, *figure, self.commands)
 
     def _stale(self) -> None:
         if self.summary is not None:
@@ -110,12 +119,12 @@ class EstimateExplorer:
                              "MODELLED from the config, not measured.")
         self.table.value = estimate_table(s["table"])._repr_html_()
         sizing = s["cache_sizing"]
-        with self.figure.batch_update():
-            self.figure.data = []
-            if sizing is not None:
-                src = cliff_figure(sizing)
-                self.figure.add_traces(src.data)
-                self.figure.layout = src.layout
+        self._show_figure = sizing is not None  # every expert fits in VRAM: no cache to size
+        if sizing is not None and self.figure is None:  # the views' own FigureWidget (config, published state)
+            self.figure = figure_widget(cliff_figure(sizing))
+        elif sizing is not None:
+            sync_figure(self.figure, cliff_figure(sizing))
+        self._layout()
         ttft = s["prefill"]
         first = "" if ttft is None else (f"time to first token at {self.prompt.value} prompt tokens: "
                                          f"{ttft.ttft_s.iloc[0]:.2f} s ({ttft.strategy.iloc[0]}, band "
