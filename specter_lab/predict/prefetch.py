@@ -124,6 +124,19 @@ class LookaheadPrefetcher:
         return issued
 
 
+    def _window_times(self, steps_done: int, issue_at=None):
+        """(now, draft step, drafting's end, when the copy lane frees, one copy, one layer's verification) in
+        seconds, what :meth:`budgeted` and :meth:`by_stall` schedule by; None on a clock whose copy lane cannot
+        be read mid-run."""
+        clock, cost = self.store.clock, self.cost
+        free = clock.copy_free_at()
+        if free is None:
+            return None
+        now = clock.now() if issue_at is None else issue_at
+        step = self.step_time_avg or 1e-4
+        return (now, step, now + max(0, self.k - steps_done) * step, max(free, now),
+                cost.copy_time(cost.expert_bytes), cost.dense_layer_time(self.k + 1, 0))
+
     def budgeted(self, steps_done: int, forecast: WindowForecast, issue_at=None) -> int:
         """Beyond the paper: bandwidth-aware prefetch, run after every draft step.
 
@@ -131,16 +144,10 @@ class LookaheadPrefetcher:
         copies the copy stream can finish before verification reaches their layer if drafting runs its course,
         and evicts only experts the forecast says are *less* likely than the one coming in (or not forecast)."""
         store, cost = self.store, self.cost
-        clock = store.clock
-        free = clock.copy_free_at()
-        if free is None:  # a real clock: the copy lane's position cannot be read mid-run
+        window = self._window_times(steps_done, issue_at)
+        if window is None:  # a real clock: the copy lane's position cannot be read mid-run
             return self._budgeted_unclocked(steps_done, forecast, issue_at)
-        now = clock.now() if issue_at is None else issue_at
-        step = self.step_time_avg or 1e-4
-        draft_end = now + max(0, self.k - steps_done) * step
-        copy_t = max(free, now)
-        t_copy = cost.copy_time(cost.expert_bytes)
-        per_layer_verify = cost.dense_layer_time(self.k + 1, 0)
+        now, step, draft_end, copy_t, t_copy, per_layer_verify = window
         issued = 0
         last_deadline = draft_end + (len(forecast.counts) - 1) * per_layer_verify
         more_likely: dict[tuple[int, int], set[int]] = {}  # (layer, count) → the layer's experts forecast as often
@@ -187,16 +194,10 @@ class LookaheadPrefetcher:
         copies need the link then; a copy already on the link runs to its end, as a DMA does). On a clock whose copy
         lane cannot be read mid-run this is :meth:`budgeted`'s unclocked form."""
         store, cost = self.store, self.cost
-        clock = store.clock
-        free = clock.copy_free_at()
-        if free is None:
+        window = self._window_times(steps_done, issue_at)
+        if window is None:  # a real clock: the copy lane's position cannot be read mid-run
             return self._budgeted_unclocked(steps_done, forecast, issue_at)
-        now = clock.now() if issue_at is None else issue_at
-        step = self.step_time_avg or 1e-4
-        draft_end = now + max(0, self.k - steps_done) * step
-        copy_t = max(free, now)
-        t_copy = cost.copy_time(cost.expert_bytes)
-        per_layer_verify = cost.dense_layer_time(self.k + 1, 0)
+        now, step, draft_end, copy_t, t_copy, per_layer_verify = window
         saved = {}  # token count → seconds saved (a handful of distinct counts per window)
         cands = []
         for layer, counts in enumerate(forecast.counts):
