@@ -54,16 +54,28 @@ def first_diff(a, b):
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
 
 
+@pytest.fixture(params=[1, 3], ids=["1-thread", "3-threads"])
+def threads(request):
+    """The suite runs on one thread (conftest); users run on several, where a CPU GEMM splits its rows across
+    threads and grouped_mm's unstable sort puts an expert's rows in another order (the rounding of a row depends
+    on where it sits)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("impl", IMPLS)
-def test_experts_math_is_hf_bit_for_bit(wide, impl, dtype):
-    """The runtime's per-expert code, experts computed in any order, equals the implementation's own forward."""
+def test_experts_math_is_hf_bit_for_bit(wide, impl, dtype, threads):
+    """The runtime's per-expert code, experts computed in any order, equals the implementation's own forward,
+    on one thread and on several."""
     mod = wide.model.layers[0].mlp.experts
     mod = type(mod)(mod.config).to(dtype)  # a fresh copy in this dtype, weights from the wide model
     mod.load_state_dict({k: v.to(dtype) for k, v in wide.model.layers[0].mlp.experts.state_dict().items()})
     mod.config._experts_implementation = impl
     g = torch.Generator().manual_seed(0)
-    for t in (1, 5):  # a decoding step and a multi-token pass
+    for t in (1, 5, 40):  # a decoding step and multi-token passes (40: rows enough to split across threads)
         x = torch.randn(t, 512, generator=g).to(dtype)
         idx = torch.stack([torch.randperm(32, generator=g)[:8] for _ in range(t)])
         w = torch.softmax(torch.randn(t, 8, generator=g), -1).to(dtype)
@@ -71,7 +83,19 @@ def test_experts_math_is_hf_bit_for_bit(wide, impl, dtype):
             ref = mod(x, idx, w)
             views = {e: {n: getattr(mod, n)[e] for n in ("gate_up_proj", "down_proj")} for e in range(32)}
             ours = exact_forward(mod, x, idx, w, lambda e: views[e], impl=impl)
-        assert torch.equal(ours, ref), f"{impl} {dtype} T={t}: max diff {(ours - ref).abs().max().item()}"
+        assert torch.equal(ours, ref), f"{impl} {dtype} T={t} threads={threads}: max diff " \
+                                       f"{(ours - ref).abs().max().item()}"
+
+
+def test_the_bundled_model_runs_exact_on_several_threads(threads):
+    """What a user meets first: the bundled model (grouped_mm, float32) on the threads torch gives them passes the
+    exactness probe (no NotExact) and lru and specter equal HF generate."""
+    model, tok = sl.load_model("tiny")
+    ids = tok("The capital of France is")["input_ids"]
+    ref, _ = hf_run(model, ids, N)
+    for strategy in ("lru", "specter"):
+        got = sl.Engine(model, tok, strategy, expert_budget=0.5).generate(ids, max_new_tokens=N).token_ids
+        assert got == ref, f"{strategy} on {threads} threads: diverged at {first_diff(got, ref)}"
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])

@@ -71,6 +71,7 @@ class Group:
     kpos: "torch.Tensor | int"
     n: int
     pairs: int = 0
+    at: "torch.Tensor | slice | None" = None  # where these pairs sit in HF's [pairs, ...] layout (_activate)
 
     def take(self, x: torch.Tensor) -> torch.Tensor:
         return x if self.rows is None else x[self.rows]
@@ -124,16 +125,16 @@ def _matmul(x: torch.Tensor, w: dict, name: str, transposed: bool, impl: str = "
 
 
 def expert_apply(mod, x: torch.Tensor, w: dict, post_norm: bool = True, impl: str = "eager",
-                 pairs: int = 0) -> torch.Tensor:
+                 pairs: int = 0, at: "torch.Tensor | slice | None" = None) -> torch.Tensor:
     """One expert on tokens ``x [n, H]`` with weights ``w`` (slices of the fused tensors, or packed weights),
     with the matmuls of experts implementation ``impl`` (``pairs``: the call's (token, expert) pairs, which a
-    batched implementation's shapes depend on). ``post_norm=False`` leaves out a post-expert norm (the caller
-    applies it where its weights are)."""
+    batched implementation's shapes depend on; ``at``: where these pairs sit among them, see :func:`_activate`).
+    ``post_norm=False`` leaves out a post-expert norm (the caller applies it where its weights are)."""
     up = "gate_up_proj" if mod.has_gate else "up_proj"
     h = _matmul(x, w, up, mod.is_transposed, impl, pairs)
     if w.get(up + "_bias") is not None:
         h = h + w[up + "_bias"]
-    h = mod._apply_gate(h) if mod.has_gate else mod.act_fn(h)
+    h = _activate(mod, h, at, pairs)
     out = _matmul(h, w, "down_proj", mod.is_transposed, impl, pairs)
     if w.get("down_proj_bias") is not None:
         out = out + w["down_proj_bias"]
@@ -142,23 +143,55 @@ def expert_apply(mod, x: torch.Tensor, w: dict, post_norm: bool = True, impl: st
     return out
 
 
-def route_groups(idx: torch.Tensor, idx_np: np.ndarray) -> dict[int, Group]:
-    """expert → its :class:`Group`, experts ascending. ``idx_np`` is the host copy of the routing ``[T, k]``."""
+_GRAIN = 32768  # at::internal::GRAIN_SIZE: ATen splits an elementwise op across threads only above this
+
+
+def _activate(mod, h: torch.Tensor, at, pairs: int) -> torch.Tensor:
+    """The gate (or activation) on one expert's rows ``h``, rounded as HF's one call over all ``pairs`` rounds
+    them. On the CPU with several threads an elementwise op over more than 32,768 elements (ATen's grain size)
+    is split across threads at element offsets that fall inside rows, and the elements at each split's edge take
+    the kernel's scalar path, whose ``exp`` rounds differently from the vectorised one. So where HF's call had
+    more rows than this expert (``grouped_mm``, ``batched_mm``: one call over the layer's pairs), the rows are
+    activated in a buffer of HF's shape at HF's row positions ``at``: the same split, the same paths. Elsewhere
+    (one thread, a device, ``eager``'s per-expert calls) the expert's own rows are HF's call."""
+    act = mod._apply_gate if mod.has_gate else mod.act_fn
+    if (at is None or pairs <= h.shape[0] or h.device.type != "cpu" or torch.get_num_threads() == 1
+            or pairs * h.shape[-1] <= _GRAIN):  # HF's call was not split either: the expert's rows round as its
+        return act(h)
+    buf = h.new_zeros(pairs, h.shape[-1])
+    buf[at] = h
+    return act(buf)[at]
+
+
+def route_groups(idx: torch.Tensor, idx_np: np.ndarray, impl: str = "eager") -> dict[int, Group]:
+    """expert → its :class:`Group`, experts ascending. ``idx_np`` is the host copy of the routing ``[T, k]``.
+
+    Within an expert the rows keep the order ``impl`` gives them: a GEMM's rounding of a row can depend on where
+    the row sits in the matrix (its micro-kernel tile, the rows each thread takes), so the rows must be where HF's
+    call puts them. ``eager`` walks them in token order (a stable sort); ``grouped_mm`` in the order of its own
+    ``torch.sort`` of the flat routing, which is not stable and, with several threads on the CPU, not token order:
+    the same call on the same tensor gives the same permutation."""
     t, k = idx_np.shape
     if t == 1 and len(set(idx_np[0].tolist())) == k:  # one token, k distinct experts: no index tensors at all
-        return {int(e): Group(None, r, 1, k) for r, e in sorted(enumerate(idx_np[0].tolist()), key=lambda p: p[1])
-                if e >= 0}
+        ranked = sorted(enumerate(idx_np[0].tolist()), key=lambda p: p[1])
+        # HF's row of each pair: its rank among the sorted experts (grouped_mm), else its top-k position
+        return {int(e): Group(None, r, 1, k, slice(rank, rank + 1) if impl == "grouped_mm" else slice(r, r + 1))
+                for rank, (r, e) in enumerate(ranked) if e >= 0}
     flat = idx_np.reshape(-1)
     order = np.argsort(flat, kind="stable")
     cuts = np.flatnonzero(np.diff(flat[order])) + 1
-    # The same stable sort on the device gives the same permutation: slicing it per expert needs no copy.
-    dev_order = torch.argsort(idx.reshape(-1), stable=True)
+    # Each expert's rows are a slice of one device-side sort (counts from the host copy, no index copies): the
+    # stable sort for token order, or grouped_mm's own call, whose order within an expert only the device knows.
+    flat_dev = idx.reshape(-1)
+    dev_order = torch.sort(flat_dev).indices if impl == "grouped_mm" else torch.argsort(flat_dev, stable=True)
     rows_all, kpos_all = dev_order // k, dev_order % k
     groups: dict[int, Group] = {}
     for a, b in zip(np.concatenate([[0], cuts]), np.concatenate([cuts, [flat.size]])):
         e = int(flat[order[a]])
         if e >= 0:
-            groups[e] = Group(rows_all[a:b], kpos_all[a:b], int(b - a), int(flat.size))
+            # HF's rows of these pairs: a block of its sorted order (grouped_mm), else the pairs' flat indices
+            at = slice(int(a), int(b)) if impl == "grouped_mm" else dev_order[a:b]
+            groups[e] = Group(rows_all[a:b], kpos_all[a:b], int(b - a), int(flat.size), at)
     return groups
 
 
@@ -216,8 +249,9 @@ def exact_forward(mod, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, weig
     ``impl``: whose numerics (default: the module's own implementation, :func:`implementation_of`)."""
     impl = implementation_of(mod) if impl is None else impl
     idx_np = idx.detach().cpu().numpy() if idx_np is None else idx_np
-    groups = route_groups(idx, idx_np)
-    outs = {e: expert_apply(mod, g.take(x), weights_of(e), impl=impl, pairs=g.pairs) for e, g in groups.items()}
+    groups = route_groups(idx, idx_np, impl)
+    outs = {e: expert_apply(mod, g.take(x), weights_of(e), impl=impl, pairs=g.pairs, at=g.at)
+            for e, g in groups.items()}
     return combine(x, outs, groups, w, impl)
 
 
@@ -241,12 +275,15 @@ _GAPS: dict[tuple, float] = {}
 def implementation_gap(mod, impl: str, param_names, top_k: int, device, dtype: torch.dtype) -> float:
     """Largest difference between transformers' ``impl`` and this module's math (:func:`exact_forward`) on
     ``device`` in ``dtype``, for random weights of ``mod``'s expert shapes (top-k + 2 experts), one decoding
-    token and a 5-token pass: the per-expert calls and the sum must give what HF's one call gives. 0.0: bit for bit on this device. Cached per module class, shapes, device and dtype."""
+    token and passes of 5 and 33 tokens: the per-expert calls and the sum must give what HF's one call gives. 0.0:
+    bit for bit on this device. Cached per module class, shapes, device, dtype and (on the CPU) thread count."""
     from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 
     shapes = tuple((n, tuple(getattr(mod, n).shape[1:])) for n in param_names)
     n_exp = min(getattr(mod, param_names[0]).shape[0], top_k + 2)  # few experts: real-size shapes stay cheap
-    key = (type(mod), impl, shapes, n_exp, top_k, str(device), dtype)
+    # the thread count is part of the key: on the CPU a GEMM's split across threads changes its rounding
+    threads = torch.get_num_threads() if torch.device(device).type == "cpu" else 0
+    key = (type(mod), impl, shapes, n_exp, top_k, str(device), dtype, threads)
     if key in _GAPS:
         return _GAPS[key]
     fn = type(mod).forward.__wrapped__ if impl == "eager" else ALL_EXPERTS_FUNCTIONS[impl]
@@ -257,7 +294,7 @@ def implementation_gap(mod, impl: str, param_names, top_k: int, device, dtype: t
     hidden = getattr(mod, param_names[0]).shape[1 if mod.is_transposed else -1]
     gap = 0.0
     with torch.no_grad():
-        for t in (1, 5):
+        for t in (1, 5, 33):
             x = torch.randn(t, hidden, generator=g).to(device, dtype)
             idx = torch.stack([torch.randperm(n_exp, generator=g)[:top_k] for _ in range(t)]).to(device)
             w = torch.softmax(torch.randn(t, top_k, generator=g), -1).to(device, dtype)

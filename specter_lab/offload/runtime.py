@@ -63,7 +63,7 @@ class _LayerMath:
 
     def device(self, e: int, weights) -> Callable[[], torch.Tensor]:
         g = self.groups[e]
-        return lambda: expert_apply(self.mod, g.take(self.x), weights, impl=self.impl, pairs=g.pairs)
+        return lambda: expert_apply(self.mod, g.take(self.x), weights, impl=self.impl, pairs=g.pairs, at=g.at)
 
     def host(self, e: int, weights) -> Callable[[], torch.Tensor]:
         dtype = next(iter(weights.values())).dtype
@@ -71,7 +71,8 @@ class _LayerMath:
             self._xh = self.x.to("cpu", dtype)
         g = self.groups[e]
         rows = g.take(self._xh)
-        return lambda: expert_apply(self.mod, rows, weights, post_norm=False, impl=self.impl, pairs=g.pairs)
+        return lambda: expert_apply(self.mod, rows, weights, post_norm=False, impl=self.impl, pairs=g.pairs,
+                                    at=g.at)
 
     def gate_prediction(self, layer: int) -> list[tuple[int, int]]:
         ids = gate_ids(self.info.layers[layer], self.x)
@@ -128,8 +129,8 @@ class OffloadRuntime:
             host = self.store.host[layer]  # pinned on CUDA: the copies do not block the host
             return exact_forward(mod, x, idx, w, lambda e: {n: h[e].to(x.device, non_blocking=True)
                                                             for n, h in host.items()}, idx_np)
-        groups = route_groups(idx, idx_np)
         impl = implementation_of(mod)
+        groups = route_groups(idx, idx_np, impl)
         math = _LayerMath(self.info, mod, x, groups, impl)
         outs, host_outs = self.schedule.layer(fwd, layer, {e: g.n for e, g in groups.items()}, x.shape[0], math)
         outs.update({e: math.finish_host(o) for e, o in host_outs.items()})
