@@ -197,3 +197,19 @@ def test_resident_memory_grows_by_the_cache_not_the_experts(tmp_path):
     assert eng.host_cache.pool_bytes <= 12 * 2**20 and r.metrics["disk_reads"] > 0
     assert grown < 48 * 2**20, f"resident memory grew {grown / 2**20:.0f} MiB; experts {ck.expert_bytes / 2**20:.0f} MiB"
     assert r.token_ids == hf_greedy(model, ids, 4)
+
+
+def test_replay_prices_the_disk_tier_as_the_live_run(checkpoints):
+    """A replay's tensorless host cache makes the same reads at the same simulated times as the live run (a fused
+    checkpoint: one read per fused tensor, what the replay assumes)."""
+    _, fused = checkpoints
+    model, _ = sl.load_model(fused)
+    ids = list(range(5, 17))
+    trace = sl.record(model, None, [ids], max_new_tokens=N, k_max=0, progress=False)
+    live = sl.Engine(model, None, "lru", expert_budget=0.25, host_budget=0.125).generate(ids, max_new_tokens=N)
+    (rep,) = sl.replay(trace, "lru", expert_budget=0.25, host_budget=0.125)
+    assert rep.metrics["disk_reads"] == live.metrics["disk_reads"] > 0
+    assert rep.metrics["tpot_ms"] == pytest.approx(live.metrics["tpot_ms"], rel=1e-9)
+    a, b = rep.frames()["disk"], live.frames()["disk"]
+    assert (a[["layer", "expert", "slot"]].to_numpy() == b[["layer", "expert", "slot"]].to_numpy()).all()
+    assert (a.start - b.start).abs().max() < 1e-9 and (a.file_bytes == 0).all()  # priced, nothing read

@@ -20,6 +20,7 @@ do not (:meth:`HostExpertCache.new_run`). Its own counters (``reads``, ``hits``,
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -42,13 +43,34 @@ class HostExpertCache:
 
     def __init__(self, files: ExpertFiles, budget_bytes: int, pin: bool = False) -> None:
         info = files.info
-        sigs = {tuple((n, tuple(getattr(l.experts, n).shape[1:]), getattr(l.experts, n).dtype)
-                      for n in l.param_names) for l in info.layers}
-        if len(sigs) != 1:
-            raise ValueError("host_budget=: the disk tier keeps one pool of host slots, and this model's MoE layers "
-                             f"have {len(sigs)} different expert shapes; run it without host_budget.")
+        sig = _one_signature(info)
         self.files = files
-        self.expert_bytes = files.expert_bytes[0]
+        self.pieces = sum(len(ps[0]) for ps in files.pieces[0].values())  # reads per expert
+        self._setup(info, files.expert_bytes[0], budget_bytes)
+        self.pool: dict[str, torch.Tensor] = {}
+        for name, shape, dtype in sig:
+            t = torch.empty((self.capacity, *shape), dtype=dtype)
+            self.pool[name] = t.pin_memory() if pin else t
+        self._views = [{n: p[i] for n, p in self.pool.items()} for i in range(self.capacity)]
+
+    @classmethod
+    def tensorless(cls, info, budget_bytes: int) -> "HostExpertCache":
+        """The same cache without memory or files: its LRU, slots and accounting only (a replay prices the disk
+        tier from recorded routing). Each expert is priced as one read per fused tensor (a fused checkpoint)."""
+        _one_signature(info)
+        self = cls.__new__(cls)
+        self.files = None
+        first = info.layers[0]
+        self.pieces = len(first.param_names)
+        per = sum(math.prod(getattr(first.experts, n).shape[1:]) * getattr(first.experts, n).element_size()
+                  for n in first.param_names)
+        self._setup(info, per, budget_bytes)
+        self.pool = {}
+        self._views = [{} for _ in range(self.capacity)]
+        return self
+
+    def _setup(self, info, expert_bytes: int, budget_bytes: int) -> None:
+        self.expert_bytes = int(expert_bytes)
         self.budget_bytes = int(budget_bytes)
         total = sum(l.num_experts for l in info.layers)
         if self.budget_bytes < self.expert_bytes:
@@ -57,12 +79,6 @@ class HostExpertCache:
                 f"({format_bytes(self.expert_bytes)}); give at least that (the experts total "
                 f"{format_bytes(total * self.expert_bytes)}).", self.budget_bytes, self.expert_bytes)
         self.capacity = min(total, self.budget_bytes // self.expert_bytes)
-        (sig,) = sigs
-        self.pool: dict[str, torch.Tensor] = {}
-        for name, shape, dtype in sig:
-            t = torch.empty((self.capacity, *shape), dtype=dtype)
-            self.pool[name] = t.pin_memory() if pin else t
-        self._views = [{n: p[i] for n, p in self.pool.items()} for i in range(self.capacity)]
         self.slot_of: OrderedDict[tuple[int, int], int] = OrderedDict()  # LRU order: oldest first
         self.key: list[tuple[int, int] | None] = [None] * self.capacity
         self.ready: list[Handle | None] = [None] * self.capacity  # when the read that filled the slot ended
@@ -79,8 +95,9 @@ class HostExpertCache:
 
     @property
     def pool_bytes(self) -> int:
-        """Bytes the pool allocated (every slot, occupied or not): never more than ``budget_bytes``."""
-        return sum(t.numel() * t.element_size() for t in self.pool.values())
+        """Bytes the pool allocated (every slot, occupied or not; a tensorless cache's as if it had): never more
+        than ``budget_bytes``."""
+        return self.capacity * self.expert_bytes
 
     def new_run(self) -> None:
         """A new run on a new clock: the contents stay, the previous clock's handles go."""
@@ -114,7 +131,7 @@ class HostExpertCache:
 
     def fill(self, slot: int, layer: int, expert: int) -> int:
         """Read (layer, expert) from the files into ``slot``; returns the bytes read."""
-        n = self.files.read_into(layer, expert, self._views[slot])
+        n = self.files.read_into(layer, expert, self._views[slot]) if self.files is not None else 0
         self.reads += 1
         self.bytes_read += n
         return n
@@ -123,6 +140,7 @@ class HostExpertCache:
         """Raise AssertionError when the accounting disagrees with itself (tests)."""
         assert len(self.slot_of) <= self.capacity
         assert self.held_bytes <= self.pool_bytes <= self.budget_bytes, (self.held_bytes, self.pool_bytes)
+        assert sum(t.numel() * t.element_size() for t in self.pool.values()) in (0, self.pool_bytes)
         for k, s in self.slot_of.items():
             assert self.key[s] == k, f"slot {s} holds {self.key[s]}, the table says {k}"
 
@@ -130,6 +148,16 @@ class HostExpertCache:
         return (f"HostExpertCache({self.capacity} slots × {format_bytes(self.expert_bytes)} = "
                 f"{format_bytes(self.pool_bytes)} of host_budget {format_bytes(self.budget_bytes)}; "
                 f"{self.reads} disk reads, {self.hits} hits)")
+
+
+def _one_signature(info) -> tuple:
+    """The layers' one expert signature ((name, shape, dtype) per tensor); ValueError when they differ."""
+    sigs = {tuple((n, tuple(getattr(l.experts, n).shape[1:]), getattr(l.experts, n).dtype) for n in l.param_names)
+            for l in info.layers}
+    if len(sigs) != 1:
+        raise ValueError("host_budget=: the disk tier keeps one pool of host slots, and this model's MoE layers "
+                         f"have {len(sigs)} different expert shapes; run it without host_budget.")
+    return next(iter(sigs))
 
 
 @dataclass
@@ -144,11 +172,10 @@ class DiskTier:
 
     def __post_init__(self) -> None:
         self.cache.new_run()
-        self._pieces = sum(len(ps[0]) for ps in self.cache.files.pieces[0].values())
-        self._read_s = self.cost.disk_time(self.cost.expert_bytes, self._pieces)
+        self._read_s = self.cost.disk_time(self.cost.expert_bytes, self.cache.pieces)
 
     @property
-    def files(self) -> ExpertFiles:
+    def files(self) -> "ExpertFiles | None":
         return self.cache.files
 
     def fetch(self, layer: int, expert: int, reason: str,

@@ -118,7 +118,7 @@ class ExpertStore:
                  device: torch.device | str = "cpu", host: list[dict[str, torch.Tensor]] | None = None,
                  pool: str = "layer", materialize: bool = True, writeback: bool = False, tier=None) -> None:
         self.info = info
-        self.tier = tier if materialize else None  # the disk tier (a bounded host cache over the files), or None
+        self.tier = tier  # the disk tier (a bounded host cache over the files; tensorless in a replay), or None
         # Mixtral-Offloading's swap: an evicted expert is copied back to the host before its slot is reused
         # (upstream keeps only as many host copies as experts offloaded); here into a scratch buffer, since the
         # host copies stay immutable, so the bytes cross the link as they would there
@@ -315,7 +315,7 @@ class ExpertStore:
         if self.tier is not None:  # from the host cache, read from the files first on its miss
             src, disk_end, hslot = self.tier.fetch(layer, expert, reason, issue_at)
             after = (*after, disk_end)
-            dst = self.weights(layer, slot)
+            src, dst = (src, self.weights(layer, slot)) if self.materialize else (None, None)
         elif self.materialize:
             src = self.host_expert(layer, expert)
             dst = None if self.aliases else self.weights(layer, slot)
@@ -344,7 +344,7 @@ class ExpertStore:
     def source_expert(self, layer: int, expert: int) -> dict[str, torch.Tensor]:
         """One expert's full-precision weights on the host, off the clock and outside the cache (the oracle's
         look at the target): the host copy's views, or with a disk tier a fresh read from the files."""
-        if self.tier is not None:
+        if self.tier is not None and self.tier.files is not None:
             return self.tier.files.read(layer, expert)
         return self.host_expert(layer, expert)
 

@@ -96,7 +96,7 @@ def make_store(st: Strategy, info, slots_per_layer: list[int], clock: Clock, cos
                host_cache: HostExpertCache | None = None) -> ExpertStore:
     """The store with the strategy's eviction policy and pool; a static split's device layers preloaded.
     ``host_cache``: the disk tier's bounded host cache (None: every expert has a host copy)."""
-    tier = DiskTier(host_cache, clock, cost, trace) if host_cache is not None and materialize else None
+    tier = DiskTier(host_cache, clock, cost, trace) if host_cache is not None else None
     store = ExpertStore(info, slots_per_layer, clock, cost, make_policy(st.eviction), trace, device, host=host,
                         pool=st.pool, materialize=materialize, writeback=st.writeback, tier=tier)
     if st.static:  # load time, before the prompt: the device layers get every expert once
