@@ -155,13 +155,19 @@ def test_bigger_than_the_allowance_runs_from_disk_or_is_refused(checkpoints):
     assert not tight.fits and "host_budget" in str(tight)
 
 
-def test_refusals(tiny, checkpoints):
+def test_refusals(tiny, checkpoints, monkeypatch):
     model, tok = tiny
     with pytest.raises(HostBudgetTooSmall) as err:
         sl.Engine(model, tok, "lru", host_budget=1000)
     assert err.value.minimum_bytes > 1000
     with pytest.raises(ValueError, match="host_budget"):
         sl.Engine(model, tok, "lru", host_budget="lots")
+    import specter_lab.model.memory as memory
+
+    with monkeypatch.context() as mp:  # a machine with 1 MiB free: the 2.4 MiB cache is refused before allocating
+        mp.setattr(memory, "available_memory", lambda: (2**20, "test"))
+        with pytest.raises(NotEnoughMemory, match="nothing was allocated"):
+            sl.Engine(model, tok, "lru", host_budget=0.2)
     random = sl.tiny_random_model("qwen2_moe", seed=1)  # built in memory: no files to read from
     with pytest.raises(ValueError, match="no local folder"):
         sl.Engine(random, None, "lru", host_budget=0.5)

@@ -198,8 +198,11 @@ class Engine:
         parameters before use). Refused, before any run: a model not loaded from a local folder, files in another
         dtype or layout, a budget below one expert, and host execution on a measured clock (its worker thread
         would read a host slot the main thread may refill)."""
+        from ..errors import NotEnoughMemory
         from ..model.expert_files import ExpertFiles, checkpoint_of
+        from ..model.memory import available_memory
         from ..offload.hostcache import HostExpertCache
+        from ..units import format_bytes
 
         folder = checkpoint_of(self.model)
         if folder is None:
@@ -213,6 +216,14 @@ class Engine:
                              "simulated profile.")
         files = ExpertFiles(self.info, folder)
         files.verify()
+        eb, total = files.expert_bytes[0], sum(l.num_experts for l in self.info.layers)
+        pool = min(self.setup.host_budget // eb, total) * eb  # what the cache will allocate
+        have, source = available_memory()
+        if have and pool > have:  # refused before the pool is allocated, with the numbers
+            raise NotEnoughMemory(f"host_budget={format_bytes(self.setup.host_budget)}: its cache of "
+                                  f"{format_bytes(pool)} is more than the {format_bytes(have)} of RAM available "
+                                  f"({source}); nothing was allocated. Give a smaller host_budget (the rest of the "
+                                  "experts is read from disk).")
         return HostExpertCache(files, self.setup.host_budget, pin=self.device.type == "cuda")
 
     @property
