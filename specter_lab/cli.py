@@ -1,4 +1,8 @@
-"""Command line: ``specter-lab run | bench | calibrate | estimate``. Same names as the Python API."""
+"""Command line: ``specter-lab run | bench | calibrate | estimate | trace``. Same names as the Python API.
+
+Imports are at the top like everywhere else: the package's ``__init__`` already loads torch and every room, so a
+function-local import would save nothing. The one exception is the optional HTML report (plotly), imported only when
+``--html`` asks for it."""
 
 from __future__ import annotations
 
@@ -9,6 +13,32 @@ import sys
 import time
 from typing import Any
 
+import pandas as pd
+import torch
+
+from .estimate import HOST_DECODE_EFFICIENCY, estimate
+from .estimate.consumer import consumer_summary
+from .model import BUNDLED, load_model
+from .model.checkpoint_check import check_checkpoint
+from .model.memory import plan_memory
+from .offload.clock import is_measured, make_clock
+from .pricing.calibrate import calibrate
+from .pricing.hostcal import calibrate_host
+from .pricing.profiles import PROFILES
+from .pricing.shapes import get_cost_shape
+from .routing.record import record
+from .routing.trace_file import load_trace
+from .run.engine import Engine
+from .run.quant import QuantSpec
+from .run.strategies import STRATEGIES, get_strategy, strategy_names
+from .studies import bench
+from .studies.bench import consumer_anchors, paper_header, published, reproduce_paper
+from .studies.paper import PAPER_EXECUTIONS
+from .studies.planner import regime_map
+from .studies.prompts import heldout_prompts
+from .studies.reproduce import DEFAULT_CASES
+from .units import budget_from_text, parse_budget
+
 __all__ = ["main"]
 
 
@@ -16,15 +46,7 @@ def _k(text: str):
     return text if text == "auto" else int(text)
 
 
-def _budget_text(text: str):
-    """A command-line budget (:func:`~specter_lab.units.budget_from_text`)."""
-    from .units import budget_from_text
-
-    return budget_from_text(text)
-
-
 def _add_common(p: argparse.ArgumentParser) -> None:
-    from .units import budget_from_text
 
     p.add_argument("--model", default="tiny", help="'tiny' (bundled), a local HF MoE folder, or a hub id")
     p.add_argument("--expert-budget", type=budget_from_text, default=None,
@@ -40,12 +62,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
 
 # ----------------------------------------------------------------------------------------- run
 def cmd_run(a) -> int:
-    import specter_lab as sl
-    from .offload.clock import make_clock
-    from .pricing.shapes import get_cost_shape
-    from .run.strategies import get_strategy
 
-    spec = sl.QuantSpec(a.bits, a.group_size, a.method)
+    spec = QuantSpec(a.bits, a.group_size, a.method)
     # Check names and counts before loading the model (the slow part); the Engine checks the rest.
     get_strategy(a.strategy), make_clock(a.hardware), get_cost_shape(a.cost_shape)
     for flag, v in (("--max-new-tokens", a.max_new_tokens), ("--cache-slots", a.cache_slots), ("--k", a.k)):
@@ -53,11 +71,11 @@ def cmd_run(a) -> int:
             raise ValueError(f"{flag} {v}: use an integer >= 1.")
     _print_memory_plan(a, spec, get_strategy(a.strategy).speculative)
     # --hardware cuda: load straight into the offloading layout (dense on the GPU, experts pinned on the host).
-    model, tok = sl.load_model(a.model, trust_remote_code=a.trust_remote_code, **_cuda_load(a.hardware))
+    model, tok = load_model(a.model, trust_remote_code=a.trust_remote_code, **_cuda_load(a.hardware))
     kw = dict(cache_slots=a.cache_slots) if a.cache_slots is not None else dict(expert_budget=a.expert_budget)
     if a.host_budget is not None:
         kw["host_budget"] = a.host_budget
-    engine = sl.Engine(model, tok, a.strategy, draft=spec, k=a.k, hardware=a.hardware, cost_shape=a.cost_shape, **kw)
+    engine = Engine(model, tok, a.strategy, draft=spec, k=a.k, hardware=a.hardware, cost_shape=a.cost_shape, **kw)
     r = engine.generate(a.prompt, max_new_tokens=a.max_new_tokens, do_sample=a.sample, temperature=a.temperature,
                         top_p=a.top_p, seed=a.seed)
     if a.json:
@@ -79,9 +97,6 @@ def _print_memory_plan(a, spec, speculative: bool) -> None:
     bound for byte-level tokenizers)."""
     from pathlib import Path
 
-    from .model import BUNDLED
-    from .model.checkpoint_check import check_checkpoint
-    from .model.memory import plan_memory
 
     path = BUNDLED.get(a.model, Path(a.model).expanduser())
     if a.json or not (path / "config.json").is_file():
@@ -128,7 +143,6 @@ def _jsonable(d):
 # ----------------------------------------------------------------------------------------- bench
 def _bench_budgets(a) -> list:
     """--budgets, or the one --expert-budget (same forms as everywhere: fraction, bytes, '2GiB')."""
-    from .units import budget_from_text, parse_budget
 
     if a.expert_budget is not None and a.budgets is not None:
         raise ValueError("bench: give --budgets (several) or --expert-budget (one), not both.")
@@ -142,13 +156,11 @@ def _bench_budgets(a) -> list:
 def _cuda_load(hardware: str | None) -> dict[str, Any]:
     """load_model arguments for a run on the CUDA clock: placed for offloading (load_model's CUDA default dtype
     is bf16: fp32 would double every copy)."""
-    from .offload.clock import is_measured
 
     return {"device": "cuda"} if is_measured(hardware) else {}
 
 
 def cmd_bench(a) -> int:
-    from .studies import bench
 
     if a.published:
         return _bench_published(a)
@@ -156,11 +168,6 @@ def cmd_bench(a) -> int:
         return _bench_paper(a)
     if a.consumer:
         return _bench_consumer(a)
-    from .model import load_model
-    from .studies.prompts import heldout_prompts
-    from .run.quant import QuantSpec
-    from .routing.trace_file import load_trace
-    from .run.strategies import STRATEGIES
 
     # The default set is the paper's comparison plus our own; `auto` (a calibration per cell) is in --regimes.
     strategies = a.strategies.split(",") if a.strategies else list(STRATEGIES)
@@ -195,7 +202,6 @@ def cmd_bench(a) -> int:
     if trace is None:
         out.update(_bench_extras(a, model, tok, prompts, hardware, budgets, cost_shape, spec))
     elif a.regimes:
-        from .studies.planner import regime_map
 
         out["regimes"] = regime_map(None, None, None, progress=not a.json, trace=trace).to_dict(orient="records")
     out["seconds"] = time.perf_counter() - t0
@@ -215,8 +221,6 @@ def cmd_bench(a) -> int:
 
 def _bench_note(hardware, cost_shape) -> str:
     """What every simulated figure of a bench assumes: profiles with their execution modes, the projection."""
-    from .offload.clock import make_clock
-    from .pricing.shapes import get_cost_shape
 
     clocks = [make_clock(h) for h in hardware]
     modes = ", ".join("cuda (measured)" if c.measured else c.profile.clock_label for c in clocks)
@@ -226,12 +230,7 @@ def _bench_note(hardware, cost_shape) -> str:
 
 def _bench_paper(a) -> int:
     """``bench --paper``: Specter's headline under the artifact's protocol (sl.bench.reproduce_paper)."""
-    from .studies.bench import paper_header, reproduce_paper
-    from .model import load_model
-    from .studies.paper import PAPER_EXECUTIONS
-    from .studies.reproduce import DEFAULT_CASES
 
-    from .routing.trace_file import load_trace
 
     trace = load_trace(a.trace) if a.trace else None  # replay its routing instead of running the model
     model, tok = (None, None) if trace is not None else load_model(a.model, trust_remote_code=a.trust_remote_code)
@@ -254,7 +253,6 @@ def _bench_paper(a) -> int:
 
 def _bench_published(a) -> int:
     """``bench --published``: the published batch-1 table against the simulator."""
-    from .studies.bench import published
 
     df = published()
     notes = [f"{r.model}, {r.implementation}: {r.note}" for _, r in df.iterrows() if r.note]
@@ -273,9 +271,6 @@ def _bench_published(a) -> int:
 def _bench_consumer(a) -> int:
     """``bench --consumer``: published offloaded decode on consumer machines against the estimator, the fit and
     check rows' errors reported apart."""
-    from .estimate import HOST_DECODE_EFFICIENCY
-    from .estimate.consumer import consumer_summary
-    from .studies.bench import consumer_anchors
 
     df = consumer_anchors()
     summary = consumer_summary(df)
@@ -313,8 +308,6 @@ def _print_anchors(a, key: str, df, intro: str, cols: list[str], notes: list[str
 
 def _bench_extras(a, model, tok, prompts, hardware, budgets, cost_shape, spec) -> dict[str, Any]:
     """The optional tables: ablations + K sweep, CPU overhead, the regime map."""
-    from .studies import bench
-    from .run.strategies import STRATEGIES
 
     out: dict[str, Any] = {}
     quiet = a.json
@@ -330,7 +323,6 @@ def _bench_extras(a, model, tok, prompts, hardware, budgets, cost_shape, spec) -
         out["cpu_overhead"] = bench.cpu_overhead(model, tok, prompts[0], max_new_tokens=a.max_new_tokens,
                                                  strategies=strategies).to_dict(orient="records")
     if a.regimes:
-        from .studies.planner import regime_map
 
         out["regimes"] = regime_map(model, tok, prompts[:2], progress=not quiet,
                                     max_new_tokens=min(a.max_new_tokens, 32)).to_dict(orient="records")
@@ -342,7 +334,6 @@ def _fmt(df) -> str:
 
 
 def _print_bench(out, df, summ, a, n_prompts, new_tokens) -> None:
-    import pandas as pd
 
     what = (f"routing replayed from {a.trace} ({out['routing']})" if a.trace else f"model {a.model}")
     print(f"specter-lab bench · {what} · {out['note']} · draft {out['draft']} · "
@@ -380,10 +371,6 @@ def _print_bench(out, df, summ, a, n_prompts, new_tokens) -> None:
 
 # ----------------------------------------------------------------------------------------- trace
 def cmd_trace_record(a) -> int:
-    from .model import load_model
-    from .studies.prompts import heldout_prompts
-    from .run.quant import QuantSpec
-    from .routing.record import record
 
     spec = QuantSpec(a.bits, a.group_size, a.method)  # checked before the model loads
     for flag, v in (("--max-new-tokens", a.max_new_tokens), ("--prompts", a.prompts)):
@@ -400,7 +387,6 @@ def cmd_trace_record(a) -> int:
 
 
 def cmd_trace_info(a) -> int:
-    from .routing.trace_file import load_trace
 
     trace = load_trace(a.path)
     print(repr(trace))
@@ -411,8 +397,6 @@ def cmd_trace_info(a) -> int:
 
 # ----------------------------------------------------------------------------------------- calibrate
 def cmd_calibrate(a) -> int:
-    from .pricing.calibrate import calibrate
-    from .pricing.hostcal import calibrate_host
 
     if a.host:  # no GPU needed: the host CPU's expert times, combined with any profile as '<profile>+host'
         host = calibrate_host(hidden=a.hidden, intermediate=a.intermediate, save=True)
@@ -429,7 +413,6 @@ def cmd_calibrate(a) -> int:
 
 # ----------------------------------------------------------------------------------------- estimate
 def cmd_estimate(a) -> int:
-    from .estimate import estimate
 
     host = a.host
     if host is not None and re.fullmatch(r"\d+(\.\d+)?", host):
@@ -458,8 +441,6 @@ def cmd_estimate(a) -> int:
 
 # ----------------------------------------------------------------------------------------- parser
 def _parser() -> argparse.ArgumentParser:
-    from .pricing.profiles import PROFILES
-    from .run.strategies import strategy_names
 
     parser = argparse.ArgumentParser(prog="specter-lab", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -470,7 +451,7 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--prompt", default='def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n    if n < 2:')
     r.add_argument("--hardware", default="rtx4090-pcie4", help=f"one of {sorted(PROFILES)} or 'cuda'")
     r.add_argument("--cache-slots", type=int, default=None)
-    r.add_argument("--host-budget", type=_budget_text, default=None,
+    r.add_argument("--host-budget", type=budget_from_text, default=None,
                    help="the disk tier: host RAM for expert weights (fraction, bytes or '2GiB'); the rest is read "
                         "from the checkpoint files on demand (docs/disk_tier.md)")
     r.add_argument("--sample", action="store_true")
@@ -570,7 +551,6 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     a = _parser().parse_args(argv)
-    import torch
 
     torch.set_num_threads(max(1, a.threads))
     try:
