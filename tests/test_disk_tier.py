@@ -219,3 +219,14 @@ def test_replay_prices_the_disk_tier_as_the_live_run(checkpoints):
     a, b = rep.frames()["disk"], live.frames()["disk"]
     assert (a[["layer", "expert", "slot"]].to_numpy() == b[["layer", "expert", "slot"]].to_numpy()).all()
     assert (a.start - b.start).abs().max() < 1e-9 and (a.file_bytes == 0).all()  # priced, nothing read
+
+
+def test_cli_prints_the_tier(capsys):
+    from specter_lab.cli import main
+
+    assert main(["run", "--model", "tiny", "--strategy", "lru", "--max-new-tokens", "4", "--expert-budget", "0.25",
+                 "--host-budget", "0.2"]) == 0
+    out = capsys.readouterr().out
+    assert "host expert cache" in out and "read from disk" in out  # the plan, before loading
+    reads = next(line for line in out.splitlines() if line.strip().startswith("disk_reads"))
+    assert int(reads.split()[-1].replace(",", "")) > 0  # the run's metrics
