@@ -48,9 +48,8 @@ class HostExpertCache:
         self.pieces = sum(len(ps[0]) for ps in files.pieces[0].values())  # reads per expert
         self._setup(info, files.expert_bytes[0], budget_bytes)
         self.pool: dict[str, torch.Tensor] = {}
-        for name, shape, dtype in sig:
-            t = torch.empty((self.capacity, *shape), dtype=dtype)
-            self.pool[name] = t.pin_memory() if pin else t
+        for name, shape, dtype in sig:  # pinned where allocated (no transient second copy of the pool)
+            self.pool[name] = torch.empty((self.capacity, *shape), dtype=dtype, pin_memory=pin)
         self._views = [{n: p[i] for n, p in self.pool.items()} for i in range(self.capacity)]
 
     @classmethod
