@@ -209,7 +209,8 @@ class Engine:
             raise ValueError("host_budget= reads routed experts from the checkpoint's safetensors files, and this "
                              f"model has no local folder (name_or_path={getattr(self.model, 'name_or_path', None)!r})"
                              ": load it with sl.load_model(folder), or save_pretrained it and load that.")
-        if self.setup.measured and computes_on_host(self.strategy):
+        host_draft = self.strategy.speculative and self.draft_cfg.variant == "host"
+        if self.setup.measured and (computes_on_host(self.strategy) or host_draft):
             raise ValueError(f"host_budget= with strategy={self.strategy.name!r} on hardware='cuda': host execution "
                              "reads host-cache slots on a worker thread, which the disk tier does not yet order "
                              "against refills. Use a strategy that copies every miss (e.g. 'lru', 'specter'), or a "
