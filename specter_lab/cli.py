@@ -73,6 +73,8 @@ def cmd_run(a) -> int:
     # --hardware cuda: load straight into the offloading layout (dense on the GPU, experts pinned on the host).
     model, tok = load_model(a.model, trust_remote_code=a.trust_remote_code, **_cuda_load(a.hardware))
     kw = dict(cache_slots=a.cache_slots) if a.cache_slots is not None else dict(expert_budget=a.expert_budget)
+    if a.host_budget is not None:
+        kw["host_budget"] = a.host_budget
     engine = Engine(model, tok, a.strategy, draft=spec, k=a.k, hardware=a.hardware, cost_shape=a.cost_shape, **kw)
     r = engine.generate(a.prompt, max_new_tokens=a.max_new_tokens, do_sample=a.sample, temperature=a.temperature,
                         top_p=a.top_p, seed=a.seed)
@@ -107,13 +109,15 @@ def _print_memory_plan(a, spec, speculative: bool) -> None:
                       default=1)
         budget = min(1.0, a.cache_slots / max(1, experts))
     print(plan_memory(ck, device="cuda" if a.hardware == "cuda" else "cpu", draft=spec if speculative else None,
-                      context=len(a.prompt) + a.max_new_tokens, expert_budget=budget))
+                      context=len(a.prompt) + a.max_new_tokens, expert_budget=budget,
+                      host_budget=getattr(a, "host_budget", None)))
     print()
 
 
 _RUN_KEYS = ["tpot_ms", "tokens_per_s", "hit_rate", "h2d_bytes_per_token", "stall_ms_per_token", "acceptance_rate",
              "mean_accepted", "recall", "precision", "prefetch_waste_bytes", "slots_per_layer", "draft_bytes",
-             "slot_bytes", "budget_bytes", "new_tokens"]
+             "slot_bytes", "budget_bytes", "new_tokens", "disk_reads", "disk_bytes_per_token", "disk_ms_per_token",
+             "host_cache_bytes"]
 
 
 def _print_run(a, r) -> None:
@@ -447,6 +451,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--prompt", default='def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n    if n < 2:')
     r.add_argument("--hardware", default="rtx4090-pcie4", help=f"one of {sorted(PROFILES)} or 'cuda'")
     r.add_argument("--cache-slots", type=int, default=None)
+    r.add_argument("--host-budget", type=budget_from_text, default=None,
+                   help="the disk tier: host RAM for expert weights (fraction, bytes or '2GiB'); the rest is read "
+                        "from the checkpoint files on demand (docs/disk_tier.md)")
     r.add_argument("--sample", action="store_true")
     r.add_argument("--temperature", type=float, default=1.0)
     r.add_argument("--top-p", type=float, default=1.0)

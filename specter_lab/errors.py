@@ -8,7 +8,7 @@ candidate does not fit".
 from __future__ import annotations
 
 __all__ = ["BudgetTooSmall", "CopyFault", "NotExact", "Diverged", "CheckpointError", "NotEnoughMemory", "TraceError",
-           "ConfigError"]
+           "ConfigError", "HostBudgetTooSmall"]
 
 from typing import Any
 
@@ -58,6 +58,16 @@ class NotEnoughMemory(ValueError):
     def __init__(self, message: str, plan=None) -> None:
         super().__init__(message)
         self.plan = plan
+
+
+class HostBudgetTooSmall(ValueError):
+    """``host_budget=`` (the disk tier's host expert cache) cannot hold one expert. ``budget_bytes`` is what was
+    given, ``minimum_bytes`` one expert's bytes (the smallest that works)."""
+
+    def __init__(self, message: str, budget_bytes: int, minimum_bytes: int) -> None:
+        super().__init__(message)
+        self.budget_bytes = budget_bytes
+        self.minimum_bytes = minimum_bytes
 
 
 class TraceError(ValueError):

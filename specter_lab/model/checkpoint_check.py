@@ -57,6 +57,7 @@ class TensorEntry:
     shape: tuple[int, ...]
     nbytes: int
     file: str  # the shard's file name
+    offset: int = -1  # the tensor's first byte in the file (8 + header length + its data offset): the disk tier reads it
 
 
 @dataclass
@@ -127,7 +128,7 @@ def read_safetensors_header(path: Path) -> dict[str, TensorEntry]:
                 raise _refuse(f"{path}: corrupt safetensors header: __metadata__ must map strings to strings.",
                               path, "__metadata__")
             continue
-        out[name] = entry = _entry(path, name, e, fix)
+        out[name] = entry = _entry(path, name, e, fix, 8 + n)
         b = e["data_offsets"][0]
         spans.append((b, b + entry.nbytes, name))
     spans.sort()
@@ -144,7 +145,7 @@ def read_safetensors_header(path: Path) -> dict[str, TensorEntry]:
     return out
 
 
-def _entry(path: Path, name: str, e: Any, fix: str) -> TensorEntry:
+def _entry(path: Path, name: str, e: Any, fix: str, base: int = -1) -> TensorEntry:
     if not isinstance(e, dict) or not {"dtype", "shape", "data_offsets"} <= set(e):
         raise _refuse(f"{path}: corrupt safetensors header: entry {name!r} lacks dtype/shape/data_offsets: {fix}.",
                       path, name)
@@ -160,7 +161,7 @@ def _entry(path: Path, name: str, e: Any, fix: str) -> TensorEntry:
     if off[1] - off[0] != nbytes:
         raise _refuse(f"{path}: corrupt safetensors header: tensor {name!r} of shape {shape} {dt} needs {nbytes:,} "
                       f"bytes but its offsets span {off[1] - off[0]:,}: {fix}.", path, name)
-    return TensorEntry(name, dt, tuple(shape), nbytes, path.name)
+    return TensorEntry(name, dt, tuple(shape), nbytes, path.name, base + off[0] if base >= 0 else -1)
 
 
 # ------------------------------------------------------------------------------------------------ files

@@ -20,7 +20,12 @@ Terms (bytes at the dtype the run uses):
 * **KV cache** for the asked context (at the run's dtype; sliding layers capped at their window);
 * **store slots**: the expert budget's device slots (on the CPU they are separate host memory while they stay
   under :data:`CPU_SLOT_COPY_LIMIT`, views of the host copies past it); counted at the
-  whole budget, an upper bound (the budget also pays for the packed draft on a GPU).
+  whole budget, an upper bound (the budget also pays for the packed draft on a GPU);
+* **host expert cache** (the disk tier, ``host_budget=``): at most that many bytes of expert weights in host RAM,
+  every other expert read from the files on demand (:mod:`specter_lab.offload.hostcache`). The routed experts
+  are then neither copied nor paged in by a run; the store's slots are real copies (never views of a cache slot
+  that a refill overwrites). A per-expert checkpoint is still concatenated by transformers at load, so it must
+  fit or be fused first (``sl.fuse_experts``).
 
 The allowance is ``memory_limit`` when given, else the memory available now (``psutil`` when installed, else
 ``/proc/meminfo``'s MemAvailable). Nothing here is measured; it is arithmetic on header sizes, and the checkpoint
@@ -102,6 +107,8 @@ class MemoryPlan:
     fixes: list[str] = field(default_factory=list)
     device_allowance: int = 0  # on a GPU: its free memory (or device_limit)
     device_allowance_source: str = ""
+    host_cache_bytes: int = 0  # the disk tier's host expert cache (host_budget=), 0 without one
+    disk_tier: bool = False  # host_budget= given: experts read from the files into the host cache
 
     @property
     def on_gpu(self) -> bool:
@@ -116,14 +123,19 @@ class MemoryPlan:
         """(term, bytes, note) rows, in the order the module docstring lists them."""
         experts = ("mapped from the files (paged in on use)" if self.experts_mapped else
                    "pinned in host RAM" if self.on_gpu else "copied into RAM")
-        if self.on_gpu and self.experts_mapped:
+        if self.on_gpu and self.experts_mapped and not self.disk_tier:
             experts += "; copied through a bounded pinned ring"
+        if self.disk_tier and self.experts_mapped:
+            experts = "on disk: read on demand into the host expert cache (the disk tier)"
         rows = [("dense weights", self.dense_bytes, "resident"), ("routed experts", self.expert_bytes, experts),
                 ("draft", self.draft_bytes, self.draft_label),
                 ("quantizer (one layer, transient)", self.quantizer_bytes, "while the draft is made"),
                 (f"KV cache ({self.context} tokens)", self.kv_bytes, "resident"),
                 ("store slots", self.slot_bytes, "views of the host copies (no second copy)" if self.slots_are_views
                  else "the expert budget, upper bound")]
+        if self.disk_tier:
+            rows.append(("host expert cache", self.host_cache_bytes,
+                         "host_budget: the disk tier's LRU of experts, the rest read from disk"))
         return [(t, b, n + (" (GPU)" if self._where(t) == "device" else "")) for t, b, n in rows]
 
     @property
@@ -178,7 +190,7 @@ class MemoryPlan:
                 f"{'<ul>' + fixes + '</ul>' if fixes else ''}</div>")
 
 
-_DEVICE_TERMS = ("dense weights", "draft", "KV cache", "store slots")
+_DEVICE_TERMS = ("dense weights", "draft", "KV cache", "store slots")  # "host expert cache" stays on the host
 
 
 def _dtype(dtype, stored: torch.dtype, device: torch.device) -> torch.dtype:
@@ -259,7 +271,10 @@ def _fixes(plan: MemoryPlan, ck: CheckpointInfo, stored_size: int, itemsize: int
                else "another dtype than the file's is a converted copy")
         how = ("rewrite the checkpoint once with sl.fuse_experts(folder, new_folder) and load that"
                if ck.layout == "per-expert" else "load in the file's own dtype")
-        out.append(f"experts read from disk instead of copied ({why}): {how}; saves {format_bytes(plan.expert_bytes)}")
+        out.append(f"experts read from disk instead of copied ({why}): {how}; saves {format_bytes(plan.expert_bytes)}"
+                   " (then host_budget= bounds what the host keeps of them: the disk tier)")
+    if plan.disk_tier and plan.host_cache_bytes:
+        out.append(f"a smaller host_budget (the disk tier's cache): saves up to {format_bytes(plan.host_cache_bytes)}")
     if plan.draft_bytes:
         out.append(f"a smaller draft (fewer bits, draft='hybrid', or draft='resident'/'host' with no low-bit "
                    f"copies): saves up to {format_bytes(plan.draft_bytes)}")
@@ -274,7 +289,8 @@ def _fixes(plan: MemoryPlan, ck: CheckpointInfo, stored_size: int, itemsize: int
 def plan_memory(checkpoint: "str | Path | CheckpointInfo", *, dtype: "torch.dtype | str | None" = None,
                 device: "str | torch.device" = "cpu", draft: Any = None, context: int = 0,
                 expert_budget: "float | int | str | None" = None,
-                memory_limit: "int | str | None" = None, device_limit: "int | str | None" = None) -> MemoryPlan:
+                memory_limit: "int | str | None" = None, device_limit: "int | str | None" = None,
+                host_budget: "float | int | str | None" = None) -> MemoryPlan:
     """What loading ``checkpoint`` (a folder, or its :func:`check_checkpoint` result) and running it will hold,
     computed from its config and safetensors headers alone; compared with ``memory_limit`` (bytes or '8GiB') or,
     by default, the RAM available now. ``dtype`` None = the checkpoint's own. ``draft``: a ``sl.QuantSpec`` /
@@ -305,9 +321,10 @@ def plan_memory(checkpoint: "str | Path | CheckpointInfo", *, dtype: "torch.dtyp
     if dev.type == "cuda":
         dev_allowance, dev_source = (_limit(device_limit, "device_limit") if device_limit is not None
                                      else _gpu_free(dev))
-    views = dev.type == "cpu" and min(slots, experts) > CPU_SLOT_COPY_LIMIT
+    cache = min(parse_budget(host_budget, "host_budget").resolve(experts), experts) if host_budget is not None else 0
+    views = dev.type == "cpu" and min(slots, experts) > CPU_SLOT_COPY_LIMIT and host_budget is None
     mapped = (not quantized and ck.layout == "fused" and run == ck.dtype
-              and (dev.type == "cpu" or experts > allowance // 2))
+              and (dev.type == "cpu" or experts > allowance // 2 or host_budget is not None))
     plan = MemoryPlan(
         model=str(ck.path), dtype=str(run).replace("torch.", ""), stored_dtype=str(ck.dtype).replace("torch.", ""),
         device=str(dev), layout=ck.layout, dense_bytes=dense, expert_bytes=experts,
@@ -315,7 +332,8 @@ def plan_memory(checkpoint: "str | Path | CheckpointInfo", *, dtype: "torch.dtyp
         draft_bytes=draft_b, draft_label=label, quantizer_bytes=(min(8 * per_layer, 4 * QUANT_CHUNK_BYTES) if draft_b else 0),
         kv_bytes=_kv_bytes(ck, context, itemsize), context=context,
         slot_bytes=0 if views else min(slots, experts), slots_are_views=views,
-        allowance=allowance, allowance_source=source, checkpoint_bytes=ck.file_bytes)
+        allowance=allowance, allowance_source=source, checkpoint_bytes=ck.file_bytes,
+        host_cache_bytes=cache, disk_tier=host_budget is not None)
     plan.fixes = _fixes(plan, ck, stored_size, itemsize)
     return plan
 

@@ -48,7 +48,8 @@ class Done:
 class Clock(Protocol):
     """What the runtime, the store, the prefetcher and the decode loops ask of time.
 
-    Lanes: ``compute`` (the device's stream), ``copy`` (host→device link), ``host`` (the host CPU). An op runs
+    Lanes: ``compute`` (the device's stream), ``copy`` (host→device link), ``host`` (the host CPU), ``disk`` (the
+    checkpoint's files → host RAM, only with a host expert cache: :mod:`specter_lab.offload.hostcache`). An op runs
     *after* the handles it is given and returns a :class:`Span` of handles; :meth:`to_ms` resolves a handle once
     the run is over (:meth:`synchronize` first). A third clock (a replay clock, a CPU wall clock) implements
     these methods and one branch in :func:`make_clock`; nothing else changes."""
@@ -65,6 +66,11 @@ class Clock(Protocol):
 
     def compute(self, duration: float, fn: Callable[[], Any] | None = None,
                 after: Iterable[Handle] = ()) -> tuple[Span, Any]: ...
+
+    def disk(self, duration: float, fn: Callable[[], Any], after: Iterable[Handle] = (),
+             issue_at: Handle | None = None) -> Span:
+        """A read from the checkpoint's files into host memory (the disk tier), on its own lane: it starts when
+        the disk is free, it was issued and ``after`` ended (the host buffer it fills is no longer read)."""
 
     def host(self, duration: float, fn: Callable[[], Any], after: Iterable[Handle] = ()) -> tuple[Span, Any]: ...
 
@@ -121,6 +127,7 @@ class SimClock:
         self.compute_t = 0.0
         self.copy_t = 0.0
         self.host_t = 0.0  # the host CPU's own timeline: experts computed there (host execution)
+        self.disk_t = 0.0  # the disk's timeline: experts read from the checkpoint files (the disk tier)
 
     @property
     def label(self) -> str:
@@ -167,6 +174,16 @@ class SimClock:
         if self.single_stream:
             self.compute_t = self.copy_t
         return Span(start, self.copy_t)
+
+    def disk(self, duration: float, fn: Callable[[], Any], after: Iterable[Handle] = (),
+             issue_at: Handle | None = None) -> Span:
+        """A disk read (one reader, in order, like the copy lane): it runs at once (the bytes are really read)
+        and is priced from when it is issued, the disk is free and ``after`` ended."""
+        fn()
+        start = max([self.compute_t if issue_at is None else issue_at, self.disk_t,
+                     *[a for a in after if a is not None]])
+        self.disk_t = start + duration
+        return Span(start, self.disk_t)
 
     def compute(self, duration: float, fn: Callable[[], Any] | None = None, after: Iterable[Handle] = ()) -> tuple[Span, Any]:
         ready = start = self.compute_t
@@ -226,6 +243,7 @@ class CudaClock:
         self.base = self._event()
         self.label = f"cuda:{torch.cuda.get_device_name(self.device)}"
         self._mark = None  # full trace: the event where the model's own work since the last MoE layer began
+        self._disk_stream = None  # the disk tier's events (made on first use)
 
     def _event(self, stream=None, timing: bool = True):
         ev = torch.cuda.Event(enable_timing=timing)
@@ -276,6 +294,21 @@ class CudaClock:
             fn()
             end = self._event(self.copy_stream, self.timing)
         return Span(start, end)
+
+    def disk(self, duration: float, fn: Callable[[], Any], after: Iterable[Handle] = (),
+             issue_at: Handle | None = None) -> Span:
+        """A disk read runs on this (host) thread: it first waits for ``after`` (copies still reading the pinned
+        buffer it overwrites), then reads. Its span is a pair of events on an idle side stream recorded before and
+        after the read, so they land on the GPU timeline at about the host's times (measured host time, placed on
+        the device's clock; read it as approximate)."""
+        for a in after:
+            if a is not None:
+                a.synchronize()
+        if self._disk_stream is None:
+            self._disk_stream = torch.cuda.Stream(device=self.device)
+        start = self._event(self._disk_stream)
+        fn()
+        return Span(start, self._event(self._disk_stream))
 
     def compute(self, duration: float, fn: Callable[[], Any] | None = None, after: Iterable[Handle] = ()) -> tuple[Span, Any]:
         stream = torch.cuda.current_stream(self.device)

@@ -126,9 +126,10 @@ class OffloadRuntime:
         idx_np = idx.detach().cpu().numpy()  # the host needs the routing to schedule copies (a sync on CUDA)
         self.schedule.routed(fwd, layer, idx_np)
         if fwd.mode == "shadow":
-            host = self.store.host[layer]  # pinned on CUDA: the copies do not block the host
-            return exact_forward(mod, x, idx, w, lambda e: {n: h[e].to(x.device, non_blocking=True)
-                                                            for n, h in host.items()}, idx_np)
+            store = self.store  # host copies pinned on CUDA: the copies do not block the host
+            return exact_forward(mod, x, idx, w, lambda e: {n: t.to(x.device, non_blocking=True)
+                                                            for n, t in store.source_expert(layer, e).items()},
+                                 idx_np)
         impl = implementation_of(mod)
         groups = route_groups(idx, idx_np, impl)
         math = _LayerMath(self.info, mod, x, groups, impl)

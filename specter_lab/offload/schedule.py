@@ -236,9 +236,18 @@ class LayerSchedule:
         """Submit each host expert to the clock's host lane; returns expert → (span, job). ``event``: record the
         target's miss as served on the host (the draft's host experts are not cache requests)."""
         jobs = {}
+        tier = self.store.tier if self.host_weights is self.store.host else None
         for e in experts:
-            fn = math.host(e, {n: h[e] for n, h in self.host_weights[layer].items()}) if math is not None else None
-            jobs[e] = self.clock.host(self.host_time(counts[e]), fn if fn is not None else _nothing)
+            after, hslot = (), None
+            if tier is not None:  # the disk tier: the host computes from its cache slot, read from disk on a miss
+                weights, ready, hslot = tier.fetch(layer, e, "host", now)
+                after = (ready,)
+            else:
+                weights = {n: h[e] for n, h in self.host_weights[layer].items()}
+            fn = math.host(e, weights) if math is not None else None
+            jobs[e] = self.clock.host(self.host_time(counts[e]), fn if fn is not None else _nothing, after=after)
+            if hslot is not None:
+                tier.used(hslot, jobs[e][0].end)
             if event:
                 self.trace.cache(layer, e, "host", now)
         return jobs

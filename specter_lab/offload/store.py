@@ -18,6 +18,11 @@ catch it. Past :data:`~specter_lab.model.memory.CPU_SLOT_COPY_LIMIT` (a real-siz
 view of its expert's host copy instead, set when the copy would run: the same floats and the same clock, without
 a second host copy of the budget's experts. On CUDA the host copies are pinned and copies are non-blocking on the
 clock's copy stream.
+
+With a disk tier (``tier``: :class:`~specter_lab.offload.hostcache.DiskTier`, ``host_budget=``) a copy's source
+is the expert's slot in the bounded host cache, read from the checkpoint files first on a host-cache miss (a
+``disk`` op the copy waits for); ``host`` then only gives shapes, and its values are never read. Slots are then
+always real copies (an alias of a host-cache slot would change when that slot is refilled).
 """
 
 from __future__ import annotations
@@ -111,8 +116,9 @@ class ExpertStore:
 
     def __init__(self, info, slots_per_layer: list[int], clock, cost, policy: EvictionPolicy, trace,
                  device: torch.device | str = "cpu", host: list[dict[str, torch.Tensor]] | None = None,
-                 pool: str = "layer", materialize: bool = True, writeback: bool = False) -> None:
+                 pool: str = "layer", materialize: bool = True, writeback: bool = False, tier=None) -> None:
         self.info = info
+        self.tier = tier  # the disk tier (a bounded host cache over the files; tensorless in a replay), or None
         # Mixtral-Offloading's swap: an evicted expert is copied back to the host before its slot is reused
         # (upstream keeps only as many host copies as experts offloaded); here into a scratch buffer, since the
         # host copies stay immutable, so the bytes cross the link as they would there
@@ -131,7 +137,7 @@ class ExpertStore:
         self.materialize = materialize
         pin = self.device.type == "cuda"
         # experts left unpinned where they lie (too big to pin): copied through a bounded pinned ring
-        stage = pin and materialize and _unpinned(
+        stage = pin and materialize and self.tier is None and _unpinned(
             [t for h in host for t in h.values()] if host is not None else
             [getattr(l.experts, n) for l in info.layers for n in l.param_names])
         self.staging = PinnedStaging() if stage else None
@@ -145,7 +151,7 @@ class ExpertStore:
             sigs = [_layer_signature(layer) for layer in info.layers]
         self.group = [sigs.index(s) for s in sigs]  # layer → pool group (same shapes share a pool)
         # a large CPU store points its slots at the host copies instead of copying into them (module docstring)
-        self.aliases = (materialize and self.device.type == "cpu"
+        self.aliases = (materialize and self.tier is None and self.device.type == "cpu"
                         and _pool_bytes(self.host, slots_per_layer) > CPU_SLOT_COPY_LIMIT)
         self.pools: list[dict[str, torch.Tensor]] = []
         self.slots: list[LayerSlots] = [LayerSlots([], [], [], [], [], []) for _ in info.layers]
@@ -293,7 +299,7 @@ class ExpertStore:
         if self.writeback and s.expert[slot] >= 0:
             after = [self._write_back(layer, slot, after, issue_at)]
         self.evict(layer, slot)
-        span = self._copy(layer, expert, slot, after, issue_at)
+        span = self._copy(layer, expert, slot, after, issue_at, reason)
         s.expert[slot] = expert
         s.where[expert] = slot
         s.ready[slot] = span.end
@@ -304,8 +310,13 @@ class ExpertStore:
         s.copy_id[slot] = self.trace.transfer(layer, expert, slot, self._copy_bytes, span.start, span.end, reason)
         return slot
 
-    def _copy(self, layer: int, expert: int, slot: int, after, issue_at):
-        if self.materialize:
+    def _copy(self, layer: int, expert: int, slot: int, after, issue_at, reason: str = "demand"):
+        hslot = None
+        if self.tier is not None:  # from the host cache, read from the files first on its miss
+            src, disk_end, hslot = self.tier.fetch(layer, expert, reason, issue_at)
+            after = (*after, disk_end)
+            src, dst = (src, self.weights(layer, slot)) if self.materialize else (None, None)
+        elif self.materialize:
             src = self.host_expert(layer, expert)
             dst = None if self.aliases else self.weights(layer, slot)
         else:
@@ -323,9 +334,19 @@ class ExpertStore:
                     dst[name].copy_(t, non_blocking=True)
 
         try:
-            return self.clock.copy(self._copy_s, do_copy, after=after, issue_at=issue_at)
+            span = self.clock.copy(self._copy_s, do_copy, after=after, issue_at=issue_at)
         except Exception as exc:  # the slot stays empty: nothing stale can be marked ready
             raise CopyFault(f"copy of layer {layer} expert {expert} into slot {slot} failed: {exc}") from exc
+        if hslot is not None:
+            self.tier.used(hslot, span.end)  # the host slot is not refilled before this copy ended
+        return span
+
+    def source_expert(self, layer: int, expert: int) -> dict[str, torch.Tensor]:
+        """One expert's full-precision weights on the host, off the clock and outside the cache (the oracle's
+        look at the target): the host copy's views, or with a disk tier a fresh read from the files."""
+        if self.tier is not None and self.tier.files is not None:
+            return self.tier.files.read(layer, expert)
+        return self.host_expert(layer, expert)
 
     def _write_back(self, layer: int, slot: int, after, issue_at) -> Handle:
         """Copy the expert in ``slot`` device→host (a real copy into a scratch buffer; nothing without tensors),

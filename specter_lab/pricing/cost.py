@@ -124,6 +124,13 @@ class CostModel:
     def copy_time(self, nbytes: float) -> float:
         return self.depth_scale * (self.profile.copy_latency + nbytes / self.profile.pcie_bandwidth)
 
+    def disk_time(self, nbytes: float, reads: int = 1) -> float:
+        """One expert read from the checkpoint's files into the host cache (the disk tier): ``reads`` pieces,
+        each paying the profile's ``disk_latency``, then ``nbytes / disk_bandwidth``. Priced at the bytes the
+        files hold (the run's own dtype), scaled like copies for a projected depth."""
+        p = self.profile
+        return self.depth_scale * (reads * p.disk_latency + nbytes / p.disk_bandwidth)
+
     def __getstate__(self) -> dict:  # a cost model sent to another process starts with an empty memo
         return {**self.__dict__, "_memo": {}}
 

@@ -21,7 +21,7 @@ GB = 1e9
 __all__ = ["HardwareProfile", "PROFILES", "DEFAULT_PROFILE", "get_profile", "profile_dir", "GB", "EXECUTIONS",
            "HOST_OP_COST", "KERNEL_TIME", "HostCPU", "HOSTS", "get_host", "with_host_cpu", "CONSUMER_GPUS",
            "DramMeasurement", "DRAM_MEASUREMENTS", "DELIVERED_FRACTION", "DELIVERED_FRACTION_RANGE",
-           "gpu_profile", "resolve_gpu", "catalog_profile"]
+           "gpu_profile", "resolve_gpu", "catalog_profile", "DISK_BANDWIDTH", "DISK_LATENCY"]
 
 EXECUTIONS = ("eager", "compiled")
 # Defaults derived from the published batch-1 table (``sl.bench.published()``, ``specter_lab/published.py`` holds
@@ -34,6 +34,19 @@ EXECUTIONS = ("eager", "compiled")
 #    transformers row (Qwen1.5-MoE batched_mm + torch.compile on A100).
 HOST_OP_COST = 12.5e-6
 KERNEL_TIME = 3.6e-6
+# The disk tier's defaults (offload/hostcache.py: experts read from the checkpoint's files when the host expert
+# cache misses): a PCIe 4.0 x4 NVMe SSD read by one thread in expert-sized pieces (hundreds of KB to ~10 MB).
+#  * DISK_BANDWIDTH 5 GB/s: ~70 % of the 7 GB/s datasheet sequential read of a PCIe 4.0 drive (Samsung 980 PRO,
+#    pugetsystems.com parts page; Micron 7450 6.8 GB/s), the share one-expert-granularity random reads keep:
+#    0.78-0.83x of sequential at one thread on an Apple NVMe (antirez/ds4#491, ~3-9 MiB pieces), 94 % of fio's
+#    2 MiB roofline in a KV-cache loader (NVIDIA/recsys-examples#472).
+#  * DISK_LATENCY 80 us per read: a queue-depth-1 4 KB random read. 4 KB / 80 us = 51 MB/s, the 4K random read
+#    AS SSD measures on a Samsung 950 PRO NVMe (51.29 MB/s, cdrinfo.com review), so small reads are priced at the
+#    low effective bandwidth they get and expert-sized ones near the sequential figure.
+# Both are assumptions for a desktop drive, not measurements of this machine; set them per profile
+# (dataclasses.replace(profile, disk_bandwidth=..., disk_latency=...)).
+DISK_BANDWIDTH = 5e9
+DISK_LATENCY = 80e-6
 
 
 @dataclass(frozen=True)
@@ -62,6 +75,8 @@ class HardwareProfile:
     execution: str = "eager"  # eager | compiled
     host_source: str = "derived from the published table (sl.bench.published())"
     hbm_datasheet: float | None = None  # datasheet VRAM bandwidth, bytes/s (what per-format decode efficiency scales)
+    disk_bandwidth: float = DISK_BANDWIDTH  # the disk tier: checkpoint file → host RAM, bytes/s (one reader)
+    disk_latency: float = DISK_LATENCY  # fixed cost of one read from the checkpoint file, s
 
     def __post_init__(self) -> None:
         if self.execution not in EXECUTIONS:
@@ -69,10 +84,10 @@ class HardwareProfile:
                              "('eager' prices host dispatch per aten op, 'compiled' is the graphs/compile what-if).")
         if self.host_op_cost < 0 or self.kernel_time < 0:
             raise ValueError("HardwareProfile.host_op_cost and kernel_time must be >= 0")
-        for f in ("pcie_bandwidth", "hbm_bandwidth", "peak_flops", "cpu_mem_bandwidth", "cpu_flops"):
+        for f in ("pcie_bandwidth", "hbm_bandwidth", "peak_flops", "cpu_mem_bandwidth", "cpu_flops", "disk_bandwidth"):
             if not getattr(self, f) > 0:
                 raise ValueError(f"HardwareProfile.{f} must be > 0, got {getattr(self, f)!r}")
-        if self.copy_latency < 0 or self.launch_overhead < 0:
+        if self.copy_latency < 0 or self.launch_overhead < 0 or self.disk_latency < 0:
             raise ValueError("HardwareProfile latencies must be >= 0")
 
     @property

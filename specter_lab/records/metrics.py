@@ -40,6 +40,7 @@ def compute_metrics(trace: Trace) -> dict[str, Any]:
     out.update(_windows(steps, tally, out["hit_rate"]))
     out.update(_rewinds(steps, tally, decode_tokens))
     out.update(_host(tally, decode_tokens))
+    out.update(_disk(tally, decode_tokens))
     out["recall"], out["precision"] = tally.recall_precision()
     return out
 
@@ -112,3 +113,14 @@ def _host(tally: Tally, decode_tokens: int) -> dict[str, float]:
     """Host execution: missed experts computed on the host CPU per token, and the host lane's busy time."""
     return {"host_experts_per_token": tally.count("host", decode_only=True) / decode_tokens,
             "host_ms_per_token": tally.ms["host"] / decode_tokens}
+
+
+def _disk(tally: Tally, decode_tokens: int) -> dict[str, float]:
+    """The disk tier (a host expert cache smaller than the experts): reads from the checkpoint files, all run and
+    per decode token, the bytes the clock priced and those really read, and the disk lane's busy time."""
+    d = tally.disk
+    reads = d["reads", False] + d["reads", True]
+    return {"disk_reads": reads, "disk_reads_per_token": d["reads", True] / decode_tokens,
+            "disk_bytes_per_token": float(d["bytes", True]) / decode_tokens,
+            "disk_file_bytes": d["file_bytes", False] + d["file_bytes", True],
+            "disk_ms_per_token": tally.ms["disk"] / decode_tokens}

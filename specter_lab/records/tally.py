@@ -55,6 +55,8 @@ class Tally:
 
     * ``events[(event, decode)]`` – cache events (hit, miss, host, prefetch, prefetch_used, …);
     * ``link[reason]`` – bytes copied in decode steps, by reason (demand, prefetch, writeback, …);
+    * ``disk[(what, decode)]`` – the disk tier's reads: ``reads``, ``bytes`` (priced like the copies) and
+      ``file_bytes`` (what was really read from the files), in the prefill and in decode steps;
     * ``time[kind]`` – decode-step durations: ``stall`` (waits on copies), ``draft`` (draft spans), ``host``
       (the host lane), ``recompute``, ``snapshot``;
     * ``stalls`` – every non-zero stall in seconds, in order (numeric clocks): a decode loop sums a window's
@@ -67,6 +69,7 @@ class Tally:
     timed: bool = True
     events: Counter = field(default_factory=Counter)
     link: Counter = field(default_factory=Counter)
+    disk: Counter = field(default_factory=Counter)
     time: dict[str, Durations] = field(default_factory=dict)
     stalls: list[float] = field(default_factory=list)
     forecast: list[int] = field(default_factory=lambda: [0, 0, 0])
@@ -77,7 +80,7 @@ class Tally:
 
     def __post_init__(self) -> None:
         self.time = {k: Durations(self.numeric, self.timed) for k in ("stall", "draft", "host", "recompute",
-                                                                       "snapshot")}
+                                                                       "snapshot", "disk")}
 
     # ------------------------------------------------------------- recording
     def step(self, step: int) -> None:
@@ -91,6 +94,14 @@ class Tally:
     def transfer(self, nbytes: int, reason: str) -> None:
         if self._step >= 1:
             self.link[reason] += nbytes
+
+    def disk_read(self, nbytes: int, file_bytes: int, start: Handle, end: Handle) -> None:
+        decode = self._step >= 1
+        self.disk["reads", decode] += 1
+        self.disk["bytes", decode] += nbytes
+        self.disk["file_bytes", decode] += file_bytes
+        if decode:
+            self.time["disk"].add(start, end)
 
     def span(self, phase: str, lane: str, start: Handle, end: Handle, ready: Handle | None) -> None:
         # runs for every op: a zero stall (most ops) adds nothing to a sum of numbers, so it is skipped there

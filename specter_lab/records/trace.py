@@ -24,7 +24,7 @@ from .tally import Tally
 from ..units import Handle
 
 __all__ = ["Trace", "StepRecord", "TokenRecord", "RoutingRecord", "ForecastRecord", "CacheEvent", "Transfer",
-           "ComputeSpan", "COLUMNS", "TRACE_LEVELS"]
+           "ComputeSpan", "DiskRead", "COLUMNS", "TRACE_LEVELS"]
 
 
 
@@ -105,6 +105,25 @@ class Transfer:
 
 
 @dataclass(slots=True)
+class DiskRead:
+    """One expert read from the checkpoint's files into a host-cache slot (the disk tier), before its copy to the
+    device (or its host compute). ``bytes`` is what the clock priced (the copies' bytes: deployment dtype, maybe
+    projected); ``file_bytes`` what was really read; ``reason`` the device load it served (demand | prefetch |
+    preload | host)."""
+
+    id: int
+    step: int
+    layer: int
+    expert: int
+    slot: int  # the host-cache slot it filled
+    bytes: int
+    file_bytes: int
+    start: Handle
+    end: Handle
+    reason: str
+
+
+@dataclass(slots=True)
 class ComputeSpan:
     """One compute op on a lane: an expert (``expert >= 0``), a layer's dense part (``expert == -1``) or the LM
     head (``layer == -1``). ``stall`` is how long it waited on copies after its lane was free; ``copy_id`` the
@@ -122,11 +141,11 @@ class ComputeSpan:
 
 
 _RECORDS = {"steps": StepRecord, "tokens": TokenRecord, "forecast": ForecastRecord, "cache": CacheEvent,
-            "transfers": Transfer, "compute": ComputeSpan}
+            "transfers": Transfer, "compute": ComputeSpan, "disk": DiskRead}
 COLUMNS: dict[str, list[str]] = {name: [f.name for f in fields(cls)] for name, cls in _RECORDS.items()}
 COLUMNS["routing"] = ["step", "position", "layer", "expert", "rank", "source"]
 _TIMES = {"steps": ("start", "end"), "tokens": ("time",), "cache": ("time",), "transfers": ("start", "end"),
-          "compute": ("start", "end")}
+          "compute": ("start", "end"), "disk": ("start", "end")}
 TRACE_LEVELS = ("full", "steps")
 
 
@@ -147,12 +166,14 @@ class Trace:
     cache_events: list[CacheEvent] = field(default_factory=list)
     transfers: list[Transfer] = field(default_factory=list)
     compute: list[ComputeSpan] = field(default_factory=list)
+    disk_reads: list[DiskRead] = field(default_factory=list)
     record_routing: bool = True
     level: str = "full"
     numeric: bool = True
     tally: Tally | None = None
     step: int = 0  # the step being recorded (begin_step)
     _copies: int = 0  # transfer ids handed out
+    _reads: int = 0  # disk read ids handed out
     _finalized: bool = False
     _frames: dict | None = None
     # (start, end) handles of work that is not part of the method (the oracle's look at the target's true
@@ -193,6 +214,17 @@ class Trace:
         if self.full:
             self.transfers.append(Transfer(tid, self.step, layer, expert, slot, nbytes, start, end, reason))
         return tid
+
+    def disk_read(self, layer: int, expert: int, slot: int, nbytes: int, file_bytes: int, start: Handle,
+                  end: Handle, reason: str) -> int:
+        """Record a read from the checkpoint files (the disk tier); returns its id (counted at every level)."""
+        rid = self._reads
+        self._reads += 1
+        self.tally.disk_read(nbytes, file_bytes, start, end)
+        if self.full:
+            self.disk_reads.append(DiskRead(rid, self.step, layer, expert, slot, nbytes, file_bytes, start, end,
+                                            reason))
+        return rid
 
     def span(self, phase: str, layer: int, expert: int, span, copy_id: int | None = None,
              lane: str = "device") -> None:
@@ -249,7 +281,7 @@ class Trace:
 
     def _records(self, name: str) -> list:
         return {"steps": self.steps, "tokens": self.tokens, "forecast": self.forecast, "cache": self.cache_events,
-                "transfers": self.transfers, "compute": self.compute}[name]
+                "transfers": self.transfers, "compute": self.compute, "disk": self.disk_reads}[name]
 
     def snapshot(self, clock, kinds: tuple[str, ...] | None = None) -> dict[str, Any]:
         """Frames of the run *so far*, while it is still recording (what a live view draws), plus ``meta``.
@@ -266,7 +298,8 @@ class Trace:
                      numeric=self.numeric)
         for name, attr, recs in (("steps", "steps", self.steps), ("tokens", "tokens", self.tokens),
                                  ("cache", "cache_events", self.cache_events),
-                                 ("transfers", "transfers", self.transfers), ("compute", "compute", self.compute)):
+                                 ("transfers", "transfers", self.transfers), ("compute", "compute", self.compute),
+                                 ("disk", "disk_reads", self.disk_reads)):
             if name in wanted:
                 setattr(copy, attr, [type(r)(*(getattr(r, c) for c in r.__slots__)) for r in recs])
         copy.forecast = list(self.forecast) if "forecast" in wanted else []
@@ -281,7 +314,7 @@ class Trace:
             self._frames = {name: _frame(self._records(name), COLUMNS[name]) for name in _RECORDS}
             self._frames["routing"] = _routing_frame(self.routing_raw)
             self._frames = {k: self._frames[k] for k in ("steps", "tokens", "routing", "forecast", "cache",
-                                                          "transfers", "compute")}
+                                                          "transfers", "compute", "disk")}
         return self._frames
 
 

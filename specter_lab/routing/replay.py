@@ -21,6 +21,7 @@ import torch
 from ..decode import Decoder
 from ..model import MoEModelInfo, inspect_model
 from ..offload.clock import is_measured
+from ..offload.hostcache import HostExpertCache
 from ..offload.schedule import ForwardInfo, counts_of, rank_prediction
 from ..predict import KGovernor
 from ..run.assembly import uses_gate_predictions
@@ -220,19 +221,21 @@ def replay(trace: RoutingTrace, strategy="lru", *, tokenizer=None, sequences: "S
     :class:`~specter_lab.run.setup.GenerationResult` each, with the live run's trace records and metrics.
 
     ``options`` are the Engine's (``expert_budget``, ``cache_slots``, ``hardware`` — a simulated profile —,
-    ``cost_shape``, ``k``, ``eviction``, …). Speculative strategies need a trace with draft chains, replay the
+    ``cost_shape``, ``k``, ``eviction``, ``host_budget`` — the disk tier, priced from a cache without memory —, …). Speculative strategies need a trace with draft chains, replay the
     draft it was recorded with, and K ≤ the trace's ``k_max``. ``trace_level``: the Engine's ``trace=``;
     ``"steps"`` keeps no per-op record (the metrics are the same: what a sweep runs)."""
     plan = strategy if hasattr(strategy, "engine_kwargs") else None
     setup, info = replay_setup(trace, strategy, draft=draft, trace_level=trace_level, **options)
     governor = KGovernor() if setup.strategy.k == "auto" else None  # learns across the sequences, as live
+    # the disk tier (host_budget=): one host cache across the sequences, warm as a live engine's; no memory, no files
+    host_cache = HostExpertCache.tensorless(info, setup.host_budget) if setup.host_budget is not None else None
     picked = range(len(trace.sequences)) if sequences is None else list(sequences)
     results = []
     for i in picked:
         seq = trace.sequences[i]
         run = prepare_run(setup, info, seq.prompt.tolist(), len(seq.tokens), device=torch.device("meta"),
                           draft=setup.draft_source(), governor=governor, callback=callback,
-                          replay=partial(ReplayDecoder, seq))
+                          replay=partial(ReplayDecoder, seq), host_cache=host_cache)
         run.tokenizer = tokenizer
         if plan is not None:
             run.finish = lambda m: m.update({"strategy": "auto", "plan": plan.label})

@@ -33,6 +33,7 @@ from ..offload.cache import make_policy
 from ..offload.clock import Clock
 from ..offload.hostexec import (BalancedMisses, CopyMisses, CostedMisses, HostMisses, MissPolicy, MissRule,
                                 ShareMisses)
+from ..offload.hostcache import DiskTier, HostExpertCache
 from ..offload.runtime import OffloadRuntime
 from ..offload.schedule import DraftSource, LayerSchedule
 from ..offload.store import ExpertStore
@@ -91,10 +92,13 @@ def miss_rule(st: Strategy, store: ExpertStore) -> MissRule:
 
 
 def make_store(st: Strategy, info, slots_per_layer: list[int], clock: Clock, cost, trace: Trace,
-               device="cpu", host=None, materialize: bool = True) -> ExpertStore:
-    """The store with the strategy's eviction policy and pool; a static split's device layers preloaded."""
+               device="cpu", host=None, materialize: bool = True,
+               host_cache: HostExpertCache | None = None) -> ExpertStore:
+    """The store with the strategy's eviction policy and pool; a static split's device layers preloaded.
+    ``host_cache``: the disk tier's bounded host cache (None: every expert has a host copy)."""
+    tier = DiskTier(host_cache, clock, cost, trace) if host_cache is not None else None
     store = ExpertStore(info, slots_per_layer, clock, cost, make_policy(st.eviction), trace, device, host=host,
-                        pool=st.pool, materialize=materialize, writeback=st.writeback)
+                        pool=st.pool, materialize=materialize, writeback=st.writeback, tier=tier)
     if st.static:  # load time, before the prompt: the device layers get every expert once
         for layer, size in enumerate(slots_per_layer):
             for e in range(size):
@@ -139,10 +143,13 @@ def assemble(st: Strategy, *, model, info, slots_per_layer: list[int], clock: Cl
              draft: DraftSource | None = None, host_weights=None, governor: KGovernor | None = None,
              callback: Callable[[Any], None] | None = None,
              fault_hook: Callable[[int, int], None] | None = None,
-             replay: Callable[..., Decoder] | None = None) -> RunParts:
+             replay: Callable[..., Decoder] | None = None,
+             host_cache: HostExpertCache | None = None) -> RunParts:
     """Turn a strategy into one run's parts (nothing runs yet). ``replay``: a decoder class that plays recorded
-    routing instead of running ``model`` (:mod:`specter_lab.routing.replay`); the store then holds no tensors."""
-    store = make_store(st, info, slots_per_layer, clock, cost, trace, device, host, materialize=replay is None)
+    routing instead of running ``model`` (:mod:`specter_lab.routing.replay`); the store then holds no tensors.
+    ``host_cache``: the disk tier (:mod:`specter_lab.offload.hostcache`)."""
+    store = make_store(st, info, slots_per_layer, clock, cost, trace, device, host, materialize=replay is None,
+                       host_cache=host_cache)
     store.fault_hook = fault_hook
     schedule = make_schedule(st, info, store, draft if st.speculative else None, host_weights)
     runtime = OffloadRuntime(info, schedule)

@@ -86,7 +86,7 @@ def _check_rewindable(model, info: MoEModelInfo, strategy: str, verify: str = "b
 
 # The keyword options an Engine passes to resolve() as given (the named ones it also plans with).
 _SETUP_OPTIONS = {"eviction", "prefetch", "chunking", "shared_slots", "cpu_share", "trace", "host_dtype", "ignore_eos",
-                  "verify"}
+                  "verify", "host_budget"}
 
 
 class Engine:
@@ -119,6 +119,12 @@ class Engine:
             K+1 positions: the target's greedy choice under that pass's rounding, which in bf16/fp16 can differ
             from token-by-token decoding at a near-tie: docs/lossless.md) or ``"exact"`` (one-token passes:
             equal to HF generate in every dtype, at up to K+1 dense forwards per window).
+        host_budget: the disk tier (``docs/disk_tier.md``): host RAM for routed-expert weights, as a fraction of
+            their bytes in the model's dtype, bytes, or ``"512MiB"``. The host then keeps at most that much in a
+            bounded LRU cache and reads every other expert from the checkpoint's safetensors files on demand (a
+            ``disk`` lane on the clock, priced by the profile's ``disk_bandwidth``; ``metrics['disk_reads']``).
+            Needs a model loaded from a local folder (``sl.load_model(path)``) whose files hold the experts in
+            the model's dtype. None (default): every expert has a host copy (in RAM, or mapped from the files).
         verify_lossless: after every greedy speculative run, check the committed tokens against a plain greedy
             pass of the target (off the clock) and raise :class:`~specter_lab.errors.Diverged` if they differ.
             Off by default (it doubles the work); the tests turn it on.
@@ -156,6 +162,7 @@ class Engine:
         self._draft: DraftExperts | None = None
         self._host = None  # host copies of the experts (pinned on CUDA), made once and kept across runs
         self._host_exec = None  # host copies in host_dtype (host execution), made once when it differs
+        self._host_cache = None  # the disk tier's bounded host cache (host_budget=), made once and kept warm
         # The device the model computes on: where its non-expert weights live (experts may sit in host memory).
         self.device = (model.get_input_embeddings().weight.device if hasattr(model, "get_input_embeddings")
                        else next(model.parameters()).device)
@@ -163,8 +170,10 @@ class Engine:
 
     def _bind(self) -> None:
         """What only a live model needs: speculation's exactness on this family, the offload layout on a real
-        clock, and the host lane's precision on this device."""
+        clock, the host lane's precision on this device, and the disk tier's files."""
         st = self.strategy
+        if self.setup.host_budget is not None:
+            self._host_cache = self._make_host_cache()
         if st.speculative:
             _check_rewindable(self.model, self.info, st.name, self.setup.verify)
         if self.setup.measured:  # dense weights on the GPU, experts in pinned host memory (done here if not yet)
@@ -183,6 +192,46 @@ class Engine:
                            "generate's. Leave host_dtype=None here; on a GPU a different host precision is allowed "
                            "(GPU and CPU kernels round differently anyway; scripts/gpu_check.py measures the "
                            "agreement).")
+
+    def _make_host_cache(self):
+        """The disk tier's host cache over the files the model was loaded from (checked against the model's own
+        parameters before use). Refused, before any run: a model not loaded from a local folder, files in another
+        dtype or layout, a budget below one expert, and host execution on a measured clock (its worker thread
+        would read a host slot the main thread may refill)."""
+        from ..errors import NotEnoughMemory
+        from ..model.expert_files import ExpertFiles, checkpoint_of
+        from ..model.memory import available_memory
+        from ..offload.hostcache import HostExpertCache
+        from ..units import format_bytes
+
+        folder = checkpoint_of(self.model)
+        if folder is None:
+            raise ValueError("host_budget= reads routed experts from the checkpoint's safetensors files, and this "
+                             f"model has no local folder (name_or_path={getattr(self.model, 'name_or_path', None)!r})"
+                             ": load it with sl.load_model(folder), or save_pretrained it and load that.")
+        host_draft = self.strategy.speculative and self.draft_cfg.variant == "host"
+        if self.setup.measured and (computes_on_host(self.strategy) or host_draft):
+            raise ValueError(f"host_budget= with strategy={self.strategy.name!r} on hardware='cuda': host execution "
+                             "reads host-cache slots on a worker thread, which the disk tier does not yet order "
+                             "against refills. Use a strategy that copies every miss (e.g. 'lru', 'specter'), or a "
+                             "simulated profile.")
+        files = ExpertFiles(self.info, folder)
+        files.verify()
+        eb, total = files.expert_bytes[0], sum(l.num_experts for l in self.info.layers)
+        pool = min(self.setup.host_budget // eb, total) * eb  # what the cache will allocate
+        have, source = available_memory()
+        if have and pool > have:  # refused before the pool is allocated, with the numbers
+            raise NotEnoughMemory(f"host_budget={format_bytes(self.setup.host_budget)}: its cache of "
+                                  f"{format_bytes(pool)} is more than the {format_bytes(have)} of RAM available "
+                                  f"({source}); nothing was allocated. Give a smaller host_budget (the rest of the "
+                                  "experts is read from disk).")
+        return HostExpertCache(files, self.setup.host_budget, pin=self.device.type == "cuda")
+
+    @property
+    def host_cache(self):
+        """The disk tier's host expert cache (``host_budget=``), or None: its ``held_bytes``, ``pool_bytes``,
+        ``reads`` and ``hits`` are the tier's own accounting across this engine's runs."""
+        return self._host_cache
 
     # The set-up's values, read where callers have always read them.
     strategy = property(lambda self: self.setup.strategy)
@@ -324,7 +373,8 @@ class Engine:
                           sampling=Sampling(do_sample, float(temperature), float(top_p), seed), model=self.model,
                           device=self.device, host=self._host, draft=self._draft_source(),
                           host_weights=self._host_weights, governor=self.governor, callback=callback,
-                          fault_hook=self.fault_hook, record_routing=self.record_routing)
+                          fault_hook=self.fault_hook, record_routing=self.record_routing,
+                          host_cache=self._host_cache)
         self._host = run.store.host
         run.tokenizer, run.verify_lossless, run.finish = self.tokenizer, self.verify_lossless, self._finish
         return run
@@ -353,6 +403,10 @@ class Engine:
         """The binding's own metrics: a plan's label, the host copies it made."""
         if self.plan is not None:
             metrics.update({"strategy": "auto", "plan": self.plan.label})
+        if self._host_cache is not None:  # the disk tier's own accounting (cumulative over this engine's runs)
+            c = self._host_cache
+            metrics.update(host_cache_bytes=c.pool_bytes, host_cache_peak_bytes=c.peak_bytes,
+                           host_cache_slots=c.capacity)
         metrics["host_copy_bytes"] = sum(t.numel() * t.element_size() for l in (self._host_exec or [])
                                          for t in l.values())
 

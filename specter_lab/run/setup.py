@@ -33,6 +33,7 @@ from ..pricing.profiles import HardwareProfile
 from ..pricing.shapes import CostShape, get_cost_shape
 from ..records.metrics import compute_metrics
 from ..records.trace import TRACE_LEVELS, Trace
+from ..units import parse_budget
 from .assembly import RunParts, assemble, dispatch_implementation, places_whole_layers, run_clock
 from .budget import BudgetSplit, split_budget, split_slots, split_static
 from .drafts import DraftSpec, as_draft_spec, draft_device_experts, draft_expert_bytes
@@ -104,7 +105,9 @@ class RunSetup:
 
     ``host_dtype`` is the host lane's precision when it differs from the experts' own (None: theirs);
     ``budget_given``: the split came from ``expert_budget=`` (it follows a new draft's size), not ``cache_slots=``;
-    ``ignore_eos``: every run commits ``max_new_tokens`` (a benchmark protocol's fixed output length)."""
+    ``ignore_eos``: every run commits ``max_new_tokens`` (a benchmark protocol's fixed output length);
+    ``host_budget``: the disk tier's host expert cache in bytes (:mod:`specter_lab.offload.hostcache`), None for
+    none (every expert has a host copy: in RAM, or mapped from the files)."""
 
     strategy: Strategy
     draft: DraftSpec
@@ -118,6 +121,7 @@ class RunSetup:
     budget_given: bool = True
     ignore_eos: bool = False
     verify: str = "batched"  # how a speculative window is verified: one K+1-token pass, or one-token passes
+    host_budget: int | None = None  # the disk tier: host bytes for expert weights (None: every expert on the host)
 
     @property
     def profile(self) -> HardwareProfile:
@@ -146,7 +150,7 @@ class RunSetup:
         return {"clock": clock.label, "simulated": not clock.measured, "profile": self.profile.name,
                 "projected": self.cost.projected, "cost_shape": self.cost.shape_name, "strategy": st.name,
                 "expert_bytes": self.cost.expert_bytes, "num_layers": info.num_layers,
-                "num_experts": info.num_experts, "top_k": info.top_k, "k": st.k}
+                "num_experts": info.num_experts, "top_k": info.top_k, "k": st.k, "host_budget": self.host_budget}
 
     def metrics(self, trace: Trace, stopped: bool = False) -> dict[str, Any]:
         """The run's metrics plus the set-up's own columns (split, profile, draft, K)."""
@@ -157,7 +161,7 @@ class RunSetup:
                   "cost_shape": self.cost.shape_name, "draft": self.draft.label if st.speculative else None,
                   "k": st.k, "stopped": stopped,
                   "host_dtype": str(self.host_dtype or "").replace("torch.", "") or "experts' own",
-                  "host_copy_bytes": 0})
+                  "host_copy_bytes": 0, "host_budget": self.host_budget})
         return m
 
     def with_draft(self, info: MoEModelInfo, spec: "QuantSpec | DraftSpec | str") -> "RunSetup":
@@ -180,6 +184,10 @@ class RunSetup:
                  f"budget     {s.budget_bytes:,} B: draft {s.draft_bytes:,} B + {min(s.slots_per_layer)}"
                  f"–{max(s.slots_per_layer)} slots/layer × {s.expert_bytes:,} B",
                  f"verify     {self.verify}" if st.speculative else "verify     —",
+                 "host tier  " + (f"host expert cache {self.host_budget:,} B; misses read from the checkpoint files "
+                                  f"(disk priced at {self.profile.disk_bandwidth / 1e9:g} GB/s + "
+                                  f"{self.profile.disk_latency * 1e6:g} us a read)" if self.host_budget else
+                                  "every expert on the host (no disk tier)"),
                  f"trace      {self.trace_level}"]
         return "\n".join(lines)
 
@@ -210,7 +218,8 @@ def resolve(info: MoEModelInfo, strategy: "str | Strategy" = "specter", *,
             eviction: str | None = None, prefetch: str | None = None,
             chunking: "str | tuple[float, ...] | None" = None, shared_slots: bool | None = None,
             cpu_share: float | None = None, trace: str = "full", host_dtype: "str | torch.dtype | None" = None,
-            ignore_eos: bool = False, verify: str = "batched") -> RunSetup:
+            ignore_eos: bool = False, verify: str = "batched",
+            host_budget: "float | int | str | None" = None) -> RunSetup:
     """Check every argument and resolve them into a :class:`RunSetup` for the model ``info`` describes (a live
     model's or a weightless skeleton's: only sizes are read). Nothing runs, nothing is allocated.
 
@@ -240,7 +249,22 @@ def resolve(info: MoEModelInfo, strategy: "str | Strategy" = "specter", *,
                             implementation=dispatch_implementation(st))
     split, per_draft = _split(info, st, draft_cfg, cost, shape, expert_budget, cache_slots)
     return RunSetup(st, draft_cfg, clocks, shape, cost, split, per_draft, trace, None if hdt == native else hdt,
-                    budget_given=cache_slots is None, ignore_eos=bool(ignore_eos), verify=verify)
+                    budget_given=cache_slots is None, ignore_eos=bool(ignore_eos), verify=verify,
+                    host_budget=resolve_host_budget(info, host_budget))
+
+
+def native_expert_bytes(info: MoEModelInfo) -> int:
+    """Bytes of every routed expert in the model's own dtype (what a host copy of all of them holds)."""
+    return sum(getattr(l.experts, n).numel() * getattr(l.experts, n).element_size()
+               for l in info.layers for n in l.param_names)
+
+
+def resolve_host_budget(info: MoEModelInfo, host_budget) -> int | None:
+    """``host_budget=`` in bytes: a fraction of the routed experts' bytes in the model's dtype, bytes, or '64MiB'
+    (None: no disk tier)."""
+    if host_budget is None:
+        return None
+    return parse_budget(host_budget, "host_budget").resolve(native_expert_bytes(info))
 
 
 @dataclass
@@ -333,10 +357,13 @@ def prepare_run(setup: RunSetup, info: MoEModelInfo, prompt_ids: list[int], max_
                 draft: DraftSource | None = None, host_weights=None, governor: KGovernor | None = None,
                 callback: Callable[[StepInfo], None] | None = None,
                 fault_hook: Callable[[int, int], None] | None = None,
-                replay: Callable[..., Decoder] | None = None, record_routing: bool = True) -> Run:
+                replay: Callable[..., Decoder] | None = None, record_routing: bool = True,
+                host_cache=None) -> Run:
     """One run's parts from a set-up (nothing runs yet). ``replay``: a decoder that plays recorded routing instead
     of running ``model``; the store then holds no tensors. ``governor``: the K governor a ``k="auto"`` run
-    consults (kept by the caller across runs, so what it learns carries over)."""
+    consults (kept by the caller across runs, so what it learns carries over). ``host_cache``: the disk tier's
+    bounded host cache (:class:`~specter_lab.offload.hostcache.HostExpertCache`, kept by the caller across runs),
+    or None."""
     st = setup.strategy
     clock = run_clock(st, setup.clocks, torch.device(device), setup.trace_level)
     trace = Trace(meta=setup.meta(clock, info), record_routing=record_routing, level=setup.trace_level,
@@ -347,7 +374,7 @@ def prepare_run(setup: RunSetup, info: MoEModelInfo, prompt_ids: list[int], max_
     parts = assemble(st, model=model, info=info, slots_per_layer=setup.split.slots_per_layer, clock=clock,
                      cost=setup.cost, trace=trace, sampling=sampling, eos=eos, max_new_tokens=max_new_tokens,
                      device=device, host=host, draft=draft, host_weights=host_weights, governor=governor,
-                     callback=callback, fault_hook=fault_hook, replay=replay)
+                     callback=callback, fault_hook=fault_hook, replay=replay, host_cache=host_cache)
     if parts.speculation is not None:
         parts.speculation.verify = setup.verify
     return Run(setup, info, list(prompt_ids), trace, clock, parts, model=model)

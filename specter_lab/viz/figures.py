@@ -25,7 +25,7 @@ from plotly.subplots import make_subplots
 from .frames import (as_frames, clock_label, default_routing_step, grid_shape, hit_rates, positions_text,
                      residency, routing_cells, run_meta, step_outlines, timeline_steps, token_rows, token_text)
 from .layout import base_layout, discrete_colorscale, legend_swatch
-from .style import (COPY_COLORS, COPY_LANE, GLYPH_LEGEND, HOST_LANE, PHASE_COLORS, RESIDENCY_CATEGORIES,
+from .style import (COPY_COLORS, COPY_LANE, DISK_COLOR, DISK_LANE, GLYPH_LEGEND, HOST_LANE, PHASE_COLORS, RESIDENCY_CATEGORIES,
     RESIDENCY_COLORS, ROUTING_CATEGORIES, ROUTING_COLORS, ROUTING_HELP, STALL_COLOR, STATUS_COLORS, STATUS_HELP,
     PHASE_ORDER, esc)
 
@@ -165,8 +165,9 @@ def _span_hover(r) -> str:
     return f"{r.phase} · {what}<br>{r.start:.4f} – {r.end:.4f} ms (step {r.step}){stall}"
 
 def timeline_figure(result: Any, step: int | None = None, max_steps: int = 24, max_bars: int = 4000) -> go.Figure:
-    """Gantt chart of the compute lanes (one per phase: prefill / decode / draft / verify) and the host→device
-    copy lane. Copies are coloured prefetch vs demand and labelled layer/expert (bytes and reason on hover);
+    """Gantt chart of the compute lanes (one per phase: prefill / decode / draft / verify), the host→device
+    copy lane and, with a disk tier (``host_budget=``), the disk lane: experts read from the checkpoint files into
+    the host cache. Copies are coloured prefetch vs demand and labelled layer/expert (bytes and reason on hover);
     red bars mark stalls, the time a compute op waited on a copy ([start − stall, start] on its lane).
     ``step=None`` draws the whole run, capped to the first ``max_steps`` steps / ``max_bars`` bars."""
     f = as_frames(result)
@@ -175,11 +176,18 @@ def timeline_figure(result: Any, step: int | None = None, max_steps: int = 24, m
     co_all, tr_all = f["compute"], f["transfers"]
     if "lane" in co_all:  # host execution: host spans get the host lane, whatever phase they served
         co_all = co_all.assign(phase=co_all.phase.mask(co_all.lane == "host", HOST_LANE))
+    dk_all = f.get("disk")
+    if dk_all is None:  # frames made before the disk tier, or a live snapshot without them
+        dk_all = pd.DataFrame(columns=["step", "layer", "expert", "slot", "bytes", "file_bytes", "start", "end",
+                                       "reason"])
     co = co_all[co_all.step.isin(shown)]
     tr = tr_all[tr_all.step.isin(shown)]
+    dk = dk_all[dk_all.step.isin(shown)]
     # Lanes and traces come from the whole run, so every step's figure has the same traces (see module doc).
     phases = [p for p in PHASE_ORDER if p in set(co_all.phase)] + sorted(set(co_all.phase) - set(PHASE_ORDER))
     lanes = [p for p in phases if p in set(co.phase)] + [COPY_LANE]  # drawn lanes: only those with bars here
+    if len(dk_all):  # the disk tier's lane, on every step of a run that had one
+        lanes.append(DISK_LANE)
 
     # Outlines separate neighbouring ops once zoomed in; over a whole run bars are a pixel wide and white
     # outlines would wash them out.
@@ -206,6 +214,15 @@ def timeline_figure(result: Any, step: int | None = None, max_steps: int = 24, m
             text=[f"L{r.layer}·E{r.expert}" for r in d.itertuples()], textposition="inside", textangle=0,
             insidetextanchor="middle", textfont=dict(color="white", size=10), hovertext=hover,
             hovertemplate="%{hovertext}<extra></extra>", width=0.6, legendgroup="copy"))
+    # the disk lane (always a trace, empty without a disk tier, so every step's figure has the same traces)
+    traces.append(go.Bar(
+        y=[DISK_LANE] * len(dk), x=(dk.end - dk.start).to_numpy(dtype=float), base=dk.start.to_numpy(dtype=float),
+        orientation="h", name="disk read (to the host cache)",
+        marker=dict(color=DISK_COLOR, line=dict(color="white", width=1.5 * outline)),
+        hovertext=[f"disk read ({r.reason}) · layer {r.layer} · expert {r.expert} → host slot {r.slot}<br>"
+                   f"{int(r.bytes):,} B priced ({int(r.file_bytes):,} B read from the files) · "
+                   f"{r.start:.4f} – {r.end:.4f} ms (step {r.step})" for r in dk.itertuples()],
+        hovertemplate="%{hovertext}<extra></extra>", width=0.6, legendgroup="disk"))
     st = co[co.stall > 0]
     traces.append(go.Bar(
         y=st.phase.tolist(), x=st.stall.to_numpy(), base=(st.start - st.stall).to_numpy(), orientation="h",
@@ -229,12 +246,15 @@ def timeline_figure(result: Any, step: int | None = None, max_steps: int = 24, m
                                         xanchor="left", yanchor="bottom", font=dict(size=10, color="#777")))
     stall_ms = float(co.stall.sum())
     where = f"step {shown[0]} ({steps.kind.iloc[0]})" if step is not None and len(steps) else "whole run"
-    title = (f"Timeline · {where}{note} · {len(tr)} copies ({int(tr.bytes.sum()):,} B), stalls {stall_ms:.3f} ms"
+    disk_note = f", {len(dk)} disk reads" if len(dk_all) else ""
+    title = (f"Timeline · {where}{note} · {len(tr)} copies ({int(tr.bytes.sum()):,} B){disk_note}, "
+             f"stalls {stall_ms:.3f} ms"
              f"<br><sup>strategy {esc(meta.get('strategy', '?'))} · clock {esc(clock_label(meta))}</sup>")
     base_layout(fig, title, plot_height=46 * len(lanes), legend="below", left=90, legend_rows=2,
                  top=82 if annotations else 64)  # room for the step labels
     x0 = float(steps.start.min()) if len(steps) else 0.0
-    x1 = float(max(steps.end.max() if len(steps) else 0.0, tr.end.max() if len(tr) else 0.0, x0 + 1e-6))
+    x1 = float(max(steps.end.max() if len(steps) else 0.0, tr.end.max() if len(tr) else 0.0,
+                   float(dk.end.max()) if len(dk) else 0.0, x0 + 1e-6))
     pad = 0.01 * (x1 - x0)
     fig.update_layout(barmode="overlay", shapes=shapes, annotations=annotations,
                       uniformtext=dict(minsize=8, mode="hide"))

@@ -7,7 +7,7 @@ import html
 from typing import Any
 
 __all__ = ["ROUTING_CATEGORIES", "ROUTING_COLORS", "ROUTING_HELP", "STATUS_COLORS", "STATUS_HELP", "PHASE_COLORS",
-           "HOST_LANE", "COPY_COLORS", "STALL_COLOR", "COPY_LANE", "RESIDENCY_CATEGORIES", "RESIDENCY_COLORS",
+           "HOST_LANE", "COPY_COLORS", "STALL_COLOR", "COPY_LANE", "DISK_LANE", "DISK_COLOR", "RESIDENCY_CATEGORIES", "RESIDENCY_COLORS",
            "PHASE_ORDER", "GLYPH_LEGEND", "esc"]
 
 
@@ -62,6 +62,9 @@ COPY_COLORS = {"prefetch": "#2ca02c", "demand": "#ff7f0e"}
 STALL_COLOR = "#d62728"
 
 COPY_LANE = "copy (PCIe)"
+
+DISK_LANE = "disk read"  # the disk tier: experts read from the checkpoint files into the host cache
+DISK_COLOR = "#7f7f7f"
 
 RESIDENCY_CATEGORIES = ("not resident", "resident (demand load)", "resident (prefetch)")
 
