@@ -1,6 +1,7 @@
-"""The mechanisms of issue 36: decayed-LFU and adaptive-replacement (ARC) eviction, the per-token split of misses between the device and the host,
-Specter with a draft that fits a quarter of the experts. Each is lossless on the bundled model, does what its
-docstring says on hand-made routing, stays above the clairvoyant bound, and is among the planner's candidates."""
+"""The mechanisms of issue 36: decayed-LFU and adaptive-replacement (ARC) eviction, the per-token split of misses
+between the device and the host, Specter with a draft that fits a quarter of the experts. Each is lossless on the
+bundled model, does what its docstring says on hand-made routing, stays above the clairvoyant bound, and is among
+the planner's candidates."""
 
 from types import SimpleNamespace
 
