@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 import specter_lab as sl
+from specter_lab.offload.cache import DEFAULT_DECAY
 from specter_lab.offload.schedule import host_lane_time
 from specter_lab.pricing.profiles import get_profile
 import specter_lab.routing.bound as bound_mod
@@ -306,7 +307,7 @@ class OnlinePool(Policy):
 
 
 class DecayPool(OnlinePool):
-    decay = 0.98
+    decay = DEFAULT_DECAY
 
 
 def bounds(trace, initial=None, pool=None, **kw) -> list:
