@@ -73,7 +73,7 @@ def _store_run(trace, seq_index: int, strategy: str, eviction: str, budget: floa
 
 
 # the store's eviction policies (offload/cache.POLICIES) and the simulator's that stands for each
-POLICY_PAIRS = [("lru", "lru"), ("lfu", "lfu"), ("lfu_decay", "lfu_decay"), ("forecast", "belady")]
+POLICY_PAIRS = [("lru", "lru"), ("lfu", "lfu"), ("lfu_decay", "lfu_decay"), ("arc", "arc"), ("forecast", "belady")]
 
 
 @pytest.mark.parametrize("which", ["recorded", "deepseek-v2-lite-like"])

@@ -1,6 +1,7 @@
-"""The mechanisms of issue 36: decayed-LFU eviction, the per-token split of misses between the device and the host,
-Specter with a draft that fits a quarter of the experts. Each is lossless on the bundled model, does what its
-docstring says on hand-made routing, stays above the clairvoyant bound, and is among the planner's candidates."""
+"""The mechanisms of issue 36: decayed-LFU and adaptive-replacement (ARC) eviction, the per-token split of misses
+between the device and the host, Specter with a draft that fits a quarter of the experts. Each is lossless on the
+bundled model, does what its docstring says on hand-made routing, stays above the clairvoyant bound, and is among
+the planner's candidates."""
 
 from types import SimpleNamespace
 
@@ -9,12 +10,12 @@ import pytest
 
 import specter_lab as sl
 from conftest import hf_greedy
-from specter_lab.offload.cache import LFU, LRU, DecayLFU, make_policy
+from specter_lab.offload.cache import ARC, LFU, LRU, DecayLFU, make_policy
 from specter_lab.offload.hostexec import BalancedMisses, MissPolicy
 from specter_lab.routing.bound import trace_bound
 from specter_lab.studies.planner import default_candidates
 
-NEW_PLAIN = ["lfu_decay", "host_lfu", "split_lru", "split_lfu"]
+NEW_PLAIN = ["lfu_decay", "host_lfu", "split_lru", "split_lfu", "split_arc"]
 
 
 # ------------------------------------------------------------------------------------------- decayed LFU
@@ -64,6 +65,40 @@ def test_loads_are_not_uses_history_survives_eviction_and_ties_break_by_recency(
     assert q.victim(0, [(0, 2), (1, 1)]) == 1
     with pytest.raises(ValueError, match="decay=1.5"):
         DecayLFU(1.5)
+
+
+# ------------------------------------------------------------------------------------------- ARC
+
+def test_arc_keeps_a_reused_expert_over_recent_one_offs_and_adapts_from_its_ghosts():
+    p = make_policy("arc")
+    assert isinstance(p, ARC)
+    p.loaded(0, 1)
+    p.touch(0, 1)  # the use that brought it in: still t1
+    assert 1 in p.lists.t1[0]
+    p.touch(0, 1)  # used again: t2
+    for e in (2, 3):
+        p.loaded(0, e)
+        p.touch(0, e)
+    cands = [(0, 1), (1, 2), (2, 3)]
+    assert _lru_victim(cands) == 0  # recency alone would evict 1, the one used twice
+    assert cands[p.victim(0, cands)][1] == 2  # ARC takes the least recent one-off (|t1| = 2 > p = 0)
+    p.forget(0, 2)
+    assert 2 in p.lists.b1[0] and p.lists.p[0] == 0
+    p.loaded(0, 2)  # back from the recency ghosts: t1 was too small, and it enters t2
+    assert p.lists.p[0] == 1 and 2 in p.lists.t2[0] and 2 not in p.lists.b1[0]
+    p.touch(0, 2)
+    p.forget(0, 1)  # from t2 into its ghosts; loaded again, it pulls p back
+    p.loaded(0, 1)
+    assert p.lists.p[0] == 0 and 1 in p.lists.t2[0]
+    p.touch(1, 5)  # layers keep their own lists
+    assert 5 not in p.lists.t1[0] and 5 not in p.lists.t2[0]
+
+
+def _lru_victim(cands):
+    lru = LRU()
+    for layer, e in [(0, 1), (0, 1), (0, 2), (0, 3)]:
+        lru.touch(layer, e)
+    return lru.victim(0, cands)
 
 
 # ------------------------------------------------------------------------------------------- the split

@@ -74,6 +74,7 @@ NOT_ESTIMATED = {
     "host_lfu": f"{_UNMODELLED} (decayed-LFU eviction with host execution)",
     "split_lru": f"{_UNMODELLED} (the per-token split of misses between device and host by lane)",
     "split_lfu": f"{_UNMODELLED} (the per-token split by lane, decayed-LFU eviction)",
+    "split_arc": f"{_UNMODELLED} (the per-token split by lane, adaptive-replacement eviction)",
     "specter_split": f"{_UNMODELLED} (the forecast's link-bounded copies and the split by lane)",
 }
 

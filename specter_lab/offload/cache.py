@@ -7,10 +7,11 @@ the slots the store says may be evicted (never one that is protected or about to
 from __future__ import annotations
 
 import math
-from collections import defaultdict
-from typing import Sequence
+from collections import OrderedDict, defaultdict
+from typing import Hashable, Sequence
 
-__all__ = ["EvictionPolicy", "LRU", "LFU", "DecayLFU", "ForecastEviction", "POLICIES", "make_policy"]
+__all__ = ["EvictionPolicy", "LRU", "LFU", "DecayLFU", "ARC", "ArcLists", "ForecastEviction", "POLICIES",
+           "make_policy"]
 
 
 class EvictionPolicy:
@@ -144,6 +145,111 @@ class DecayLFU(EvictionPolicy):
         return (self.current(layer, expert), self.last_use.get((layer, expert), -1))
 
 
+class ArcLists:
+    """The bookkeeping of adaptive replacement (ARC: Megiddo & Modha, FAST 2003), per group of keys (a layer, or
+    a global pool's layer): shared by the store's :class:`ARC` and the cache simulator's twin
+    (``routing/cachesim.py``), so both evict alike.
+
+    Per group: ``t1`` the residents used at most once since they entered, ``t2`` those used again (or that came
+    back from a ghost list), each least recent first; ``b1`` / ``b2`` the ghosts (keys recently evicted from
+    ``t1`` / ``t2``); ``p`` the target size of ``t1``. A key entering from ``b1`` means recency was too short:
+    ``p`` grows by max(1, |b2| / |b1|); from ``b2`` frequency was: ``p`` shrinks by max(1, |b1| / |b2|); either
+    way it enters ``t2``. The replacement takes the least recent of ``t1`` while |t1| > p, else of ``t2``.
+
+    Adapted to a store whose slots are filled by copies and whose uses come after (:meth:`entered` then
+    :meth:`used`): an entering key's first use is the reference that brought it in (it stays where it entered),
+    a later use moves it to ``t2``. The cache size ``c`` (ghost lists are cut to it, |t1| + |b1| <= c, all four <=
+    2c) is the most residents the group has held, so neither side needs to be told the slot count."""
+
+    def __init__(self) -> None:
+        self.t1: dict[Hashable, OrderedDict] = defaultdict(OrderedDict)
+        self.t2: dict[Hashable, OrderedDict] = defaultdict(OrderedDict)
+        self.b1: dict[Hashable, OrderedDict] = defaultdict(OrderedDict)
+        self.b2: dict[Hashable, OrderedDict] = defaultdict(OrderedDict)
+        self.p: dict[Hashable, float] = defaultdict(float)
+        self.cap: dict[Hashable, int] = defaultdict(int)
+        self.fresh: set = set()  # (group, key) entered and not used yet
+
+    def entered(self, g, key) -> None:
+        t1, t2, b1, b2 = self.t1[g], self.t2[g], self.b1[g], self.b2[g]
+        if key in b1:  # recency would have kept it: give t1 more room
+            self.p[g] = min(float(max(1, self.cap[g])), self.p[g] + max(1.0, len(b2) / len(b1)))
+            del b1[key]
+            t2[key] = None
+        elif key in b2:  # frequency would have kept it: give t2 more room
+            self.p[g] = max(0.0, self.p[g] - max(1.0, len(b1) / len(b2)))
+            del b2[key]
+            t2[key] = None
+        elif key not in t1 and key not in t2:
+            t1[key] = None
+        self.cap[g] = max(self.cap[g], len(t1) + len(t2))
+        self.fresh.add((g, key))
+
+    def used(self, g, key) -> None:
+        t1, t2 = self.t1[g], self.t2[g]
+        if (g, key) in self.fresh:  # the use that brought it in: it stays in its list, most recent
+            self.fresh.discard((g, key))
+            for lst in (t1, t2):
+                if key in lst:
+                    lst.move_to_end(key)
+        elif key in t1:
+            del t1[key]
+            t2[key] = None
+        elif key in t2:
+            t2.move_to_end(key)
+
+    def left(self, g, key) -> None:
+        self.fresh.discard((g, key))
+        t1, t2, b1, b2, c = self.t1[g], self.t2[g], self.b1[g], self.b2[g], max(1, self.cap[g])
+        if key in t1:
+            del t1[key]
+            b1[key] = None
+        elif key in t2:
+            del t2[key]
+            b2[key] = None
+        while b1 and len(t1) + len(b1) > c:
+            b1.popitem(last=False)
+        while b2 and len(b2) > c:
+            b2.popitem(last=False)
+        while b2 and len(t1) + len(t2) + len(b1) + len(b2) > 2 * c:
+            b2.popitem(last=False)
+
+    def rank(self, g, key) -> int:
+        """0 if the replacement takes from ``key``'s list now (t1 while |t1| > p, else t2), else 1."""
+        t1 = self.t1[g]
+        from_t1 = len(t1) > self.p[g]
+        return 0 if (key in t1) == from_t1 else 1
+
+
+class ARC(EvictionPolicy):
+    """Adaptive replacement (ARC, Megiddo & Modha 2003) per layer, the field's other frequency-aware online policy
+    beside decayed LFU (``shared/research/field_2026b.md`` §0.1): it balances recency (``t1``) against repeated
+    use (``t2``) and moves the balance by which ghost list a returning expert comes from (:class:`ArcLists`).
+    Victim: the least recent candidate of the list ARC takes from now; if no candidate is in it, the least recent
+    of the other. Its only state is the lists: no parameter to tune (decayed LFU's decay was)."""
+
+    name = "arc"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lists = ArcLists()
+
+    def loaded(self, layer: int, expert: int) -> None:
+        super().touch(layer, expert)
+        self.lists.entered(layer, expert)
+
+    def touch(self, layer: int, expert: int) -> None:
+        super().touch(layer, expert)
+        self.lists.used(layer, expert)
+
+    def forget(self, layer: int, expert: int) -> None:
+        super().forget(layer, expert)
+        self.lists.left(layer, expert)
+
+    def score(self, layer: int, expert: int) -> tuple:
+        return (self.lists.rank(layer, expert), self.last_use.get((layer, expert), -1))
+
+
 class ForecastEviction(EvictionPolicy):
     """Belady with the draft's lookahead: evict the expert whose *forecast* next use is furthest away; experts
     the forecast does not mention come first (furthest = never), then recency decides.
@@ -168,7 +274,7 @@ class ForecastEviction(EvictionPolicy):
 
 
 
-POLICIES = {"lru": LRU, "lfu": LFU, "lfu_decay": DecayLFU, "forecast": ForecastEviction}
+POLICIES = {"lru": LRU, "lfu": LFU, "lfu_decay": DecayLFU, "arc": ARC, "forecast": ForecastEviction}
 
 
 def make_policy(name: str, **options) -> EvictionPolicy:

@@ -35,6 +35,7 @@ of one step; requests run step by step, layer by layer (the time of request (t, 
   kept after eviction. Ties: the least recently touched (load or use) first.
 * ``"lfu_decay"``: the store's decayed LFU (:class:`DecayLFU`; ``functools.partial(DecayLFU, decay=...)`` for
   another decay than the store's default).
+* ``"arc"``: the store's adaptive replacement (:class:`ARC`, the same lists).
 * ``"belady"``: clairvoyant (MIN): the resident whose next request is furthest away (never = infinitely far);
   a resident requested now is never a victim. Ties: the least recently touched first (the store's ``forecast``
   eviction with a perfect forecast ranks so: the test holds them equal).
@@ -54,9 +55,10 @@ from typing import Callable, Container, Hashable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ..offload.cache import DEFAULT_DECAY
+from ..offload.cache import DEFAULT_DECAY, ArcLists
 
-__all__ = ["simulate", "CacheStats", "NextUse", "Policy", "LRU", "LFU", "DecayLFU", "Belady", "Static", "POLICIES",
+__all__ = ["simulate", "CacheStats", "NextUse", "Policy", "LRU", "LFU", "DecayLFU", "ARC", "Belady", "Static",
+           "POLICIES",
            "lru_stack_positions", "stack_requests", "RULES"]
 
 RULES = ("store", "moe-lrc")
@@ -155,6 +157,33 @@ class DecayLFU(LFU):
         return min((k for k in self.recency if k not in protected), key=self.score, default=None)
 
 
+class ARC(Policy):
+    """Adaptive replacement (the store's ``offload.cache.ARC``: the same :class:`ArcLists`, per layer ``key[0]``).
+    Victim: the least recent unprotected resident of the list ARC takes from now, else of the other."""
+
+    name = "arc"
+
+    def __init__(self, capacity: int, next_use: "NextUse | None" = None) -> None:
+        super().__init__(capacity)
+        self.lists = ArcLists()
+
+    def loaded(self, key: Key, now: int) -> None:
+        super().loaded(key, now)
+        self.lists.entered(key[0], key[1])
+
+    def touch(self, key: Key, now: int) -> None:
+        super().touch(key, now)
+        self.lists.used(key[0], key[1])
+
+    def evicted(self, key: Key) -> None:
+        super().evicted(key)
+        self.lists.left(key[0], key[1])
+
+    def victim(self, protected: Container[Key], now: int) -> Key | None:
+        rank = self.lists.rank
+        return min((k for k in self.recency if k not in protected), key=lambda k: rank(k[0], k[1]), default=None)
+
+
 class Belady(Policy):
     """Clairvoyant: the resident whose next request is furthest (``next_use``: the sequence's request times).
     A key requested at ``now`` ranks as needed now until it is touched, so it is never the victim while its
@@ -216,7 +245,8 @@ class Static(Policy):
         return None
 
 
-POLICIES: dict[str, type[Policy]] = {"lru": LRU, "lfu": LFU, "lfu_decay": DecayLFU, "belady": Belady,
+POLICIES: dict[str, type[Policy]] = {"lru": LRU, "lfu": LFU, "lfu_decay": DecayLFU, "arc": ARC,
+                                     "belady": Belady,
                                      "static": Static}
 
 

@@ -21,7 +21,7 @@ __all__ = ["Strategy", "STRATEGIES", "BASELINES", "AUTO", "get_strategy", "strat
            "DISPATCH", "ROLES"]
 
 Prefetch = Literal["none", "gate", "draft", "oracle"]
-Eviction = Literal["lru", "lfu", "lfu_decay", "forecast"]
+Eviction = Literal["lru", "lfu", "lfu_decay", "arc", "forecast"]
 Miss = Literal["copy", "host", "auto", "balance"]
 Pool = Literal["layer", "global"]
 Dispatch = Literal["specter", "mixtral_offloading"]
@@ -58,7 +58,8 @@ class Strategy:
       saved, none issued that would still wait for the link at verification) or a tuple of draft fractions
       (``specmoeoff``).
     * ``eviction``    – ``lru`` | ``lfu`` | ``lfu_decay`` (LFU whose counts decay per use of the layer:
-      :class:`~specter_lab.offload.cache.DecayLFU`) | ``forecast`` (furthest forecast next use, then recency).
+      :class:`~specter_lab.offload.cache.DecayLFU`) | ``arc`` (adaptive replacement:
+      :class:`~specter_lab.offload.cache.ARC`) | ``forecast`` (furthest forecast next use, then recency).
     * ``pool``        – ``layer``: a fixed number of slots per layer; ``global``: one pool for all layers, the
       victim chosen over every layer's slots (llama.cpp's ``--moe-cache-mib``).
     * ``k``           – draft length, or ``"auto"`` for the per-window governor.
@@ -181,6 +182,9 @@ STRATEGIES: dict[str, Strategy] = {
                  "ends the layer sooner, a copy credited with its expected reuse; LRU cache"),
         Strategy("split_lfu", miss="balance", eviction="lfu_decay", description="split_lru with decayed-LFU "
                  "eviction"),
+        Strategy("split_arc", miss="balance", eviction="arc", description="split_lru with adaptive replacement "
+                 "(ARC) eviction: recency against repeated use, balanced by which ghost list a returning expert "
+                 "comes from"),
         Strategy("static_split", miss="host", static=True, description="llama.cpp --n-cpu-moe N at equal "
                  "memory: whole layers' experts on the device, the first N layers' experts computed on the host"),
         Strategy("specter_host", speculative=True, prefetch="draft", chunking="adaptive", eviction="lru", k=8,
