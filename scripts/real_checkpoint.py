@@ -73,6 +73,10 @@ class PeakRSS:
     def now(self) -> int:
         return self._status("VmRSS")
 
+    def split(self) -> tuple[int, int]:
+        """(anonymous, file-backed) resident bytes now: copies in RAM vs pages of the mapped checkpoint."""
+        return self._status("RssAnon"), self._status("RssFile")
+
 
 # ----------------------------------------------------------------------------------------------- config
 def load_config(name: str, layers: int | None, scale: float) -> dict:
@@ -222,12 +226,12 @@ def main(argv=None) -> int:
         t = time.perf_counter()
         result = fn()
         dt = time.perf_counter() - t
-        rows.append((name, dt, dt / tokens if tokens else None, rss.peak(), rss.now()))
+        rows.append((name, dt, dt / tokens if tokens else None, rss.peak(), rss.split()))
         print(f"[{name}] {dt:.1f} s" + (f", {dt / tokens * 1e3:.0f} ms/token" if tokens else "")
               + f", peak RSS {format_bytes(rss.peak())}", flush=True)
         return result
 
-    rows.append(("start (imports)", 0.0, None, rss.peak(), rss.now()))
+    rows.append(("start (imports)", 0.0, None, rss.peak(), rss.split()))
     if a.plan_only:
         try:
             write_checkpoint(cfg, out, a.layout, a.shard_mb * 2**20, seed=0, sparse=True)
@@ -272,10 +276,11 @@ def _table(a, cfg, rows, disk, written, plan, resettable, equal) -> str:
             f"{a.layout} layout, bf16: {format_bytes(disk)} on disk ({written:,} tensor bytes); {a.tokens} new "
             f"tokens, budget {a.budget}, record k_max {a.k_max}, {a.threads} threads. Command: python "
             f"scripts/real_checkpoint.py " + " ".join(sys.argv[1:]))
-    lines = [head, "", "| stage | wall s | ms/token | peak RSS | peak RSS / checkpoint |", "|---|---|---|---|---|"]
-    for name, dt, per, peak, _ in rows:
+    lines = [head, "", "| stage | wall s | ms/token | peak RSS | peak RSS / checkpoint | after: anon + file pages |",
+             "|---|---|---|---|---|---|"]
+    for name, dt, per, peak, (anon, file) in rows:
         lines.append(f"| {name} | {dt:.1f} | {'' if per is None else f'{per * 1e3:.0f}'} | {format_bytes(peak)} | "
-                     f"{peak / disk:.2f}× |")
+                     f"{peak / disk:.2f}× | {format_bytes(anon)} + {format_bytes(file)} |")
     same = ", ".join(f"{k} {'==' if v else '!='} HF generate" for k, v in equal.items())
     lines += ["", f"Planned: {format_bytes(plan.required)} resident + {format_bytes(plan.mapped)} mapped "
               f"(allowance {format_bytes(plan.allowance)}). Lossless: {same}"]

@@ -53,7 +53,7 @@ DENSE_DRAFT_LIMIT = 1 << 30
 CPU_SLOT_COPY_LIMIT = 1 << 30
 # The draft's quantizer works on as many experts at once as keep one chunk's float32 copy under this (run/quant.py;
 # a tiny model's fused tensor is one chunk): its transient memory is about four chunks, whatever the model's size.
-QUANT_CHUNK_BYTES = 256 << 20
+QUANT_CHUNK_BYTES = 64 << 20
 
 _FLOAT_BYTES = {torch.float32: 4, torch.float64: 8, torch.float16: 2, torch.bfloat16: 2}
 
