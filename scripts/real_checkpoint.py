@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shutil
 import sys
 import time
@@ -41,6 +42,7 @@ import torch  # noqa: E402
 import specter_lab as sl  # noqa: E402
 from specter_lab.model import BUNDLED  # noqa: E402
 from specter_lab.model.geometry import CONFIG_DIR  # noqa: E402
+from specter_lab.model.pages import trim_heap  # noqa: E402
 from specter_lab.units import format_bytes  # noqa: E402
 
 TOKENIZER_FROM = BUNDLED["tiny"]
@@ -144,6 +146,16 @@ def _write_sparse(path: Path, group: list[tuple[str, tuple[int, ...]]]) -> int:
     return off
 
 
+def _written_back(path: Path) -> None:
+    """fsync a shard: its page cache is then clean, as a checkpoint's is when it was not written moments ago (dirty
+    pages cannot be handed back to the OS, so the later stages would measure the writing, not the run)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def write_checkpoint(cfg: dict, out: Path, layout: str, shard_bytes: int, seed: int, sparse: bool = False) -> int:
     """Random bf16 weights (norms at 1), written shard by shard; returns the bytes written. ``sparse``: headers
     only, the data left as holes (for ``--plan-only``: nothing can load it, but its sizes are the real ones)."""
@@ -175,6 +187,7 @@ def write_checkpoint(cfg: dict, out: Path, layout: str, shard_bytes: int, seed: 
             else:
                 tensors[name] = torch.randn(shape, generator=g, dtype=torch.bfloat16).mul_(0.02)
         save_file(tensors, str(out / fname), metadata={"format": "pt"})
+        _written_back(out / fname)
         total += sum(t.nbytes for t in tensors.values())
         weight_map.update({name: fname for name, _ in group})
         del tensors  # only one shard is ever held
@@ -242,6 +255,7 @@ def main(argv=None) -> int:
         return 0
     try:
         written = stage("write", lambda: write_checkpoint(cfg, out, a.layout, a.shard_mb * 2**20, seed=0))
+        trim_heap()  # the writer's freed shards are not the run's: a user's process has not written the checkpoint
         disk = sum(p.stat().st_size for p in out.glob("*.safetensors"))
         plan = stage("plan", lambda: sl.plan_memory(out, draft=sl.QuantSpec(), context=64 + a.tokens,
                                                     expert_budget=budget))

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from ..model.memory import DENSE_DRAFT_LIMIT, QUANT_CHUNK_BYTES
-from ..model.pages import file_backed, release_file_pages
+from ..model.pages import file_backed, release_file_pages, trim_heap
 
 SUPPORTED_BITS = (2, 3, 4, 8)
 METHODS = ("rtn", "hqq")
@@ -286,6 +286,7 @@ class DraftExperts:
         for li, layer in enumerate(info.layers):
             keep = sorted(experts[li]) if experts is not None else None
             views, p, n, err = self._quantize_layer(layer, keep)
+            trim_heap()  # the layer's freed temporaries go back to the OS, not held between its packed weights
             self._views.append(views)
             packed, numel = packed + p, numel + n
             errs += err
