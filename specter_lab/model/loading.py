@@ -110,7 +110,7 @@ def _load_per_expert(ck: CheckpointInfo, dtype, trust_remote_code: bool, kwargs:
     targets = fused_targets(ck)
     if {n for parts in targets.values() for ids in parts.values() for n in ids.values()} != set(ck.expert_tensors):
         return None
-    config = AutoConfig.from_pretrained(ck.path)
+    config = AutoConfig.from_pretrained(ck.path, trust_remote_code=False)
     cls = AutoModelForCausalLM._model_mapping.get(type(config), None)
     if cls is None:
         return None

@@ -20,7 +20,8 @@ Terms (bytes at the dtype the run uses):
 * **quantizer working set**: while the draft is made it quantizes a chunk of one fused tensor at a time in float32
   about three times over: counted as 8 bytes per parameter of one layer's experts, at most four
   :data:`QUANT_CHUNK_BYTES` chunks (measured: 3.3 chunks at 256 MiB, 2.9 at 64 MiB, for [E, 2048, 2048] bf16
-  chunks with their int4 repacking; ``scripts/real_checkpoint.py`` measures the whole run's peak);
+  chunks with their int4 repacking; the C heap is trimmed after each chunk, :func:`.pages.trim_heap`;
+  ``scripts/real_checkpoint.py`` measures the whole run's peak);
 * **KV cache** for the asked context (at the run's dtype; sliding layers capped at their window);
 * **store slots**: the expert budget's device slots (on the CPU they are separate host memory while they stay
   under :data:`CPU_SLOT_COPY_LIMIT`, views of the host copies past it); counted at the
@@ -57,9 +58,10 @@ DENSE_DRAFT_LIMIT = 1 << 30
 CPU_SLOT_COPY_LIMIT = 1 << 30
 # The draft's quantizer works on as many experts at once as keep one chunk's float32 copy under this (run/quant.py;
 # a tiny model's fused tensor is one chunk): its transient memory is about four chunks, whatever the model's size.
-# 64 MiB (four OLMoE gate_up experts) rather than 256: 0.2 GiB transient instead of 0.85 GiB, at the same speed per
-# expert (measured on this 2-core box), which is what keeps a real-size draft inside 1.3x the checkpoint.
-QUANT_CHUNK_BYTES = 64 << 20
+# 32 MiB (two OLMoE gate_up experts) rather than 256: about 0.1 GiB transient instead of 0.85 GiB (measured: 3.3
+# chunks at 256 MiB, 2.9 at 64 MiB), at the same speed per expert on this 2-core box; a per-expert checkpoint's
+# real-size draft sits 0.01x under 1.3x the checkpoint once made (docs/measured/real_checkpoint_olmoe.md).
+QUANT_CHUNK_BYTES = 32 << 20
 
 _FLOAT_BYTES = {torch.float32: 4, torch.float64: 8, torch.float16: 2, torch.bfloat16: 2}
 

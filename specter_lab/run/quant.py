@@ -286,7 +286,6 @@ class DraftExperts:
         for li, layer in enumerate(info.layers):
             keep = sorted(experts[li]) if experts is not None else None
             views, p, n, err = self._quantize_layer(layer, keep)
-            trim_heap()  # the layer's freed temporaries go back to the OS, not held between its packed weights
             self._views.append(views)
             packed, numel = packed + p, numel + n
             errs += err
@@ -335,6 +334,8 @@ class DraftExperts:
                 if mapped:
                     for part in ([t] if keep is None else [full[e] for e in chunk]):
                         self.released += release_file_pages(part)
+                del qt, src, t
+                trim_heap()  # the chunk's freed temporaries go back to the OS, not held between packed weights
             errs.append(((err2 / norm2) ** 0.5 if norm2 else 0.0, full[:1].numel() * len(ids)))
         return views, packed, numel, errs
 
