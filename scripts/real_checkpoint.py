@@ -14,9 +14,13 @@ any config.json) as safetensors shards with an index, in bf16 by default, with t
 6. ``record``   : ``sl.record`` (greedy decoding plus the draft chains).
 
 Peak resident memory per stage is the kernel's VmHWM, reset before each stage (``/proc/self/clear_refs``; where
-that is refused, the process's peak so far, and the table says so). Times are wall clock on this machine; per
-token = the stage's wall time / new tokens (prefill included). ``--layers`` and ``--scale`` shrink the model
-(fewer decoder layers; expert and dense MLP widths scaled) for a machine or a test that cannot hold the real size.
+that is refused, the process's peak so far, and the table says so), with what stays resident after it split
+into anonymous memory (copies: the per-expert layout's experts, the draft) and file pages (the mapped checkpoint:
+dense weights, a fused layout's experts as far as they were read). The shards are fsynced as they are written and
+the C heap is trimmed after writing, so the stages measure the run, not the writer. Times are wall clock on this
+machine; per token = the stage's wall time / new tokens (prefill included). ``--layers`` and ``--scale`` shrink
+the model (fewer decoder layers; expert and dense MLP widths scaled) for a machine or a test that cannot hold the
+real size.
 
 Examples::
 
