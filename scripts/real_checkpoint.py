@@ -14,9 +14,13 @@ any config.json) as safetensors shards with an index, in bf16 by default, with t
 6. ``record``   : ``sl.record`` (greedy decoding plus the draft chains).
 
 Peak resident memory per stage is the kernel's VmHWM, reset before each stage (``/proc/self/clear_refs``; where
-that is refused, the process's peak so far, and the table says so). Times are wall clock on this machine; per
-token = the stage's wall time / new tokens (prefill included). ``--layers`` and ``--scale`` shrink the model
-(fewer decoder layers; expert and dense MLP widths scaled) for a machine or a test that cannot hold the real size.
+that is refused, the process's peak so far, and the table says so), with what stays resident after it split
+into anonymous memory (copies: the per-expert layout's experts, the draft) and file pages (the mapped checkpoint:
+dense weights, a fused layout's experts as far as they were read). The shards are fsynced as they are written and
+the C heap is trimmed after writing, so the stages measure the run, not the writer. Times are wall clock on this
+machine; per token = the stage's wall time / new tokens (prefill included). ``--layers`` and ``--scale`` shrink
+the model (fewer decoder layers; expert and dense MLP widths scaled) for a machine or a test that cannot hold the
+real size.
 
 Examples::
 
@@ -29,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shutil
 import sys
 import time
@@ -41,6 +46,7 @@ import torch  # noqa: E402
 import specter_lab as sl  # noqa: E402
 from specter_lab.model import BUNDLED  # noqa: E402
 from specter_lab.model.geometry import CONFIG_DIR  # noqa: E402
+from specter_lab.model.pages import trim_heap  # noqa: E402
 from specter_lab.units import format_bytes  # noqa: E402
 
 TOKENIZER_FROM = BUNDLED["tiny"]
@@ -72,6 +78,10 @@ class PeakRSS:
 
     def now(self) -> int:
         return self._status("VmRSS")
+
+    def split(self) -> tuple[int, int]:
+        """(anonymous, file-backed) resident bytes now: copies in RAM vs pages of the mapped checkpoint."""
+        return self._status("RssAnon"), self._status("RssFile")
 
 
 # ----------------------------------------------------------------------------------------------- config
@@ -140,6 +150,16 @@ def _write_sparse(path: Path, group: list[tuple[str, tuple[int, ...]]]) -> int:
     return off
 
 
+def _written_back(path: Path) -> None:
+    """fsync a shard: its page cache is then clean, as a checkpoint's is when it was not written moments ago (dirty
+    pages cannot be handed back to the OS, so the later stages would measure the writing, not the run)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def write_checkpoint(cfg: dict, out: Path, layout: str, shard_bytes: int, seed: int, sparse: bool = False) -> int:
     """Random bf16 weights (norms at 1), written shard by shard; returns the bytes written. ``sparse``: headers
     only, the data left as holes (for ``--plan-only``: nothing can load it, but its sizes are the real ones)."""
@@ -171,6 +191,7 @@ def write_checkpoint(cfg: dict, out: Path, layout: str, shard_bytes: int, seed: 
             else:
                 tensors[name] = torch.randn(shape, generator=g, dtype=torch.bfloat16).mul_(0.02)
         save_file(tensors, str(out / fname), metadata={"format": "pt"})
+        _written_back(out / fname)
         total += sum(t.nbytes for t in tensors.values())
         weight_map.update({name: fname for name, _ in group})
         del tensors  # only one shard is ever held
@@ -222,12 +243,12 @@ def main(argv=None) -> int:
         t = time.perf_counter()
         result = fn()
         dt = time.perf_counter() - t
-        rows.append((name, dt, dt / tokens if tokens else None, rss.peak(), rss.now()))
+        rows.append((name, dt, dt / tokens if tokens else None, rss.peak(), rss.split()))
         print(f"[{name}] {dt:.1f} s" + (f", {dt / tokens * 1e3:.0f} ms/token" if tokens else "")
               + f", peak RSS {format_bytes(rss.peak())}", flush=True)
         return result
 
-    rows.append(("start (imports)", 0.0, None, rss.peak(), rss.now()))
+    rows.append(("start (imports)", 0.0, None, rss.peak(), rss.split()))
     if a.plan_only:
         try:
             write_checkpoint(cfg, out, a.layout, a.shard_mb * 2**20, seed=0, sparse=True)
@@ -238,6 +259,7 @@ def main(argv=None) -> int:
         return 0
     try:
         written = stage("write", lambda: write_checkpoint(cfg, out, a.layout, a.shard_mb * 2**20, seed=0))
+        trim_heap()  # the writer's freed shards are not the run's: a user's process has not written the checkpoint
         disk = sum(p.stat().st_size for p in out.glob("*.safetensors"))
         plan = stage("plan", lambda: sl.plan_memory(out, draft=sl.QuantSpec(), context=64 + a.tokens,
                                                     expert_budget=budget))
@@ -272,10 +294,11 @@ def _table(a, cfg, rows, disk, written, plan, resettable, equal) -> str:
             f"{a.layout} layout, bf16: {format_bytes(disk)} on disk ({written:,} tensor bytes); {a.tokens} new "
             f"tokens, budget {a.budget}, record k_max {a.k_max}, {a.threads} threads. Command: python "
             f"scripts/real_checkpoint.py " + " ".join(sys.argv[1:]))
-    lines = [head, "", "| stage | wall s | ms/token | peak RSS | peak RSS / checkpoint |", "|---|---|---|---|---|"]
-    for name, dt, per, peak, _ in rows:
+    lines = [head, "", "| stage | wall s | ms/token | peak RSS | peak RSS / checkpoint | after: anon + file pages |",
+             "|---|---|---|---|---|---|"]
+    for name, dt, per, peak, (anon, file) in rows:
         lines.append(f"| {name} | {dt:.1f} | {'' if per is None else f'{per * 1e3:.0f}'} | {format_bytes(peak)} | "
-                     f"{peak / disk:.2f}× |")
+                     f"{peak / disk:.2f}× | {format_bytes(anon)} + {format_bytes(file)} |")
     same = ", ".join(f"{k} {'==' if v else '!='} HF generate" for k, v in equal.items())
     lines += ["", f"Planned: {format_bytes(plan.required)} resident + {format_bytes(plan.mapped)} mapped "
               f"(allowance {format_bytes(plan.allowance)}). Lossless: {same}"]

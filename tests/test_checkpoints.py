@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import specter_lab as sl
 from specter_lab.errors import CheckpointError, NotEnoughMemory
-from specter_lab.model import BUNDLED
+from specter_lab.model import BUNDLED, loading
 from specter_lab.model.checkpoint_check import check_checkpoint
 from specter_lab.model.memory import plan_memory
 from specter_lab.run.quant import DraftExperts
@@ -47,6 +47,7 @@ def no_weights_read(monkeypatch):
         raise AssertionError("from_pretrained was called: the refusal came after work started")
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refuse)
+    monkeypatch.setattr(loading, "_load_per_expert", refuse)  # the per-expert reader reads weights too
 
 
 def _bytes(tensors) -> int:

@@ -126,8 +126,19 @@ def test_trust_remote_code_is_passed_only_when_given(tmp_path, model, monkeypatc
         seen.append(("tokenizer", k.get("trust_remote_code")))
         return real_tok(*a, **k)
 
+    from specter_lab.model import loading
+
+    real_reader = loading._load_per_expert
+
+    def spy_reader(ck, dtype, trust_remote_code, kwargs):  # the per-expert reader: safetensors, own read
+        out = real_reader(ck, dtype, trust_remote_code, kwargs)
+        if out is not None:
+            seen.append(("model", trust_remote_code, True))
+        return out
+
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", spy_model)
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", spy_tok)
+    monkeypatch.setattr(loading, "_load_per_expert", spy_reader)
     sl.load_model(tmp_path)
     assert seen == [("model", False, True), ("tokenizer", False)]
     seen.clear()

@@ -19,23 +19,10 @@ from pathlib import Path
 import torch
 
 from ..errors import CheckpointError
-from .checkpoint_check import _PER_EXPERT, _renamed, check_checkpoint
+from .checkpoint_check import check_checkpoint
+from .expert_read import fused_targets
 
 __all__ = ["fuse_experts"]
-
-
-def _targets(ck, model_type: str) -> dict[str, dict[str, dict[int, str]]]:
-    """fused name → {part ("gate"/"up"/"down") → {expert → checkpoint tensor name}}."""
-    out: dict[str, dict[str, dict[int, str]]] = {}
-    for name in ck.expert_tensors:
-        m = _PER_EXPERT.match(_renamed(name, model_type))
-        if m is None:
-            continue  # already fused
-        part = m.group(3).lower()
-        kind = "down" if ("down" in part or "w2" in part) else ("gate" if ("gate" in part or "w1" in part) else "up")
-        fused = "down_proj" if kind == "down" else "gate_up_proj"
-        out.setdefault(f"{m.group(1)}.experts.{fused}", {}).setdefault(kind, {})[int(m.group(2))] = name
-    return out
 
 
 def fuse_experts(src: str | Path, dst: str | Path) -> Path:
@@ -51,7 +38,7 @@ def fuse_experts(src: str | Path, dst: str | Path) -> Path:
     ck = check_checkpoint(src)
     if ck.layout != "per-expert":
         raise CheckpointError(f"{src}: its experts are already fused (layout {ck.layout!r}); nothing to do.", str(src))
-    targets = _targets(ck, ck.model_type)
+    targets = fused_targets(ck)
     done = {n for parts in targets.values() for ids in parts.values() for n in ids.values()}
     dst.mkdir(parents=True)
     try:

@@ -64,9 +64,12 @@ def load_model(name_or_path: str | Path = "tiny", *, dtype: torch.dtype | str | 
     elif dtype is None:  # a hub id: the checkpoint's dtype as its config says (transformers' "auto")
         dtype = "auto"
     try:
-        model, loading = AutoModelForCausalLM.from_pretrained(
-            source, dtype=dtype, use_safetensors=True, trust_remote_code=trust_remote_code,
-            output_loading_info=True, **kwargs)
+        loaded = _load_per_expert(ck, dtype, trust_remote_code, kwargs) if ck is not None else None
+        if loaded is None:
+            loaded = AutoModelForCausalLM.from_pretrained(
+                source, dtype=dtype, use_safetensors=True, trust_remote_code=trust_remote_code,
+                output_loading_info=True, **kwargs)
+        model, loading = loaded
         _check_loading(key, loading)
         if dev.type == "cuda" and model.dtype == torch.float32 and dtype == "auto":
             model.to(torch.bfloat16)
@@ -87,6 +90,43 @@ def load_model(name_or_path: str | Path = "tiny", *, dtype: torch.dtype | str | 
     else:
         model.to(dev)
     return model, tokenizer
+
+
+def _load_per_expert(ck: CheckpointInfo, dtype, trust_remote_code: bool, kwargs: dict):
+    """A per-expert checkpoint (the published layout) in its own dtype: the experts read once into the model's
+    fused parameters, shard by shard, without the mapped second copy transformers' own concatenation leaves
+    resident (:mod:`.expert_read`); ``(model, loading info)``, or None where transformers' own path is taken
+    (another dtype, a quantized or remote-code model, extra ``from_pretrained`` options, a layout this does not
+    fuse)."""
+    from contextlib import ExitStack
+
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    from .expert_read import fused_targets, per_expert_state_dict
+
+    if (ck.layout != "per-expert" or kwargs or trust_remote_code or dtype != ck.dtype
+            or "quantization_config" in ck.config):
+        return None
+    targets = fused_targets(ck)
+    if {n for parts in targets.values() for ids in parts.values() for n in ids.values()} != set(ck.expert_tensors):
+        return None
+    config = AutoConfig.from_pretrained(ck.path, trust_remote_code=False)
+    cls = AutoModelForCausalLM._model_mapping.get(type(config), None)
+    if cls is None:
+        return None
+    with ExitStack() as stack:
+        state = per_expert_state_dict(ck, dtype, stack)
+        model, loading = cls.from_pretrained(None, config=config, state_dict=state, dtype=dtype,
+                                             output_loading_info=True)
+        del state
+    if loading.get("unexpected_keys") and set(loading["unexpected_keys"]) & set(targets):
+        raise CheckpointError(f"load_model({str(ck.path)!r}): the fused expert names "
+                              f"{sorted(set(loading['unexpected_keys']) & set(targets))[:2]} are not this model's; "
+                              "report it (the per-expert reader's naming is wrong for this family).", str(ck.path))
+    if (ck.path / "generation_config.json").is_file():  # from_pretrained(None, ...) does not read it
+        model.generation_config = GenerationConfig.from_pretrained(ck.path)
+    model.name_or_path = str(ck.path)
+    return model, loading
 
 
 def _check_local(path: Path, source: str, dtype, dev, memory_limit, trust_remote_code) -> CheckpointInfo | None:

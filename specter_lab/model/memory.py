@@ -8,15 +8,20 @@ Terms (bytes at the dtype the run uses):
   parameter counts at the run's dtype rather than the file's bytes;
 * **routed experts**: *mapped* when the file already holds them as the model's fused ``[E, ...]`` tensors in the
   run's dtype (transformers maps such a tensor from the file without a copy; the OS pages it in when an expert is
-  read and may drop it again, so it need not fit in RAM), otherwise *copied* (per-expert tensors are concatenated
-  at load, and another dtype is a converted copy): then they must fit;
+  read and may drop it again, so it need not fit in RAM; the draft's quantizer hands each chunk's pages back once
+  it has read them, :mod:`.pages`), otherwise *copied*: then they must fit. A per-expert checkpoint in its own
+  dtype is read once into the fused parameters without mapping (:mod:`.expert_read`: the copy and nothing else;
+  transformers' own concatenation also left the mapped pages it read resident), another dtype is a converted
+  copy;
 * **draft**: the low-bit copies of the routed experts the speculative draft keeps; on the CPU a small model's are
   dequantized once to the run's dtype (``DraftExperts``' ``dense`` layout: as many bytes as the experts, under
   :data:`DENSE_DRAFT_LIMIT`), a real-size model's and a GPU's packed
   (``QuantSpec.packed_bytes``: codes + an fp16 scale and zero per group);
 * **quantizer working set**: while the draft is made it quantizes a chunk of one fused tensor at a time in float32
   about three times over: counted as 8 bytes per parameter of one layer's experts, at most four
-  :data:`QUANT_CHUNK_BYTES` chunks (an estimate; ``scripts/real_checkpoint.py`` measures the peak);
+  :data:`QUANT_CHUNK_BYTES` chunks (measured: 3.3 chunks at 256 MiB, 2.9 at 64 MiB, for [E, 2048, 2048] bf16
+  chunks with their int4 repacking; the C heap is trimmed after each chunk, :func:`.pages.trim_heap`;
+  ``scripts/real_checkpoint.py`` measures the whole run's peak);
 * **KV cache** for the asked context (at the run's dtype; sliding layers capped at their window);
 * **store slots**: the expert budget's device slots (on the CPU they are separate host memory while they stay
   under :data:`CPU_SLOT_COPY_LIMIT`, views of the host copies past it); counted at the
@@ -58,7 +63,10 @@ DENSE_DRAFT_LIMIT = 1 << 30
 CPU_SLOT_COPY_LIMIT = 1 << 30
 # The draft's quantizer works on as many experts at once as keep one chunk's float32 copy under this (run/quant.py;
 # a tiny model's fused tensor is one chunk): its transient memory is about four chunks, whatever the model's size.
-QUANT_CHUNK_BYTES = 256 << 20
+# 32 MiB (two OLMoE gate_up experts) rather than 256: about 0.1 GiB transient instead of 0.85 GiB (measured: 3.3
+# chunks at 256 MiB, 2.9 at 64 MiB), at the same speed per expert on this 2-core box; a per-expert checkpoint's
+# real-size draft sits 0.01x under 1.3x the checkpoint once made (docs/measured/real_checkpoint_olmoe.md).
+QUANT_CHUNK_BYTES = 32 << 20
 
 _FLOAT_BYTES = {torch.float32: 4, torch.float64: 8, torch.float16: 2, torch.bfloat16: 2}
 
@@ -122,7 +130,10 @@ class MemoryPlan:
     def terms(self) -> list[tuple[str, int, str]]:
         """(term, bytes, note) rows, in the order the module docstring lists them."""
         experts = ("mapped from the files (paged in on use)" if self.experts_mapped else
-                   "pinned in host RAM" if self.on_gpu else "copied into RAM")
+                   "pinned in host RAM" if self.on_gpu else
+                   "read once into RAM (no mapped second copy)"
+                   if self.layout == "per-expert" and self.dtype == self.stored_dtype
+                   else "copied into RAM")
         if self.on_gpu and self.experts_mapped and not self.disk_tier:
             experts += "; copied through a bounded pinned ring"
         if self.disk_tier and self.experts_mapped:

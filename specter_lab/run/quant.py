@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from ..model.memory import DENSE_DRAFT_LIMIT, QUANT_CHUNK_BYTES
+from ..model.pages import file_backed, release_file_pages, trim_heap
 
 SUPPORTED_BITS = (2, 3, 4, 8)
 METHODS = ("rtn", "hqq")
@@ -279,6 +280,7 @@ class DraftExperts:
                        "packed": "HQQ-packed codes, dequantized per expert"}[self.layout]
         self._views: list[dict[int, dict]] = []  # per layer: expert → its weights (built once)
         self._stored = 0
+        self.released = 0  # bytes of mapped expert pages handed back to the OS while quantizing
         packed = numel = 0
         errs = []
         for li, layer in enumerate(info.layers):
@@ -310,12 +312,18 @@ class DraftExperts:
             # Groups run along the input axis: a transposed layout ([E, in, out]) is quantized transposed. A
             # real-size tensor is quantized a few experts at a time (groups never span experts, so the codes are
             # the same): its float32 working copies stay bounded instead of three times the whole tensor.
+            # A tensor mapped from the checkpoint's files hands each chunk's pages back once it is quantized
+            # (model/pages.py): the pass reads every expert once, and they need not all stay resident.
             full = getattr(mod, name).detach()
             step = _chunk_experts(full)
+            mapped = file_backed(full) is not None
             err2 = norm2 = 0.0
             for c0 in range(0, len(ids), step):
                 chunk = ids[c0: c0 + step]
-                t = full[chunk] if keep is not None or step < len(ids) else full
+                if keep is None:  # consecutive experts: a view, not a copy
+                    t = full[c0: c0 + step] if step < len(ids) else full
+                else:
+                    t = full[chunk]
                 src = t.transpose(1, 2) if mod.is_transposed else t
                 qt = quantize_tensor(src, self.spec)
                 packed, numel = packed + qt.packed_bytes, numel + t.numel()
@@ -323,6 +331,11 @@ class DraftExperts:
                 err2, norm2 = err2 + qt.rel_error ** 2 * n2, norm2 + n2
                 for e, w in zip(chunk, self._stored_weights(qt, name, mod.is_transposed)):
                     views[e].update(w)
+                if mapped:
+                    for part in ([t] if keep is None else [full[e] for e in chunk]):
+                        self.released += release_file_pages(part)
+                del qt, src, t
+                trim_heap()  # the chunk's freed temporaries go back to the OS, not held between packed weights
             errs.append(((err2 / norm2) ** 0.5 if norm2 else 0.0, full[:1].numel() * len(ids)))
         return views, packed, numel, errs
 
