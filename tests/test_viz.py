@@ -716,10 +716,3 @@ def test_dashboard_step_sends_only_what_changed(spec_run):
     assert _figure_json(d.routing) == _figure_json(F.routing_figure(spec_run, first))
     d.flush()
 
-
-def test_figure_widgets_do_not_count_views():
-    """D9: plotly turns ipywidgets' view counting on; each view then sends a sync message when it is removed,
-    which after File > Close and Shut Down Notebook goes to a dead kernel (a console error). Ours turn it off."""
-    w = viz.widgets.figure_widget(F.tuner_figure(None))
-    assert w._view_count is None
-    assert w.get_state()["_view_count"] is None

@@ -66,11 +66,6 @@ def figure_widget(fig: go.Figure) -> go.FigureWidget:
     """A ``FigureWidget`` showing ``fig``, with :data:`FIGURE_CONFIG`. Build every live figure with this."""
     widget = go.FigureWidget(fig)
     widget._config = {**widget._config, **FIGURE_CONFIG}
-    # plotly turns on ipywidgets' view counting (``_view_count = 0``): each view then decrements the count
-    # with a sync message when it is removed, and File > Close and Shut Down Notebook removes the views after
-    # the kernel is gone ("Could not send widget sync message" in the console, issue 37 D9). Nothing here
-    # reads the count; None (ipywidgets' default) turns the counting off.
-    widget._view_count = None
     return widget
 
 
