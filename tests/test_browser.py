@@ -566,8 +566,8 @@ def test_other_notebook_runs_clean(page: Page, notebook: str) -> None:
     "decrements ipywidgets' view count (plotly turns the counting on: _view_count = 0) with a sync message to the "
     "kernel already shut down ('Could not send widget sync message'; stack: WidgetView once('remove') -> "
     "model.save_changes). Turning the counting off (_view_count = None) ends these errors, but then, after a page "
-    "reload, anywidget's 2 s model-initialization timeout fired ('[anywidget] Failed to initialize model', 4 runs "
-    "of 4 on the shared box), so it is not shipped (docs/measured/browser_before_after.md)"))
+    "reload, anywidget's 2 s model-initialization timeout fired ('[anywidget] Failed to initialize model', 5 runs "
+    "of 5 on the shared box), so it is not shipped (docs/measured/browser_before_after.md)"))
 def test_closing_a_notebook_leaves_no_console_error() -> None:
     """D9: no console error when a notebook with widgets is closed and shut down (README: 'the browser console
     has no error'). Reads what the notebook tests above recorded as they closed their notebooks."""
