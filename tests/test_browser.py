@@ -151,6 +151,10 @@ def assert_tables_fit(page: Page, where: str) -> None:
     assert not wide, f"{where}: tables wider than their cell [cell, table px, cell px, first header]: {wide}"
 
 
+# Issue 37's goal for the 01 dashboard: milliseconds per keyboard step of its slider (filled by
+# test_quickstart_dashboard, checked by test_slider_steps_redraw_under_200_ms).
+SLIDER_STEPS_MS: list[int] = []
+
 # D9, per notebook: the console errors that File > Close and Shut Down Notebook left (filled by close_clean,
 # checked by the last test of this file, so that a notebook's own checks are reported apart from it).
 CLOSING_ERRORS: dict[str, list[str]] = {}
@@ -199,8 +203,14 @@ def wait_dashboard_at(page: Page, needle: str, step: int, what: str) -> list[dic
                              f"expected step {step} everywhere") from None
 
 
+# window.__slT0 := the time of the next keydown event (captured before any handler of the page sees it).
+_JS_T0_ON_KEYDOWN = """() => {
+  window.__slT0 = performance.now() + 1e9;  // until the key arrives, nothing can be at the new step in time
+  document.addEventListener('keydown', e => { window.__slT0 = e.timeStamp; }, {capture: true, once: true});
+}"""
+
 # Milliseconds from window.__slT0 until every dashboard title in the cell with `needle` names `step` (polled
-# each animation frame; -1 after 10 s).
+# each animation frame; -1 after 10 s, or if the key never arrived).
 _JS_UNTIL_STEP = """async ([needle, step]) => {
   const c = window.jupyterapp.shell.currentWidget.content.widgets
     .find(c => c.model.type === 'code' && c.model.sharedModel.getSource().includes(needle));
@@ -209,8 +219,9 @@ _JS_UNTIL_STEP = """async ([needle, step]) => {
     const titles = Array.from(c.node.querySelectorAll('.js-plotly-plot .gtitle')).map(t => t.textContent);
     return pats.every(p => titles.some(t => { const m = t.match(p); return m && +m[1] === step; }));
   };
-  while (performance.now() - window.__slT0 < 10000) {
-    if (at()) return Math.round(performance.now() - window.__slT0);
+  const start = performance.now();
+  while (performance.now() - Math.min(window.__slT0, start) < 10000) {
+    if (at() && window.__slT0 <= performance.now()) return Math.round(performance.now() - window.__slT0);
     await new Promise(r => requestAnimationFrame(r));
   }
   return -1;
@@ -263,24 +274,28 @@ def test_quickstart_dashboard(page: Page) -> None:
     assert_tables_fit(page, "01")
 
     # Move the slider with the keyboard, as a user would: two steps back, one at a time, timing each (D4: each
-    # took about 1.6 s, the page frozen meanwhile).
+    # took about 1.6 s, the page frozen meanwhile). Measured in the page, from the key's keydown event to the
+    # first animation frame in which all three step titles name the new step (each title is redrawn by the same
+    # plotly update as its traces, so a new title is a redrawn figure): the kernel's round trip included. The next
+    # key follows once every figure shows the step (the old test's pace).
     handle = page.cell(needle).locator(".widget-slider .noUi-handle").first
     handle.focus()
     page.observe_long_tasks()
     page.page.wait_for_timeout(2000)  # the dashboard warms the neighbouring steps while the kernel is idle
     took = []
-    for moved in (last - 1, last - 2):
-        page.page.evaluate("() => { window.__slT0 = performance.now(); }")
+    for moved in range(last - 1, max(last - 3, -1), -1):
+        page.page.evaluate(_JS_T0_ON_KEYDOWN)
         handle.press("ArrowLeft")
         took.append(page.page.evaluate(_JS_UNTIL_STEP, [needle, moved]))
         plots = wait_dashboard_at(page, needle, moved, "dashboard after moving the slider")
     tasks = [d for _, d in page.long_tasks()]
-    print(f"01: slider steps redrawn in {took} ms (key press to every title at the new step); page long tasks "
-          f"meanwhile {tasks} ms")
+    print(f"01: slider steps redrawn in {took} ms (keydown to every title at the new step); "
+          f"page long tasks meanwhile {tasks} ms; load average {os.getloadavg()[0]:.1f}")
     assert_drawn(plots, "dashboard after moving the slider", expect=4)
     assert max(tasks, default=0) < 500, f"01: the page froze {max(tasks)} ms on a slider step"
     assert all(0 <= t < 1000 for t in took), \
         f"01: slider steps took {took} ms to redraw (was about 1,600; -1: over 10 s)"
+    SLIDER_STEPS_MS.extend(took)  # the 200 ms goal is checked apart: test_slider_steps_redraw_under_200_ms
 
     # A reload with the kernel alive restores the widgets from the kernel: they must show the moved step.
     page.save()
@@ -547,9 +562,12 @@ def test_other_notebook_runs_clean(page: Page, notebook: str) -> None:
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "D9 is not fixed: on File > Close and Shut Down Notebook an anywidget view (the console's stack: AnyView -> "
-    "AnyModel.save_changes, which is what plotly's FigureWidget view calls from its plotly_relayout handler) saves "
-    "a change after the kernel was shut down ('Could not send widget sync message')"))
+    "D9 is not fixed: on File > Close and Shut Down Notebook each plotly FigureWidget view, as it is removed, "
+    "decrements ipywidgets' view count (plotly turns the counting on: _view_count = 0) with a sync message to the "
+    "kernel already shut down ('Could not send widget sync message'; stack: WidgetView once('remove') -> "
+    "model.save_changes). Turning the counting off (_view_count = None) ends these errors, but then, after a page "
+    "reload, anywidget's 2 s model-initialization timeout fired ('[anywidget] Failed to initialize model', 5 runs "
+    "of 5 on the shared box), so it is not shipped (docs/measured/browser_before_after.md)"))
 def test_closing_a_notebook_leaves_no_console_error() -> None:
     """D9: no console error when a notebook with widgets is closed and shut down (README: 'the browser console
     has no error'). Reads what the notebook tests above recorded as they closed their notebooks."""
@@ -558,3 +576,17 @@ def test_closing_a_notebook_leaves_no_console_error() -> None:
     print(f"console errors on closing: { {k: len(v) for k, v in CLOSING_ERRORS.items()} }")
     left = {k: v for k, v in CLOSING_ERRORS.items() if v}
     assert not left, f"console errors on closing: {left}"
+
+
+@pytest.mark.xfail(strict=False, reason=(
+    "not met on the shared 2-core test box: a step is four plotly.js full replots in the page (one per figure, "
+    "about 50-80 ms each there with other jobs running), 300-530 ms in all at load 3-4; the kernel's part is "
+    "4-12 ms (docs/measured/browser_before_after.md)"))
+def test_slider_steps_redraw_under_200_ms() -> None:
+    """Issue 37: each keyboard step of 01's dashboard slider redraws in under 200 ms, measured in the page from
+    the keydown event to the first animation frame with every step title at the new step (the kernel's round trip
+    included)."""
+    if not SLIDER_STEPS_MS:
+        pytest.skip("test_quickstart_dashboard did not time its slider")
+    print(f"01: slider steps {SLIDER_STEPS_MS} ms; load average {os.getloadavg()[0]:.1f}")
+    assert max(SLIDER_STEPS_MS) < 200, f"01: slider steps took {SLIDER_STEPS_MS} ms to redraw (goal: under 200)"

@@ -693,3 +693,26 @@ def test_waterfall_labels_are_the_tables_factors():
     for r in df.iloc[1:].itertuples():
         assert labels[r.step] == f"×{r.factor:.2f}", (r.step, labels[r.step])
     assert labels["artifact protocol"] == "1.84×" or labels["artifact protocol"] == "1.85×"
+
+
+def test_dashboard_step_sends_only_what_changed(spec_run):
+    """Issue 37 (slider redraw): a step updates each view with only the trace properties and layout keys that
+    differ from the shown step, and afterwards each view holds exactly the new step's figure."""
+    from specter_lab.viz.widgets import figure_update, plain_figure
+
+    d = viz.dashboard(spec_run)
+    first = d.step
+    other = 2 if first != 2 else 1
+    a, b = plain_figure(F.routing_figure(spec_run, first)), plain_figure(F.routing_figure(spec_run, other))
+    restyle, relayout, traces = figure_update(a, b)
+    assert "title.text" in relayout and "title" not in relayout and "template" not in relayout and "z" in restyle
+    assert traces == [0]  # the legend swatches are the same at every step: not sent
+    assert figure_update(a, a) == ({}, {}, [])
+    assert figure_update(a, {"data": b["data"][:1], "layout": b["layout"]}) is None  # traces differ: full sync
+    d.slider.value = other
+    for name, build in (("routing", F.routing_figure), ("cache", F.cache_figure), ("timeline", F.timeline_figure)):
+        assert _figure_json(getattr(d, name)) == _figure_json(build(spec_run, other)), name
+    d.slider.value = first
+    assert _figure_json(d.routing) == _figure_json(F.routing_figure(spec_run, first))
+    d.flush()
+

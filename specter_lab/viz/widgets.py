@@ -21,6 +21,7 @@ load it.
 
 from __future__ import annotations
 
+import base64
 import html
 import json
 import re
@@ -32,8 +33,10 @@ from typing import Any, Callable, Mapping, Sequence
 
 import anywidget
 import ipywidgets as W
+import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
+from plotly.basedatatypes import Undefined
 from plotly.utils import PlotlyJSONEncoder
 
 from ..decode import StopGeneration
@@ -117,10 +120,9 @@ def sync_figure(widget: go.FigureWidget, fig: go.Figure, *, publish: bool = True
 
 def _figure_json(fig: go.BaseFigure) -> str:
     """Traces (without uids) and layout (without template) as JSON, to compare what two figures draw."""
-    d = fig.to_plotly_json()
+    d = plain_figure(fig)  # arrays as lists: a numpy array and its base64 form compare equal
     data = [{k: v for k, v in t.items() if k != "uid"} for t in d["data"]]
-    layout = {k: v for k, v in d["layout"].items() if k != "template"}
-    return json.dumps({"data": data, "layout": layout}, sort_keys=True, cls=PlotlyJSONEncoder)
+    return json.dumps({"data": data, "layout": d["layout"]}, sort_keys=True, cls=PlotlyJSONEncoder)
 
 
 def _same_figure(widget: go.FigureWidget, fig: go.Figure) -> bool:
@@ -128,6 +130,75 @@ def _same_figure(widget: go.FigureWidget, fig: go.Figure) -> bool:
         return _figure_json(widget) == _figure_json(fig)
     except (TypeError, ValueError):  # something that does not serialize the same way: just update
         return False
+
+
+def plain_figure(fig: go.Figure) -> dict:
+    """``fig`` as plain JSON-like data (lists, not numpy arrays; no template): what :func:`figure_update`
+    compares. Built once per step, ahead of time, by a view that switches between prepared figures."""
+    d = _plain(fig.to_plotly_json())
+    d["layout"].pop("template", None)
+    return {"data": d["data"], "layout": d["layout"]}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        if "bdata" in value and "dtype" in value:  # plotly's base64 form of a numpy array
+            arr = np.frombuffer(base64.b64decode(value["bdata"]), dtype=np.dtype(value["dtype"]))
+            shape = value.get("shape")
+            if isinstance(shape, str):
+                shape = [int(n) for n in shape.split(",")]
+            return (arr.reshape(shape) if shape else arr).tolist()
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return _plain(value.tolist())
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def figure_update(old: dict, new: dict) -> "tuple[dict, dict, list[int]] | None":
+    """The smallest ``Plotly.update`` that turns the figure ``old`` into ``new`` (both :func:`plain_figure`):
+    (restyle data, relayout data, trace indexes), with only the trace properties and top-level layout keys
+    that differ (``None`` unsets one, ``Undefined`` leaves a trace as it is). None when the traces differ in
+    number or type (then only a full :func:`sync_figure` will do).
+
+    Why: every property sent is redrawn in the page and checked by plotly's Python side; a dashboard step
+    changes a few arrays and a title, and sending only those keeps a slider step's redraw short (issue 37)."""
+    if len(old["data"]) != len(new["data"]) or any(a.get("type") != b.get("type")
+                                                    for a, b in zip(old["data"], new["data"])):
+        return None
+    changed: list[tuple[int, dict]] = []
+    for i, (a, b) in enumerate(zip(old["data"], new["data"])):
+        diff = _leaf_diff({k: v for k, v in a.items() if k not in ("type", "uid")},
+                          {k: v for k, v in b.items() if k not in ("type", "uid")})
+        if diff:
+            changed.append((i, diff))
+    props = sorted({k for _, diff in changed for k in diff})
+    # one value per trace updated (a list value is that trace's array, never spread over traces)
+    restyle = {k: [diff.get(k, Undefined) for _, diff in changed] for k in props}
+    return restyle, _leaf_diff(old["layout"], new["layout"]), [i for i, _ in changed]
+
+
+_MISSING = object()
+
+
+def _leaf_diff(a: dict, b: dict, prefix: str = "") -> dict:
+    """``{'title.text': …, 'xaxis.range': …}``: the changed leaves of ``b`` against ``a`` as plotly attribute
+    paths (None where ``b`` dropped one). Leaves, not whole containers: plotly.js redraws a changed
+    ``title.text`` in place, but a new ``title`` object replots the whole figure (axes included)."""
+    out: dict = {}
+    for k in list(a) + [k for k in b if k not in a]:
+        va, vb = a.get(k, _MISSING), b.get(k, _MISSING)
+        if va == vb:
+            continue
+        path = f"{prefix}.{k}" if prefix else k
+        if isinstance(va, dict) and isinstance(vb, dict) and va and vb:
+            out.update(_leaf_diff(va, vb, path))
+        else:
+            out[path] = None if vb is _MISSING else vb
+    return out
 
 
 # Why a helper widget: plotly's anywidget view draws a figure when it is created, before JupyterLab attaches it
@@ -227,6 +298,7 @@ class Dashboard:
             raise ValueError(f"step={step!r}: the run has steps {steps[0]}..{steps[-1]}")
         lo, hi = steps[0], steps[-1]
         self._cache: "OrderedDict[int, dict[str, go.Figure]]" = OrderedDict()
+        self._plain: dict[int, dict[str, dict]] = {}  # the same figures as plain_figure(), by step
         self._cache_steps = max(2, int(cache_steps))
         self._build_lock = threading.Lock()
         self._publish_timer: threading.Timer | None = None
@@ -282,8 +354,10 @@ class Dashboard:
                 figs = {name: view(self.result, step, self.tokenizer, max_rows=self.token_rows)
                         for name, view in F.STEP_VIEWS.items()}
                 self._cache[step] = figs
+                self._plain[step] = {name: plain_figure(fig) for name, fig in figs.items()}
                 while len(self._cache) > self._cache_steps:
-                    self._cache.popitem(last=False)
+                    gone, _ = self._cache.popitem(last=False)
+                    self._plain.pop(gone, None)
             else:
                 self._cache.move_to_end(step)
             return figs
@@ -321,10 +395,19 @@ class Dashboard:
         """Show ``step`` in every view (what the slider calls)."""
         step = int(step)
         figs = self._figures(step)
+        with self._build_lock:
+            new, old = self._plain.get(step), self._plain.get(self._shown)
         with self._sync_lock:
             for name, fig in figs.items():
-                # One update message per figure; the full state is published once the slider rests (_publish_soon).
-                sync_figure(self.views[name], fig, publish=False, compare=False)
+                # One update message per figure, with only what differs from the shown step (both prepared
+                # ahead: a step costs a few milliseconds here, and the page redraws only what changed); the
+                # full state is published once the slider rests (_publish_soon).
+                update = figure_update(old[name], new[name]) if old and new else None
+                if update is None:
+                    sync_figure(self.views[name], fig, publish=False, compare=False)
+                elif update[0] or update[1]:
+                    self.views[name].plotly_update(restyle_data=update[0], relayout_data=update[1],
+                                                   trace_indexes=update[2])
         self.info.value = self._info_html(step)
         self._shown = step
         if self.slider.value != step:
@@ -333,7 +416,7 @@ class Dashboard:
         if self._prefetch:
             self._warm(step)
 
-    def _publish_soon(self, delay: float = 0.4) -> None:
+    def _publish_soon(self, delay: float = 1.0) -> None:
         """Publish every view's synced state (what a reload or a second display draws) once no step has been
         shown for ``delay`` seconds: per step it would resend every figure twice."""
         if self._publish_timer is not None:
