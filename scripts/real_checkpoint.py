@@ -216,6 +216,8 @@ def main(argv=None) -> int:
     ap.add_argument("--shard-mb", type=int, default=1000, help="shard size (writing peaks near twice one shard)")
     ap.add_argument("--tokens", type=int, default=8, help="new tokens per generate")
     ap.add_argument("--budget", default="0.5", help="expert budget for lru/specter")
+    ap.add_argument("--strategies", default="lru,specter", help="the strategies generated and checked against HF")
+    ap.add_argument("--no-record", action="store_true", help="leave out the sl.record stage")
     ap.add_argument("--k-max", type=int, default=4, help="sl.record's draft chain length")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--keep", action="store_true", help="keep the checkpoint (default: delete it at the end)")
@@ -238,17 +240,26 @@ def main(argv=None) -> int:
     cfg = load_config(a.config, a.layers, a.scale)
     rss, rows = PeakRSS(), []
 
-    def stage(name: str, fn, tokens: int = 0):
+    def stage(name: str, fn, tokens: int = 0, first=None):
+        """Run ``fn`` with its peak RSS; ``first`` (the same generation cut to one token) gives the decode time
+        per token, (t(N) − t(1)) / (N − 1): prefill and start-up left out, as the issue's goal reads it."""
         rss.reset()
         t = time.perf_counter()
         result = fn()
         dt = time.perf_counter() - t
-        rows.append((name, dt, dt / tokens if tokens else None, rss.peak(), rss.split()))
+        peak, split = rss.peak(), rss.split()
+        decode = None
+        if first is not None and tokens > 1:
+            t1 = time.perf_counter()
+            first()
+            decode = (dt - (time.perf_counter() - t1)) / (tokens - 1)
+        rows.append((name, dt, dt / tokens if tokens else None, decode, peak, split))
         print(f"[{name}] {dt:.1f} s" + (f", {dt / tokens * 1e3:.0f} ms/token" if tokens else "")
-              + f", peak RSS {format_bytes(rss.peak())}", flush=True)
+              + (f", decode {decode * 1e3:.0f} ms/token" if decode is not None else "")
+              + f", peak RSS {format_bytes(peak)}", flush=True)
         return result
 
-    rows.append(("start (imports)", 0.0, None, rss.peak(), rss.split()))
+    rows.append(("start (imports)", 0.0, None, None, rss.peak(), rss.split()))
     if a.plan_only:
         try:
             write_checkpoint(cfg, out, a.layout, a.shard_mb * 2**20, seed=0, sparse=True)
@@ -266,19 +277,28 @@ def main(argv=None) -> int:
         print(plan, flush=True)
         model, tok = stage("load", lambda: sl.load_model(out))
         ids = tok("def fibonacci(n):\n    if n < 2:", return_tensors=None)["input_ids"]
-        ref = stage("hf", lambda: model.generate(torch.tensor([ids]), max_new_tokens=a.tokens, do_sample=False,
-                                                 min_new_tokens=a.tokens)[0, len(ids):].tolist(), a.tokens)
+        def hf(n):
+            return model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False,
+                                  min_new_tokens=n)[0, len(ids):].tolist()
+
+        ref = stage("hf", lambda: hf(a.tokens), a.tokens, first=lambda: hf(1))
         equal = {}
-        runs = [("lru", "lru", {}), ("specter", "specter", {})]
+        runs = [(s, s, {}) for s in a.strategies.split(",")]
         if a.exact:  # both with the draft the run above built (shared): the verification's cost, not quantizing's
             runs += [("specter, draft ready", "specter", {}), ("specter verify=exact", "specter", {"verify": "exact"})]
         for name, strategy, opts in runs:
-            got = stage(name, lambda s=strategy, o=opts: sl.Engine(model, tok, s, expert_budget=budget, **o).generate(
-                ids, max_new_tokens=a.tokens).token_ids, a.tokens)
+            # the engine is built in its own stage (the op count, the exactness probe, the draft), so that a
+            # stage's time per token is generation's
+            eng = stage(f"{name}: build", lambda s=strategy, o=opts: sl.Engine(model, tok, s, expert_budget=budget,
+                                                                              **o))
+            got = stage(name, lambda e=eng: e.generate(ids, max_new_tokens=a.tokens).token_ids, a.tokens,
+                        first=lambda e=eng: e.generate(ids, max_new_tokens=1))
+            del eng
             equal[name] = got == ref
             print(f"  {name} equals HF generate: {equal[name]} ({got} vs {ref})", flush=True)
-        stage("record", lambda: sl.record(model, tok, [ids], max_new_tokens=a.tokens, k_max=a.k_max,
-                                          progress=False), a.tokens)
+        if not a.no_record:
+            stage("record", lambda: sl.record(model, tok, [ids], max_new_tokens=a.tokens, k_max=a.k_max,
+                                              progress=False), a.tokens)
     finally:
         if not a.keep:
             shutil.rmtree(out, ignore_errors=True)
@@ -294,10 +314,11 @@ def _table(a, cfg, rows, disk, written, plan, resettable, equal) -> str:
             f"{a.layout} layout, bf16: {format_bytes(disk)} on disk ({written:,} tensor bytes); {a.tokens} new "
             f"tokens, budget {a.budget}, record k_max {a.k_max}, {a.threads} threads. Command: python "
             f"scripts/real_checkpoint.py " + " ".join(sys.argv[1:]))
-    lines = [head, "", "| stage | wall s | ms/token | peak RSS | peak RSS / checkpoint | after: anon + file pages |",
-             "|---|---|---|---|---|---|"]
-    for name, dt, per, peak, (anon, file) in rows:
-        lines.append(f"| {name} | {dt:.1f} | {'' if per is None else f'{per * 1e3:.0f}'} | {format_bytes(peak)} | "
+    lines = [head, "", "| stage | wall s | ms/token | decode ms/token | peak RSS | peak RSS / checkpoint | "
+             "after: anon + file pages |", "|---|---|---|---|---|---|---|"]
+    for name, dt, per, decode, peak, (anon, file) in rows:
+        lines.append(f"| {name} | {dt:.1f} | {'' if per is None else f'{per * 1e3:.0f}'} | "
+                     f"{'' if decode is None else f'{decode * 1e3:.0f}'} | {format_bytes(peak)} | "
                      f"{peak / disk:.2f}× | {format_bytes(anon)} + {format_bytes(file)} |")
     same = ", ".join(f"{k} {'==' if v else '!='} HF generate" for k, v in equal.items())
     lines += ["", f"Planned: {format_bytes(plan.required)} resident + {format_bytes(plan.mapped)} mapped "
