@@ -270,7 +270,8 @@ def paper_equal_memory(model, tokenizer, case: str = "deepseek-v2-lite-high", ex
                        progress: bool = True) -> pd.DataFrame:
     """The same case at equal device memory (Specter's bytes in the artifact's setup: its slots plus its draft)
     against the lean baselines, host execution and ``auto``: one row per strategy, mean TPOT (both metrics) and
-    Specter's speedup over it (unbiased), sorted fastest first."""
+    Specter's speedup over it (unbiased), sorted fastest first. ``auto`` plans with Specter's draft and K pinned
+    (``sl.plan(draft=, k=)``): every strategy, speculative or not, at this case's draft."""
     (case,) = _check([case], [execution], None)
     b = _setup(model, tokenizer, prompts, n_prompts, max_new_tokens, len(strategies) + 1, progress)
     spec = case.method("specter")
@@ -279,7 +280,11 @@ def paper_equal_memory(model, tokenizer, case: str = "deepseek-v2-lite-high", ex
         budget = ref.split.budget_bytes
         rows = []
         for s in strategies:
-            eng = ref if s == "specter" else b.engine(s, case, execution, expert_budget=budget)
+            # auto plans with Specter's own draft and K (the case's): at Specter's memory it decides whether to
+            # speculate and how to split the budget, not which draft to make (that search is sl.plan's, and
+            # costs twice the candidates)
+            pinned = dict(draft=ref.draft_cfg, k=spec.k) if s == AUTO else {}
+            eng = ref if s == "specter" else b.engine(s, case, execution, expert_budget=budget, **pinned)
             r = b.run(eng)
             rows.append({"strategy": s, "plan": eng.plan.label if eng.plan else None, **r})
     df = pd.DataFrame(rows)
