@@ -126,6 +126,8 @@ def _print_run(a, r) -> None:
     label = r.metrics["clock"] + (" (projected as " + r.metrics["cost_shape"] + ")" if r.metrics["projected"] else "")
     print(f"strategy {r.strategy} · clock {label}")
     for k in _RUN_KEYS:
+        if k.startswith(("disk_", "host_cache_")) and a.host_budget is None:
+            continue  # the disk tier's figures, only for a run that has one (they would all read 0)
         v = r.metrics.get(k)
         if v is not None:
             print(f"  {k:<22} {v:,.4g}" if isinstance(v, float) else f"  {k:<22} {v:,}")
