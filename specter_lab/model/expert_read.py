@@ -17,7 +17,6 @@ for the expert reads: its ``get_tensor`` maps the file (the pages this avoids) a
 
 from __future__ import annotations
 
-import json
 import os
 from contextlib import ExitStack
 from pathlib import Path
@@ -45,14 +44,6 @@ def fused_targets(ck: CheckpointInfo) -> dict[str, dict[str, dict[int, str]]]:
         fused = "down_proj" if kind == "down" else "gate_up_proj"
         out.setdefault(f"{m.group(1)}.experts.{fused}", {}).setdefault(kind, {})[int(m.group(2))] = name
     return out
-
-
-def _data_offsets(path: Path) -> dict[str, int]:
-    """Absolute file offset of every tensor's data in one safetensors file (its header was checked already)."""
-    with path.open("rb") as f:
-        n = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(n))
-    return {k: 8 + n + v["data_offsets"][0] for k, v in header.items() if k != "__metadata__"}
 
 
 def _readinto(f, offset: int, dest: torch.Tensor, path: Path, name: str) -> None:
@@ -107,10 +98,9 @@ def read_fused_experts(ck: CheckpointInfo, dtype: torch.dtype,
                 reads.setdefault(ck.tensors[name].file, []).append((name, t[e, i * rows:(i + 1) * rows]))
     for file, items in reads.items():
         path = ck.path / file
-        offsets = _data_offsets(path)
-        with path.open("rb", buffering=0) as f:
-            for name, dest in sorted(items, key=lambda it: offsets[it[0]]):  # sequential within the file
-                _readinto(f, offsets[name], dest, path, name)
+        with path.open("rb", buffering=0) as f:  # offsets from the headers check_checkpoint already read
+            for name, dest in sorted(items, key=lambda it: ck.tensors[it[0]].offset):  # sequential in the file
+                _readinto(f, ck.tensors[name].offset, dest, path, name)
             _drop_page_cache(f)
     return out
 
