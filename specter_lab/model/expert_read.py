@@ -22,9 +22,10 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 
 from ..errors import CheckpointError
-from .checkpoint_check import SAFETENSORS_DTYPES, CheckpointInfo
+from .checkpoint_check import _PER_EXPERT, SAFETENSORS_DTYPES, CheckpointInfo, _renamed
 
 __all__ = ["fused_targets", "read_fused_experts", "per_expert_state_dict"]
 
@@ -32,8 +33,6 @@ __all__ = ["fused_targets", "read_fused_experts", "per_expert_state_dict"]
 def fused_targets(ck: CheckpointInfo) -> dict[str, dict[str, dict[int, str]]]:
     """fused parameter name → {part ("gate"/"up"/"down") → {expert → checkpoint tensor name}} for a per-expert
     checkpoint (names after transformers' renamings; gate before up in ``gate_up_proj``, as transformers fuses)."""
-    from .checkpoint_check import _PER_EXPERT, _renamed
-
     out: dict[str, dict[str, dict[int, str]]] = {}
     for name in ck.expert_tensors:
         m = _PER_EXPERT.match(_renamed(name, ck.model_type))
@@ -109,8 +108,6 @@ def per_expert_state_dict(ck: CheckpointInfo, dtype: torch.dtype, stack: ExitSta
     """A state dict for ``from_pretrained(None, config=..., state_dict=...)``: the dense tensors as lazy mapped
     slices of the shards (kept open by ``stack``; transformers maps them as it would itself), the routed experts as
     fused tensors read once (:func:`read_fused_experts`), under the names transformers' fused parameters have."""
-    from safetensors import safe_open
-
     targets = fused_targets(ck)
     experts = {n for parts in targets.values() for ids in parts.values() for n in ids.values()}
     handles = {f: stack.enter_context(safe_open(str(ck.path / f), framework="pt")) for f in ck.files}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -13,6 +14,7 @@ import torch
 
 from ..errors import CheckpointError
 from .checkpoint_check import BUNDLED, CheckpointInfo, check_checkpoint
+from .expert_read import fused_targets, per_expert_state_dict
 from .inspect import inspect_model
 from .memory import check_fits, plan_memory
 from .placement import place_for_offload
@@ -98,11 +100,7 @@ def _load_per_expert(ck: CheckpointInfo, dtype, trust_remote_code: bool, kwargs:
     resident (:mod:`.expert_read`); ``(model, loading info)``, or None where transformers' own path is taken
     (another dtype, a quantized or remote-code model, extra ``from_pretrained`` options, a layout this does not
     fuse)."""
-    from contextlib import ExitStack
-
-    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
-
-    from .expert_read import fused_targets, per_expert_state_dict
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig  # as the module's other loaders
 
     if (ck.layout != "per-expert" or kwargs or trust_remote_code or dtype != ck.dtype
             or "quantization_config" in ck.config):

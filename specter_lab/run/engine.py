@@ -23,15 +23,18 @@ import torch
 from ..decode import Sampling, StepInfo
 from ..decode.exactness import model_speculation_check
 from ..decode.kv import rollback_blockers
-from ..errors import NotExact
+from ..errors import NotEnoughMemory, NotExact
 from ..model import MoEModelInfo, inspect_model
+from ..model.expert_files import ExpertFiles, checkpoint_of
+from ..model import memory  # memory.available_memory looked up per call (a test lowers it)
 from ..model.placement import ensure_offload_layout
 from ..offload.clock import make_clock
+from ..offload.hostcache import HostExpertCache
 from ..offload.schedule import DraftSource
 from ..predict import KGovernor
 from ..pricing.profiles import HardwareProfile
 from ..pricing.shapes import get_cost_shape
-from ..units import parse_budget
+from ..units import format_bytes, parse_budget
 from .assembly import computes_on_host, looks_at_the_target
 from .budget import BudgetSplit
 from .drafts import DraftSpec, as_draft_spec
@@ -198,12 +201,6 @@ class Engine:
         parameters before use). Refused, before any run: a model not loaded from a local folder, files in another
         dtype or layout, a budget below one expert, and host execution on a measured clock (its worker thread
         would read a host slot the main thread may refill)."""
-        from ..errors import NotEnoughMemory
-        from ..model.expert_files import ExpertFiles, checkpoint_of
-        from ..model.memory import available_memory
-        from ..offload.hostcache import HostExpertCache
-        from ..units import format_bytes
-
         folder = checkpoint_of(self.model)
         if folder is None:
             raise ValueError("host_budget= reads routed experts from the checkpoint's safetensors files, and this "
@@ -219,7 +216,7 @@ class Engine:
         files.verify()
         eb, total = files.expert_bytes[0], sum(l.num_experts for l in self.info.layers)
         pool = min(self.setup.host_budget // eb, total) * eb  # what the cache will allocate
-        have, source = available_memory()
+        have, source = memory.available_memory()
         if have and pool > have:  # refused before the pool is allocated, with the numbers
             raise NotEnoughMemory(f"host_budget={format_bytes(self.setup.host_budget)}: its cache of "
                                   f"{format_bytes(pool)} is more than the {format_bytes(have)} of RAM available "
