@@ -449,15 +449,7 @@ class Page:
 
     def markdown_cell(self, needle: str) -> Any:
         """A locator of the current notebook's markdown cell whose source contains ``needle``."""
-        tag = self.page.evaluate("""(needle) => {
-            const c = window.jupyterapp.shell.currentWidget.content.widgets
-              .find(c => c.model.type === 'markdown' && c.model.sharedModel.getSource().includes(needle));
-            if (!c) return null;
-            c.node.dataset.slCell = c.model.id;
-            return c.model.id; }""", needle)
-        if tag is None:
-            raise LookupError(f"no markdown cell contains {needle!r}")
-        return self.page.locator(f'[data-sl-cell="{tag}"]')
+        return self._tagged_cell("markdown", needle)
 
     def cell_text(self, needle: str) -> str | None:
         """The output text of the code cell whose source contains ``needle``."""
@@ -465,15 +457,20 @@ class Page:
 
     def cell(self, needle: str) -> Any:
         """A locator of the current notebook's code cell whose source contains ``needle`` (for clicks and key
-        presses). The cell's node is tagged from the notebook model: other notebooks' tabs stay in the DOM."""
-        tag = self.page.evaluate("""(needle) => {
+        presses)."""
+        return self._tagged_cell("code", needle)
+
+    def _tagged_cell(self, kind: str, needle: str) -> Any:
+        """The current notebook's first ``kind`` cell whose source contains ``needle``, as a locator. The cell's
+        node is tagged from the notebook model: other notebooks' tabs stay in the DOM."""
+        tag = self.page.evaluate("""([kind, needle]) => {
             const c = window.jupyterapp.shell.currentWidget.content.widgets
-              .find(c => c.model.type === 'code' && c.model.sharedModel.getSource().includes(needle));
+              .find(c => c.model.type === kind && c.model.sharedModel.getSource().includes(needle));
             if (!c) return null;
             c.node.dataset.slCell = c.model.id;
-            return c.model.id; }""", needle)
+            return c.model.id; }""", [kind, needle])
         if tag is None:
-            raise LookupError(f"no code cell contains {needle!r}")
+            raise LookupError(f"no {kind} cell contains {needle!r}")
         return self.page.locator(f'[data-sl-cell="{tag}"]')
 
     def append_and_run(self, source: str, timeout: float = 120) -> None:
