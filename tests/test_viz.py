@@ -3,12 +3,14 @@ widgets driven headless (no kernel), the live view stopped mid-run, and the HTML
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
 import time
 from collections import Counter
 
+import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 import pytest
@@ -16,6 +18,7 @@ import pytest
 import specter_lab as sl
 from specter_lab import viz
 from specter_lab.viz import figures as F
+from specter_lab.viz.panel import FigurePanel, plain_figure
 from specter_lab.viz.widgets import plain_text
 
 PROMPT = [5, 6, 7, 8]
@@ -266,16 +269,16 @@ def test_dashboard_slider_updates_views_in_place(spec_run):
     d = viz.dashboard(spec_run)
     f = spec_run.frames()
     widgets = (d.routing, d.cache, d.timeline, d.tokens)
-    assert all(isinstance(w, go.FigureWidget) for w in widgets)
+    assert all(isinstance(w, FigurePanel) for w in widgets)
     first = d.slider.value
     other = 2 if first != 2 else 1
-    before = str(d.routing.data[0].hovertext)  # names the token positions, which differ per step
+    before = str(d.routing.to_figure().data[0].hovertext)  # names the token positions, which differ per step
     d.slider.value = other
-    assert d.step == other and f"step {other}" in d.routing.layout.title.text
-    assert str(d.routing.data[0].hovertext) != before
+    assert d.step == other and f"step {other}" in d.routing.to_figure().layout.title.text
+    assert str(d.routing.to_figure().data[0].hovertext) != before
     tr = f["transfers"][f["transfers"].step == other]
-    assert sum(len(_xs(t)) for t in d.timeline.data if t.name.startswith("copy:")) == len(tr)
-    assert f"after step {other}" in d.cache.layout.title.text
+    assert sum(len(_xs(t)) for t in d.timeline.to_figure().data if t.name.startswith("copy:")) == len(tr)
+    assert f"after step {other}" in d.cache.to_figure().layout.title.text
     assert f"<b>step {other}</b>" in d.info.value
     # Same widget objects, updated in place.
     assert (d.routing, d.cache, d.timeline, d.tokens) == widgets
@@ -305,7 +308,7 @@ def test_live_stop_ends_generation_after_the_step(model):
     assert run.stop_button.disabled and "stopped" in run.status.value
     assert run.dashboard is not None and run.dashboard.routing in run.widget.children[-1].children[0].children
     assert run.tokens not in run.widget.children  # the dashboard's strip replaces the live one
-    assert sum(len(_xs(t)) for t in run.dashboard.tokens.data) == len(result.token_ids)
+    assert sum(len(_xs(t)) for t in run.dashboard.tokens.to_figure().data) == len(result.token_ids)
     assert set(run.static()) >= {"steps", "dashboard_routing"}
     assert run.progress.value == len(result.token_ids) and run.progress.bar_style == "warning"
 
@@ -350,9 +353,8 @@ def test_live_finish_opens_the_dashboard_where_the_view_was(model):
 
 
 def _data_json(fig) -> str:
-    import json
-
-    return json.dumps(json.loads(fig.to_json())["data"], sort_keys=True)
+    """A figure's or a panel's traces as comparable JSON (arrays as lists)."""
+    return json.dumps(plain_figure(fig.to_figure() if isinstance(fig, FigurePanel) else fig)["data"], sort_keys=True)
 
 
 def test_live_details_show_each_step_while_it_runs(model):
@@ -381,7 +383,7 @@ def test_live_details_show_each_step_while_it_runs(model):
     assert got["routing"] == _data_json(F.routing_figure(result, last - 1))
     assert got["timeline"] == _data_json(F.timeline_figure(result, last - 1))
     assert run.dashboard is not None and run._details_box.children == ()
-    # the dashboard redraws the live FigureWidgets instead of shipping plotly.js to the page again
+    # the dashboard redraws the live panels instead of making new ones
     assert all(run.dashboard.views[name] is w for name, w in live_widgets.items()) and len(live_widgets) == 3
 
 
@@ -420,8 +422,8 @@ def test_live_strip_shows_rejected_drafts_as_their_tokens(model):
 
 
 def test_live_redraw_sends_updates_only(model, monkeypatch):
-    """A live redraw sends each figure's update once; the full synced state (``_widget_data``/``_widget_layout``,
-    a second and third copy of every figure) is published once, when the run ends."""
+    """A live redraw sends each figure once, in one message holding only the figure (plotly's FigureWidget sent
+    an update, then its whole synced state twice more when the run ended)."""
     import ipywidgets
 
     sent = []
@@ -434,8 +436,9 @@ def test_live_redraw_sends_updates_only(model, monkeypatch):
     run.start()
     run.join(60)
     cache = [keys for w, keys in sent if w is run.dashboard.cache]
-    assert run.redraws >= 5 and len(cache) >= run.redraws - 1
-    assert sum("_widget_data" in k for k in cache) == 1, cache  # once: the finished run's dashboard
+    figures = [keys for keys in cache if "figure" in keys]
+    assert run.redraws >= 5 and len(figures) >= run.redraws - 1
+    assert all(keys == {"figure"} for keys in figures), cache
 
 
 def test_quant_tuner_reruns_on_control_change(model):
@@ -444,13 +447,13 @@ def test_quant_tuner_reruns_on_control_change(model):
     assert list(t4.strategy) == ["specter", "lru"]
     assert t4.loc[0, "draft"] == "int4-g64-rtn" and t4.tpot_ms.notna().all()
     assert "quantized in" in tuner.status.value and "simulated" in tuner.status.value
-    y4 = list(tuner.figure.data[0].y)
+    y4 = list(tuner.figure.to_figure().data[0].y)
     tuner.bits.value = 2  # observe → run()
     t2 = tuner.table
     assert t2.loc[0, "draft"] == "int2-g64-rtn"
     assert t2.loc[0, "draft_bytes"] < t4.loc[0, "draft_bytes"]
     assert t2.loc[1, "tpot_ms"] == t4.loc[1, "tpot_ms"]  # lru does not depend on the draft (cached)
-    assert list(tuner.figure.data[0].y) != y4 or t2.loc[0, "recall"] != t4.loc[0, "recall"]
+    assert list(tuner.figure.to_figure().data[0].y) != y4 or t2.loc[0, "recall"] != t4.loc[0, "recall"]
     assert "int2-g64-rtn" in tuner.table_html.value
     tuner.bits.value = 8  # an 8-bit draft leaves no slot at half the budget: reported, not raised
     assert pd.isna(tuner.table.loc[0, "tpot_ms"]) and "too small" in tuner.status.value
@@ -459,46 +462,65 @@ def test_quant_tuner_reruns_on_control_change(model):
 
 
 # ----------------------------------------------------------------------------------------- widget state
-def _state_json(widget) -> str:
-    """What a new view of the widget draws (its synced state), as comparable JSON."""
-    return _figure_json(go.Figure(data=widget._widget_data, layout=widget._widget_layout))
+def _plain_of(fig) -> dict:
+    return plain_figure(fig)
 
 
-def _figure_json(fig) -> str:
-    from specter_lab.viz.widgets import _figure_json as fj
-
-    return fj(fig)
-
-
-def test_synced_state_is_what_python_holds_after_updates(spec_run):
-    """A new view (first display inside a box, a second display, a page reload) draws the widget's synced state,
-    not the update messages: after every update it must be the figure Python holds. (plotly assigns it only at
-    construction and in FigureWidget._repr_mimebundle_, which a widget inside a VBox never gets.)"""
+def test_a_panel_syncs_the_figure_python_holds(spec_run):
+    """A new view (a first display inside a box, a second display, a page reload) draws the panel's synced
+    ``figure``: after every update it is the figure Python holds, at once (no delayed publish), and an update
+    that changes nothing sends nothing."""
     from specter_lab.viz.widgets import sync_figure
 
     tuner_like = viz.widgets.figure_widget(F.tuner_figure(None))
     table = pd.DataFrame({"strategy": ["specter", "lru"], "tpot_ms": [0.8, 0.6], "recall": [0.9, float("nan")],
                           "acceptance_rate": [0.8, float("nan")]})
     assert sync_figure(tuner_like, F.tuner_figure(table, "simulated (profile x)")) is True
-    assert _state_json(tuner_like) == _figure_json(F.tuner_figure(table, "simulated (profile x)"))
+    assert tuner_like.figure == _plain_of(F.tuner_figure(table, "simulated (profile x)"))
+    # JSON has no NaN: a missing value is sent as null (plotly.js draws a gap), and the state is valid JSON
+    gap = viz.widgets.figure_widget(go.Figure(go.Scatter(y=np.array([1.0, np.nan, np.inf]))))
+    assert gap.figure["data"][0]["y"] == [1.0, None, None]
+    state = gap.get_state()
+    json.dumps({k: state[k] for k in ("figure", "template", "config")}, allow_nan=False)
 
     d = viz.dashboard(spec_run)
     other = 2 if d.step != 2 else 1
     d.slider.value = other
-    # the dashboard publishes once the slider rests (a fraction of a second), not per step
-    deadline = time.monotonic() + 10
-    while _state_json(d.routing) != _figure_json(F.routing_figure(spec_run, other)) and time.monotonic() < deadline:
-        time.sleep(0.1)
     for name, build in (("routing", F.routing_figure), ("cache", F.cache_figure), ("timeline", F.timeline_figure)):
-        assert _state_json(getattr(d, name)) == _figure_json(build(spec_run, other)), name
+        assert getattr(d, name).figure == _plain_of(build(spec_run, other)), name
     assert sync_figure(d.routing, F.routing_figure(spec_run, other)) is False  # nothing new: nothing sent
+    sent = []
+    d.routing.observe(lambda change: sent.append(change), names="figure")
+    d.slider.value = d.step  # the same step again: no message
+    assert sent == []
+    d.slider.value = 2 if other != 2 else 1
+    assert len(sent) == 1  # one message per view for a step
+
+
+def test_panels_share_one_plotly_js_and_count_no_views(spec_run):
+    """Issue 37 (D9, the page's load): plotly.js goes to the page once per kernel, in one model every panel
+    refers to (plotly's FigureWidget carried it in each one), and a panel does not turn on ipywidgets' view
+    counting (plotly's FigureWidget set ``_view_count = 0``, and each view removed after the kernel shut down
+    then logged 'Could not send widget sync message')."""
+    from specter_lab.viz.panel import PlotlyJS
+
+    d = viz.dashboard(spec_run)
+    loaders = {id(w.plotly_js) for w in d.views.values()}
+    assert len(loaders) == 1 and isinstance(d.routing.plotly_js, PlotlyJS)
+    assert len(d.routing.plotly_js.source) > 1_000_000 and "Plotly" in d.routing.plotly_js.source[:5000]
+    state = d.routing.get_state()
+    assert state["plotly_js"] == "IPY_MODEL_" + d.routing.plotly_js.model_id  # a reference, not the source
+    assert all(w._view_count is None for w in d.views.values())
+    assert d.routing.template["layout"]["plot_bgcolor"] == "white"  # plotly_white, sent once per panel
+    assert "template" not in d.routing.figure["layout"]
+    assert d.routing.to_figure().layout.template.layout.plot_bgcolor == "white"
 
 
 def test_widgets_config_and_status_text(model):
     from specter_lab.viz.widgets import FIGURE_CONFIG, plain_text
 
     w = viz.widgets.figure_widget(F.tuner_figure(None))
-    assert w._config["displayModeBar"] == "hover" and w._config["responsive"] is True
+    assert w.config["displayModeBar"] == "hover" and w.config["responsive"] is True
     assert FIGURE_CONFIG["displaylogo"] is False
     assert plain_text("<b>done</b>: 3 tokens &amp; more<br>x") == "done: 3 tokens & more\nx"
     run = viz.live(sl.Engine(model, None, "lru", cache_slots=3), PROMPT, max_new_tokens=4)
@@ -614,8 +636,6 @@ def test_live_pause_holds_between_steps_and_reports_an_eta(model):
 def test_live_dashboard_on_request_and_capped_strip(model):
     """dashboard=False: the finished run keeps its light view until the button builds the dashboard; the
     dashboard's token strip shows at most token_rows rows (D5), with the glyph legend."""
-    import plotly.graph_objects  # noqa: F401
-
     engine = sl.Engine(model, None, "specter", cache_slots=3)
     run = viz.LiveRun(engine, PROMPT, max_new_tokens=60, min_interval=0.0, start=False, dashboard=False)
     run.start()
@@ -624,7 +644,7 @@ def test_live_dashboard_on_request_and_capped_strip(model):
     assert run.dashboard_button.layout.display is None and "· space" not in run.tokens.value  # ids: no glyphs
     dash = run.open_dashboard()
     assert dash is run.dashboard and run.tokens not in run.widget.children
-    rows = {y for t in dash.tokens.data for y in (t.y or ())}
+    rows = {y for t in dash.tokens.to_figure().data for y in (t.y or ())}
     assert 0 < len(rows) <= 12, rows
 
 
@@ -638,7 +658,6 @@ def test_dashboard_steps_reuse_built_figures(spec_run):
     for s in range(lo, hi + 1):
         d.slider.value = s
     assert all(d._figures(s) is built[s] for s in built) and d.step == hi
-    d.flush()
 
 
 def test_dashboard_export_writes_the_shown_step(spec_run, tmp_path):
@@ -693,26 +712,3 @@ def test_waterfall_labels_are_the_tables_factors():
     for r in df.iloc[1:].itertuples():
         assert labels[r.step] == f"×{r.factor:.2f}", (r.step, labels[r.step])
     assert labels["artifact protocol"] == "1.84×" or labels["artifact protocol"] == "1.85×"
-
-
-def test_dashboard_step_sends_only_what_changed(spec_run):
-    """Issue 37 (slider redraw): a step updates each view with only the trace properties and layout keys that
-    differ from the shown step, and afterwards each view holds exactly the new step's figure."""
-    from specter_lab.viz.widgets import figure_update, plain_figure
-
-    d = viz.dashboard(spec_run)
-    first = d.step
-    other = 2 if first != 2 else 1
-    a, b = plain_figure(F.routing_figure(spec_run, first)), plain_figure(F.routing_figure(spec_run, other))
-    restyle, relayout, traces = figure_update(a, b)
-    assert "title.text" in relayout and "title" not in relayout and "template" not in relayout and "z" in restyle
-    assert traces == [0]  # the legend swatches are the same at every step: not sent
-    assert figure_update(a, a) == ({}, {}, [])
-    assert figure_update(a, {"data": b["data"][:1], "layout": b["layout"]}) is None  # traces differ: full sync
-    d.slider.value = other
-    for name, build in (("routing", F.routing_figure), ("cache", F.cache_figure), ("timeline", F.timeline_figure)):
-        assert _figure_json(getattr(d, name)) == _figure_json(build(spec_run, other)), name
-    d.slider.value = first
-    assert _figure_json(d.routing) == _figure_json(F.routing_figure(spec_run, first))
-    d.flush()
-

@@ -16,6 +16,7 @@ import plotly.graph_objects as go
 from . import tables
 from .layout import base_layout
 from .tables import Table
+from .panel import FigurePanel
 from .widgets import _fit_width, figure_widget, sync_figure
 
 __all__ = ["EstimateExplorer", "cliff_figure", "estimate_table", "ESTIMATE_COLUMNS"]
@@ -76,7 +77,7 @@ class EstimateExplorer:
                                         layout=W.Layout(width="180px"))
         self.button = W.Button(description="Estimate", icon="calculator", button_style="primary")
         self.status, self.table, self.commands = W.HTML(), W.HTML(), W.HTML()
-        self.figure: go.FigureWidget | None = None  # made on the first estimate with a cache (figure_widget)
+        self.figure: FigurePanel | None = None  # made on the first estimate with a cache (figure_widget)
         self._show_figure = False
         self.button.on_click(lambda _: self.run())
         for w in (self.config, self.gpu, self.vram, self.host, self.weights, self.prompt, self.context):
@@ -120,7 +121,7 @@ class EstimateExplorer:
         self.table.value = estimate_table(s["table"])._repr_html_()
         sizing = s["cache_sizing"]
         self._show_figure = sizing is not None  # every expert fits in VRAM: no cache to size
-        if sizing is not None and self.figure is None:  # the views' own FigureWidget (config, published state)
+        if sizing is not None and self.figure is None:  # the views' own panel (config)
             self.figure = figure_widget(cliff_figure(sizing))
         elif sizing is not None:
             sync_figure(self.figure, cliff_figure(sizing))

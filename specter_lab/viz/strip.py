@@ -1,8 +1,7 @@
 """The token strip as HTML: what the live view redraws while a run goes on.
 
-A plotly ``FigureWidget`` is expensive to create in a notebook page (each one ships plotly.js, about 5 MB, in
-its widget state) and each redraw resends every trace array; an HTML strip of the last rows costs a few kB per
-redraw and no script. It reads the same token records, placed by the same rule, as
+A plotly figure costs the page a redraw of its axes and traces, and each redraw resends every trace array; an
+HTML strip of the last rows costs a few kB per redraw and no script. It reads the same token records, placed by the same rule, as
 :func:`~.figures.tokens_figure`, which the finished run's dashboard draws.
 """
 

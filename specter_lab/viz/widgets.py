@@ -1,4 +1,5 @@
-"""Live notebook views: ipywidgets controls driving plotly ``FigureWidget``s built from :mod:`.figures`.
+"""Live notebook views: ipywidgets controls driving plotly figures (:class:`~.panel.FigurePanel`) built from
+:mod:`.figures`.
 
 * :func:`dashboard` – a step slider (and Play button) over a finished run: every view of
   :data:`~.figures.STEP_VIEWS` (token strip, routing, cache, timeline) at the chosen step.
@@ -8,11 +9,10 @@
 * :class:`QuantTuner` – pick the draft's bits / group size / method and K, rerun a short generation, and compare
   specter with ``lru`` and ``specmoeoff`` at the same expert budget.
 
-A view never rebuilds its widgets: every figure function draws the same traces for any step of a run, so a
-step change copies the new figure's trace data into the existing ``FigureWidget`` inside one ``batch_update``
-(:func:`sync_figure`), then re-publishes the widget's state (:func:`publish_state`), so that a view created later
-(a reload, a second display, a widget first shown inside a box) draws what Python holds, not what the widget
-was built with. Build live figures with :func:`figure_widget` (hover-only modebar, width of the cell).
+A view never rebuilds its widgets: a step change hands each existing panel its new figure (:func:`sync_figure`,
+one message per figure; the page redraws it with ``Plotly.react``), and a view created later (a reload, a second
+display) draws what Python holds. Build live figures with :func:`figure_widget` (hover-only modebar, width of
+the cell).
 Each view returns plain ``go.Figure`` copies from ``.static()`` (for saving, or for a report).
 
 This module needs ipywidgets and anywidget (the ``notebook`` extra); ``import specter_lab.viz`` alone does not
@@ -21,23 +21,17 @@ load it.
 
 from __future__ import annotations
 
-import base64
 import html
-import json
 import re
 import threading
 import time
 from collections import OrderedDict
-from copy import deepcopy
 from typing import Any, Callable, Mapping, Sequence
 
 import anywidget
 import ipywidgets as W
-import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
-from plotly.basedatatypes import Undefined
-from plotly.utils import PlotlyJSONEncoder
 
 from ..decode import StopGeneration
 from ..run.quant import QuantSpec
@@ -45,13 +39,13 @@ from ..studies.runs import DoesNotFit, run_prompts, try_engine
 from ..run.strategies import get_strategy
 from ..records.trace import COLUMNS
 from . import figures as F
+from .panel import FigurePanel, plain_figure
 from .strip import tokens_html
 
-__all__ = ["Dashboard", "LiveRun", "QuantTuner", "dashboard", "figure_widget", "live", "publish_state",
-           "sync_figure"]
+__all__ = ["Dashboard", "LiveRun", "QuantTuner", "dashboard", "figure_widget", "live", "sync_figure"]
 
 
-# Plotly config of every FigureWidget here. The modebar sits on the right end of the title line, where the
+# Plotly config of every figure panel here. The modebar sits on the right end of the title line, where the
 # titles put their numbers: it shows only while the pointer is over the figure (plotly.js keeps it always on for
 # a device without hover, such as a touch screen), and it keeps only download, zoom, pan and reset, so it is
 # short enough to clear a title at a cell's width. No plotly logo; ``responsive`` so a figure follows the width
@@ -62,143 +56,18 @@ FIGURE_CONFIG: dict[str, Any] = {
 }
 
 
-def figure_widget(fig: go.Figure) -> go.FigureWidget:
-    """A ``FigureWidget`` showing ``fig``, with :data:`FIGURE_CONFIG`. Build every live figure with this."""
-    widget = go.FigureWidget(fig)
-    widget._config = {**widget._config, **FIGURE_CONFIG}
-    return widget
+def figure_widget(fig: go.Figure) -> FigurePanel:
+    """A :class:`~.panel.FigurePanel` showing ``fig``, with :data:`FIGURE_CONFIG`. Build every live figure
+    with this."""
+    return FigurePanel(fig, config=FIGURE_CONFIG)
 
 
-def publish_state(widget: go.FigureWidget) -> None:
-    """Make the widget's synced state (``_widget_data`` / ``_widget_layout``) what Python holds.
-
-    A view that already shows the figure follows Python through plotly's update messages, but those messages
-    are transient: a view created later (the widget displayed inside a box for the first time, displayed a
-    second time, or restored by a page reload) draws from the synced state. plotly assigns that state only in
-    ``FigureWidget.__init__`` and ``FigureWidget._repr_mimebundle_``; the latter is not called for a widget
-    shown as a child of a ``VBox``. And in the browser, plotly's anywidget ``FigureModel`` applies every update
-    message to that state *without deserializing it*, so a multi-trace batch update leaves the literal
-    ``"_undefined_"`` placeholders in it (``marker: "_undefined_"``): the next new view then crashes in plotly.js
-    ``cleanData``. Assigning the state after each update replaces that copy with the true one (existing views
-    do not redraw on it). See ``docs/upstream/plotly_figurewidget_before_display.md``."""
-    widget._widget_layout = deepcopy(widget._layout_obj._props)
-    widget._widget_data = deepcopy(widget._data)
-
-
-def sync_figure(widget: go.FigureWidget, fig: go.Figure, *, publish: bool = True, compare: bool = True) -> bool:
-    """Make ``widget`` show ``fig`` by updating its traces and layout in place, in one batch (one message to the
-    browser; the widget object and its place in the notebook stay the same), then :func:`publish_state` so
-    every later view (a reload, a second display) draws the same. Returns False, sending nothing, when the
-    widget already shows ``fig``.
-
-    Both come from the same figure function over the same run, so they have the same traces in the same order.
-    Properties the new trace leaves unset are cleared, so nothing stale (old text, old shapes) survives.
-    A live view that redraws often passes ``publish=False`` (publishing re-sends the whole figure, twice; it
-    publishes once at its end) and ``compare=False`` (it knows the figure changed; comparing serialises both)."""
-    if compare and _same_figure(widget, fig):
-        return False
-    with widget.batch_update():
-        if len(widget.data) != len(fig.data) or any(a.type != b.type for a, b in zip(widget.data, fig.data)):
-            widget.data = ()  # not expected from figures.py; still the same widget
-            widget.add_traces(list(fig.data))
-        else:
-            for old, new in zip(widget.data, fig.data):
-                props = new.to_plotly_json()
-                for key in ("type", "uid"):
-                    props.pop(key, None)
-                stale = {k: None for k in old.to_plotly_json() if k not in props and k not in ("type", "uid")}
-                old.update({**stale, **props}, overwrite=True)
-        layout = fig.layout.to_plotly_json()
-        layout.pop("template", None)
-        for key in ("shapes", "annotations"):
-            layout.setdefault(key, [])
-        widget.layout.update(layout, overwrite=True)
-    if publish:
-        publish_state(widget)
-    return True
-
-
-def _figure_json(fig: go.BaseFigure) -> str:
-    """Traces (without uids) and layout (without template) as JSON, to compare what two figures draw."""
-    d = plain_figure(fig)  # arrays as lists: a numpy array and its base64 form compare equal
-    data = [{k: v for k, v in t.items() if k != "uid"} for t in d["data"]]
-    return json.dumps({"data": data, "layout": d["layout"]}, sort_keys=True, cls=PlotlyJSONEncoder)
-
-
-def _same_figure(widget: go.FigureWidget, fig: go.Figure) -> bool:
-    try:
-        return _figure_json(widget) == _figure_json(fig)
-    except (TypeError, ValueError):  # something that does not serialize the same way: just update
-        return False
-
-
-def plain_figure(fig: go.Figure) -> dict:
-    """``fig`` as plain JSON-like data (lists, not numpy arrays; no template): what :func:`figure_update`
-    compares. Built once per step, ahead of time, by a view that switches between prepared figures."""
-    d = _plain(fig.to_plotly_json())
-    d["layout"].pop("template", None)
-    return {"data": d["data"], "layout": d["layout"]}
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, dict):
-        if "bdata" in value and "dtype" in value:  # plotly's base64 form of a numpy array
-            arr = np.frombuffer(base64.b64decode(value["bdata"]), dtype=np.dtype(value["dtype"]))
-            shape = value.get("shape")
-            if isinstance(shape, str):
-                shape = [int(n) for n in shape.split(",")]
-            return (arr.reshape(shape) if shape else arr).tolist()
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, np.ndarray):
-        return _plain(value.tolist())
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
-
-
-def figure_update(old: dict, new: dict) -> "tuple[dict, dict, list[int]] | None":
-    """The smallest ``Plotly.update`` that turns the figure ``old`` into ``new`` (both :func:`plain_figure`):
-    (restyle data, relayout data, trace indexes), with only the trace properties and top-level layout keys
-    that differ (``None`` unsets one, ``Undefined`` leaves a trace as it is). None when the traces differ in
-    number or type (then only a full :func:`sync_figure` will do).
-
-    Why: every property sent is redrawn in the page and checked by plotly's Python side; a dashboard step
-    changes a few arrays and a title, and sending only those keeps a slider step's redraw short (issue 37)."""
-    if len(old["data"]) != len(new["data"]) or any(a.get("type") != b.get("type")
-                                                    for a, b in zip(old["data"], new["data"])):
-        return None
-    changed: list[tuple[int, dict]] = []
-    for i, (a, b) in enumerate(zip(old["data"], new["data"])):
-        diff = _leaf_diff({k: v for k, v in a.items() if k not in ("type", "uid")},
-                          {k: v for k, v in b.items() if k not in ("type", "uid")})
-        if diff:
-            changed.append((i, diff))
-    props = sorted({k for _, diff in changed for k in diff})
-    # one value per trace updated (a list value is that trace's array, never spread over traces)
-    restyle = {k: [diff.get(k, Undefined) for _, diff in changed] for k in props}
-    return restyle, _leaf_diff(old["layout"], new["layout"]), [i for i, _ in changed]
-
-
-_MISSING = object()
-
-
-def _leaf_diff(a: dict, b: dict, prefix: str = "") -> dict:
-    """``{'title.text': …, 'xaxis.range': …}``: the changed leaves of ``b`` against ``a`` as plotly attribute
-    paths (None where ``b`` dropped one). Leaves, not whole containers: plotly.js redraws a changed
-    ``title.text`` in place, but a new ``title`` object replots the whole figure (axes included)."""
-    out: dict = {}
-    for k in list(a) + [k for k in b if k not in a]:
-        va, vb = a.get(k, _MISSING), b.get(k, _MISSING)
-        if va == vb:
-            continue
-        path = f"{prefix}.{k}" if prefix else k
-        if isinstance(va, dict) and isinstance(vb, dict) and va and vb:
-            out.update(_leaf_diff(va, vb, path))
-        else:
-            out[path] = None if vb is _MISSING else vb
-    return out
+def sync_figure(widget: FigurePanel, fig: "go.Figure | dict") -> bool:
+    """Make ``widget`` show ``fig`` (a figure, or one already made plain by :func:`~.panel.plain_figure`): one
+    message to the page, which redraws it with ``Plotly.react``; the widget and its place in the notebook stay
+    the same, and every later view (a reload, a second display) draws the same. Returns False, sending
+    nothing, when the widget already shows ``fig``."""
+    return widget.show(fig)
 
 
 # Why a helper widget: plotly's anywidget view draws a figure when it is created, before JupyterLab attaches it
@@ -265,8 +134,8 @@ def plain_text(markup: str) -> str:
     return html.unescape(_TAG.sub("", markup.replace("<br>", "\n")))
 
 
-def _static(widget: go.FigureWidget) -> go.Figure:
-    return go.Figure(widget.to_dict())
+def _static(widget: FigurePanel) -> go.Figure:
+    return widget.to_figure()
 
 
 # ----------------------------------------------------------------------------------------- dashboard
@@ -274,18 +143,18 @@ class Dashboard:
     """Step-by-step views of one finished run.
 
     Attributes: ``widget`` (the VBox to display), ``slider`` (IntSlider over the steps), ``play`` (Play button
-    linked to the slider), ``info`` (HTML line about the step) and ``views``: one FigureWidget per entry of
+    linked to the slider), ``info`` (HTML line about the step) and ``views``: one :class:`~.panel.FigurePanel` per entry of
     :data:`~.figures.STEP_VIEWS` (token strip, routing, cache, timeline), also readable as attributes
     (``dash.routing``). Setting ``slider.value`` (or calling :meth:`show`) updates all of them.
 
     A step's figures are built once and kept (``cache_steps`` of them), and the steps next to the shown one are
-    built in the background while the kernel is idle, so a slider step only copies prepared traces into the
-    widgets (building the four figures costs several times that). The token strip shows at most ``token_rows``
+    built in the background while the kernel is idle, so a slider step only sends prepared figures to the
+    panels (building the four figures costs several times that). The token strip shows at most ``token_rows``
     rows ending at the shown step. ``save_button`` writes the views of the shown step to an HTML file beside the
     notebook (:meth:`export`) and links it."""
 
     def __init__(self, result, tokenizer: Any = None, step: int | None = None, play_interval_ms: int = 900,
-                 reuse: "Mapping[str, go.FigureWidget] | None" = None, token_rows: int = 12,
+                 reuse: "Mapping[str, FigurePanel] | None" = None, token_rows: int = 12,
                  cache_steps: int = 64, prefetch: bool = True) -> None:
         self.result = result
         self.tokenizer = tokenizer if tokenizer is not None else getattr(result, "tokenizer", None)
@@ -301,8 +170,7 @@ class Dashboard:
         self._plain: dict[int, dict[str, dict]] = {}  # the same figures as plain_figure(), by step
         self._cache_steps = max(2, int(cache_steps))
         self._build_lock = threading.Lock()
-        self._publish_timer: threading.Timer | None = None
-        self._sync_lock = threading.RLock()  # a step's updates and a delayed publish never interleave
+        self._sync_lock = threading.RLock()  # one step's updates at a time (the slider, a background thread)
         self.slider = W.IntSlider(value=first, min=lo, max=hi, description="step", continuous_update=False,
                                   layout=W.Layout(width="360px"))
         self.play = W.Play(value=first, min=lo, max=hi, interval=play_interval_ms, description="play")
@@ -313,11 +181,10 @@ class Dashboard:
             layout=W.Layout(width="120px"))
         self.saved = W.HTML()
         self.save_button.on_click(lambda _: self._save_clicked())
-        # ``reuse``: FigureWidgets already in the page (a live run's detail views) are redrawn, not recreated:
-        # creating one ships plotly.js to the page again.
+        # ``reuse``: panels already in the page (a live run's detail views) are redrawn, not recreated.
         reuse = dict(reuse or {})
         figs = self._figures(first)
-        self.views: dict[str, go.FigureWidget] = {}
+        self.views: dict[str, FigurePanel] = {}
         for name, fig in figs.items():
             if name in reuse:
                 sync_figure(reuse[name], fig)
@@ -334,7 +201,7 @@ class Dashboard:
         if prefetch:
             self._warm(first)
 
-    def __getattr__(self, name: str) -> go.FigureWidget:
+    def __getattr__(self, name: str) -> FigurePanel:
         views = self.__dict__.get("views", {})
         if name in views:
             return views[name]
@@ -394,51 +261,20 @@ class Dashboard:
     def show(self, step: int) -> None:
         """Show ``step`` in every view (what the slider calls)."""
         step = int(step)
-        figs = self._figures(step)
+        self._figures(step)
         with self._build_lock:
-            new, old = self._plain.get(step), self._plain.get(self._shown)
+            plain = self._plain[step]
         with self._sync_lock:
-            for name, fig in figs.items():
-                # One update message per figure, with only what differs from the shown step (both prepared
-                # ahead: a step costs a few milliseconds here, and the page redraws only what changed); the
-                # full state is published once the slider rests (_publish_soon).
-                update = figure_update(old[name], new[name]) if old and new else None
-                if update is None:
-                    sync_figure(self.views[name], fig, publish=False, compare=False)
-                elif update[0] or update[1]:
-                    self.views[name].plotly_update(restyle_data=update[0], relayout_data=update[1],
-                                                   trace_indexes=update[2])
+            # One message per view that changed, each figure prepared as plain data ahead of time: a step costs
+            # a few milliseconds here, and the page redraws each with Plotly.react.
+            for name, fig in plain.items():
+                self.views[name].show(fig)
         self.info.value = self._info_html(step)
         self._shown = step
         if self.slider.value != step:
             self.slider.value = step
-        self._publish_soon()
         if self._prefetch:
             self._warm(step)
-
-    def _publish_soon(self, delay: float = 1.0) -> None:
-        """Publish every view's synced state (what a reload or a second display draws) once no step has been
-        shown for ``delay`` seconds: per step it would resend every figure twice."""
-        if self._publish_timer is not None:
-            self._publish_timer.cancel()
-
-        def publish() -> None:
-            with self._sync_lock:  # never a half-updated figure
-                for widget in self.views.values():
-                    publish_state(widget)
-
-        self._publish_timer = threading.Timer(delay, publish)
-        self._publish_timer.daemon = True
-        self._publish_timer.start()
-
-    def flush(self) -> None:
-        """Publish the views' state now (a pending delayed publish is cancelled)."""
-        if self._publish_timer is not None:
-            self._publish_timer.cancel()
-            self._publish_timer = None
-        with self._sync_lock:
-            for widget in self.views.values():
-                publish_state(widget)
 
     def _on_step(self, change: dict) -> None:
         if change["new"] != self._shown:
@@ -505,16 +341,15 @@ class LiveRun:
     trace, taken between two steps, at most once per ``min_interval`` seconds, so the status line and the strip
     always show the same step. ``pace`` (seconds) makes each step last at least that long on the wall clock (a
     demo a person can follow and stop; it changes no simulated time). ``details`` names
-    :data:`~.figures.STEP_VIEWS` to draw live for the latest step (none by default): each is a plotly
-    FigureWidget, which ships plotly.js (~5 MB) to the page when created and costs a full trace snapshot per
-    redraw; ``views`` holds them (also readable as attributes, ``run.routing``; None when not shown).
+    :data:`~.figures.STEP_VIEWS` to draw live for the latest step (none by default): each is a
+    :class:`~.panel.FigurePanel` and costs a full trace snapshot per redraw; ``views`` holds them (also readable as attributes, ``run.routing``; None when not shown).
 
     Stop ends generation after the step in progress; Pause holds it between two steps until Resume. As soon as
     generation has ended both are disabled and the status line says "finishing …" (a late Stop click changes
     nothing). Then, with ``dashboard=True``, the :class:`Dashboard` of the finished run (``dashboard``) replaces
     the strip, opened at the step the live view showed last; with ``dashboard=False`` the strip stays and the
-    "Open the step dashboard" button (:meth:`open_dashboard`) builds it on request: its four figure widgets ship
-    plotly.js to the page four times, which freezes the page for a moment, so it waits for a click.
+    "Open the step dashboard" button (:meth:`open_dashboard`) builds it on request (drawing four figures takes the page a moment, so it waits
+    for a click).
     ``result`` is the GenerationResult once done, ``error`` an exception raised by generate, ``widget`` the box
     to display."""
 
@@ -535,7 +370,7 @@ class LiveRun:
         self.result = None
         self.error: BaseException | None = None
         self.dashboard: Dashboard | None = None
-        self.views: dict[str, go.FigureWidget] = {}
+        self.views: dict[str, FigurePanel] = {}
         self.live_step: int | None = None  # the step the live views last drew
         self.live_tokens = 0  # the tokens the live views last drew
         self.redraws = 0
@@ -763,10 +598,8 @@ class LiveRun:
             self.views = {name: figure_widget(fig) for name, fig in figs.items()}
             self._details_box.children = tuple(self.views.values())
         else:
-            # Updates only: the synced state is published when the run ends (publishing it per redraw sent
-            # every figure twice more); the figure changed, so comparing (serialising both) is skipped.
             for name, fig in figs.items():
-                sync_figure(self.views[name], fig, publish=False, compare=False)
+                sync_figure(self.views[name], fig)
 
     def _finish(self) -> None:
         with self._draw_lock:
@@ -782,8 +615,6 @@ class LiveRun:
             self.phase = "failed"
             self.status.value = f"<span style='color:#d62728'>failed: {msg}</span>"
             self.progress.bar_style = "danger"
-            for widget in self.views.values():
-                publish_state(widget)
             return
         r = self.result
         how = "stopped" if r.metrics.get("stopped") else "done"
@@ -800,8 +631,6 @@ class LiveRun:
         if self.auto_dashboard:
             self._build_dashboard()
         else:
-            for widget in self.views.values():
-                publish_state(widget)
             self.dashboard_button.layout.display = None
             self.status.value = self._done_text
         self.phase = how
@@ -880,7 +709,7 @@ class QuantTuner:
 
     Controls: ``bits`` (2, 3, 4, 8), ``group_size`` (32, 64, 128), ``method`` (rtn, hqq), ``k`` (draft length),
     ``auto`` (rerun on every change) and ``run_button``. :meth:`run` does one evaluation; ``table`` is the last
-    result (a DataFrame), shown in ``table_html``; ``figure`` is a FigureWidget of TPOT, recall and acceptance;
+    result (a DataFrame), shown in ``table_html``; ``figure`` is a :class:`~.panel.FigurePanel` of TPOT, recall and acceptance;
     ``status`` says how long quantizing took. Results are cached per setting, so going back is instant."""
 
     def __init__(self, model, tokenizer, prompts, expert_budget: "float | int | str" = 0.5,

@@ -1,0 +1,187 @@
+"""A light plotly widget: one figure, drawn in the page by ``Plotly.react`` from its synced plain data.
+
+Why not plotly's own ``FigureWidget`` (issue 37):
+
+* each ``FigureWidget`` ships plotly.js (~5 MB) inside its model, and a page reload restores every one of them;
+  here plotly.js travels once per kernel, in one :class:`PlotlyJS` model that every panel refers to;
+* it answers each update with layout and trace deltas that the kernel validates, and a step's update is a
+  ``Plotly.update`` plus that round trip; here an update is one message with the figure, and the page redraws
+  it with ``Plotly.react``, which diffs against what it drew (a slider step of the dashboard: one message and
+  one redraw per view, nothing back);
+* it turns on ipywidgets' view counting (``_view_count = 0``), so each view removed after the kernel shut
+  down (File > Close and Shut Down Notebook) sent a count to a dead kernel and logged "Could not send widget
+  sync message"; a panel counts no views;
+* its synced state is only assigned at construction and display, so a later view (a reload, a second display)
+  could draw a stale figure; a panel's ``figure`` trait *is* the figure, so every view draws what Python holds.
+
+The figure is synced as plain JSON (lists, no numpy arrays), without its template; the template (the same for
+every figure of the views) is synced once per panel in ``template``.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+from typing import Any
+
+import anywidget
+import numpy as np
+import plotly.graph_objects as go
+from plotly.basedatatypes import BaseFigure
+import traitlets
+from ipywidgets import widget_serialization
+from plotly.offline import get_plotlyjs
+
+__all__ = ["FigurePanel", "PlotlyJS", "plain_figure"]
+
+
+class PlotlyJS(anywidget.AnyWidget):
+    """plotly.js's source, synced once per kernel (:func:`plotly_js`); every :class:`FigurePanel` refers to it.
+    It has no view of its own."""
+
+    _esm = "export default {};"
+    source = traitlets.Unicode("").tag(sync=True)
+
+
+_LOADER: "PlotlyJS | None" = None
+
+
+def plotly_js() -> PlotlyJS:
+    """The kernel's :class:`PlotlyJS` (made on first use, and again if it was closed)."""
+    global _LOADER
+    if _LOADER is None or _LOADER.comm is None:
+        _LOADER = PlotlyJS(source=get_plotlyjs())
+    return _LOADER
+
+
+# The view. plotly.js is a UMD bundle: run with ``define``, ``module`` and ``exports`` out of sight it installs
+# itself as ``globalThis.Plotly``; the first panel of a page does that, the others wait on the same promise (a
+# failed load is forgotten, so the next view tries again). A figure is drawn once the view is in the page
+# (drawn earlier, plotly.js cannot measure the cell and falls back to 700 px) and redrawn when its width changes.
+_ESM = r"""
+const KEY = "__specter_lab_plotly";
+function loadPlotly(model) {
+  if (globalThis.Plotly && globalThis.Plotly.react) return Promise.resolve(globalThis.Plotly);
+  if (!globalThis[KEY]) {
+    globalThis[KEY] = (async () => {
+      const ref = String(model.get("plotly_js") || "").replace(/^IPY_MODEL_/, "");
+      const loader = await model.widget_manager.get_model(ref);
+      new Function("define", "module", "exports", loader.get("source")).call(globalThis);
+      if (!globalThis.Plotly) throw new Error("specter_lab: plotly.js did not load");
+      return globalThis.Plotly;
+    })();
+    globalThis[KEY].catch(() => { delete globalThis[KEY]; });
+  }
+  return globalThis[KEY];
+}
+
+function whenInPage(el, signal) {
+  return new Promise(resolve => {
+    const tick = () => { if (signal.aborted) return; if (el.isConnected) resolve(); else requestAnimationFrame(tick); };
+    tick();
+  });
+}
+
+export default {
+  async render({ model, el }) {
+    const gone = new AbortController();
+    const gd = document.createElement("div");
+    gd.className = "specter-figure";
+    el.appendChild(gd);
+    let Plotly = null, drawn = null, width = 0;
+    const draw = () => {
+      if (!Plotly || gone.signal.aborted) return;
+      const fig = model.get("figure") || {};
+      const layout = Object.assign({}, fig.layout || {}, { template: model.get("template") || undefined });
+      drawn = Plotly.react(gd, fig.data || [], layout, model.get("config") || {});
+    };
+    const onChange = () => draw();
+    model.on("change:figure", onChange);
+    model.on("change:config", onChange);
+    const resize = new ResizeObserver(entries => {
+      const w = Math.round(entries[0].contentRect.width);
+      if (Plotly && w > 0 && w !== width && gd.data) { width = w; Plotly.Plots.resize(gd); }
+    });
+    (async () => {
+      [Plotly] = await Promise.all([loadPlotly(model), whenInPage(el, gone.signal)]);
+      width = Math.round(el.getBoundingClientRect().width);
+      draw();
+      resize.observe(el);
+    })().catch(err => { gd.textContent = String(err); console.warn(err); });
+    return () => {
+      gone.abort();
+      resize.disconnect();
+      model.off("change:figure", onChange);
+      model.off("change:config", onChange);
+      if (Plotly) Plotly.purge(gd);
+    };
+  }
+};
+"""
+
+_CSS = ".specter-figure { width: 100%; }"
+
+
+class FigurePanel(anywidget.AnyWidget):
+    """One plotly figure in the page, redrawn whenever :meth:`show` gives it another.
+
+    ``figure`` is the figure as plain JSON (:func:`plain_figure`, template apart), ``template`` its plotly
+    template, ``config`` plotly.js's config. :meth:`show` accepts a ``go.Figure`` or a dict already made plain
+    (what a view prepares ahead of time); :meth:`to_figure` gives the shown figure back as a ``go.Figure``."""
+
+    _esm = _ESM
+    _css = _CSS
+    figure = traitlets.Dict().tag(sync=True)
+    template = traitlets.Dict().tag(sync=True)
+    config = traitlets.Dict().tag(sync=True)
+    plotly_js = traitlets.Instance(PlotlyJS).tag(sync=True, **widget_serialization)
+
+    def __init__(self, fig: "go.Figure | dict", config: "dict | None" = None, **kwargs: Any) -> None:
+        template = fig.layout.template.to_plotly_json() if isinstance(fig, go.Figure) else {}
+        super().__init__(figure=_as_plain(fig), template=_plain(template), config=dict(config or {}),
+                         plotly_js=plotly_js(), **kwargs)
+
+    def show(self, fig: "go.Figure | dict") -> bool:
+        """Show ``fig``; returns False, sending nothing, when the panel already shows it."""
+        plain = _as_plain(fig)
+        if plain == self.figure:
+            return False
+        self.figure = plain
+        return True
+
+    def to_figure(self) -> go.Figure:
+        """The shown figure as a ``go.Figure`` (template included), e.g. to save or export."""
+        layout = {**self.figure.get("layout", {}), "template": self.template or None}
+        return go.Figure({"data": self.figure.get("data", []), "layout": layout})
+
+
+def _as_plain(fig: "go.Figure | dict") -> dict:
+    return plain_figure(fig) if isinstance(fig, BaseFigure) else {"data": fig["data"], "layout": fig["layout"]}
+
+
+def plain_figure(fig: BaseFigure) -> dict:
+    """``fig`` as plain JSON-like data (lists, not numpy arrays; no template): what a :class:`FigurePanel`
+    syncs. A view that switches between prepared figures builds these once per step, ahead of time."""
+    d = _plain(fig.to_plotly_json())
+    d["layout"].pop("template", None)
+    return {"data": d["data"], "layout": d["layout"]}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        if "bdata" in value and "dtype" in value:  # plotly's base64 form of a numpy array
+            arr = np.frombuffer(base64.b64decode(value["bdata"]), dtype=np.dtype(value["dtype"]))
+            shape = value.get("shape")
+            if isinstance(shape, str):
+                shape = [int(n) for n in shape.split(",")]
+            return _plain((arr.reshape(shape) if shape else arr).tolist())
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return _plain(value.tolist())
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # JSON has no NaN; plotly.js draws null as a gap, as it draws NaN
+    return value
