@@ -561,13 +561,6 @@ def test_other_notebook_runs_clean(page: Page, notebook: str) -> None:
     close_clean(page, notebook)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "D9 is not fixed: on File > Close and Shut Down Notebook each plotly FigureWidget view, as it is removed, "
-    "decrements ipywidgets' view count (plotly turns the counting on: _view_count = 0) with a sync message to the "
-    "kernel already shut down ('Could not send widget sync message'; stack: WidgetView once('remove') -> "
-    "model.save_changes). Turning the counting off (_view_count = None) ends these errors, but then, after a page "
-    "reload, anywidget's 2 s model-initialization timeout fired ('[anywidget] Failed to initialize model', 5 runs "
-    "of 5 on the shared box), so it is not shipped (docs/measured/browser_before_after.md)"))
 def test_closing_a_notebook_leaves_no_console_error() -> None:
     """D9: no console error when a notebook with widgets is closed and shut down (README: 'the browser console
     has no error'). Reads what the notebook tests above recorded as they closed their notebooks."""
@@ -579,9 +572,9 @@ def test_closing_a_notebook_leaves_no_console_error() -> None:
 
 
 @pytest.mark.xfail(strict=False, reason=(
-    "not met on the shared 2-core test box: a step is four plotly.js full replots in the page (one per figure, "
-    "about 50-80 ms each there with other jobs running), 300-530 ms in all at load 3-4; the kernel's part is "
-    "4-12 ms (docs/measured/browser_before_after.md)"))
+    "not met on the shared 2-core test box under load: the page draws a prepared step at once (2-4 ms after the "
+    "key, no kernel round trip), and what remains is plotly.js drawing the four figures, 190-300 ms in the page at "
+    "load 3-4 (about 110-130 ms for the same four in a bare page) (docs/measured/browser_before_after.md)"))
 def test_slider_steps_redraw_under_200_ms() -> None:
     """Issue 37: each keyboard step of 01's dashboard slider redraws in under 200 ms, measured in the page from
     the keydown event to the first animation frame with every step title at the new step (the kernel's round trip
