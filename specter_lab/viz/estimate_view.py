@@ -17,7 +17,7 @@ from . import tables
 from .layout import base_layout
 from .tables import Table
 from .panel import FigurePanel
-from .widgets import _fit_width, figure_widget, sync_figure
+from .widgets import figure_widget, sync_figure
 
 __all__ = ["EstimateExplorer", "cliff_figure", "estimate_table", "ESTIMATE_COLUMNS"]
 
@@ -83,8 +83,7 @@ class EstimateExplorer:
         for w in (self.config, self.gpu, self.vram, self.host, self.weights, self.prompt, self.context):
             w.observe(lambda _: self._stale(), names="value")
         self._controls = [W.HBox([self.config, self.gpu, self.vram]),
-                          W.HBox([self.host, self.weights, self.prompt, self.context, self.button,
-                                  _fit_width()])]  # the box's plotly graphs follow its width
+                          W.HBox([self.host, self.weights, self.prompt, self.context, self.button])]
         self.box = W.VBox()
         self.summary: dict[str, Any] | None = None
         if run_now:

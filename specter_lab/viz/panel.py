@@ -27,9 +27,9 @@ from typing import Any, Callable
 import anywidget
 import numpy as np
 import plotly.graph_objects as go
-from plotly.basedatatypes import BaseFigure
 import traitlets
 from ipywidgets import widget_serialization
+from plotly.basedatatypes import BaseFigure
 from plotly.offline import get_plotlyjs
 
 __all__ = ["FigurePanel", "PlotlyJS", "plain_figure"]

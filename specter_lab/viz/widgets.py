@@ -28,7 +28,6 @@ import time
 from collections import OrderedDict
 from typing import Any, Callable, Mapping, Sequence
 
-import anywidget
 import ipywidgets as W
 import pandas as pd
 import plotly.graph_objects as go
@@ -49,7 +48,7 @@ __all__ = ["Dashboard", "LiveRun", "QuantTuner", "dashboard", "figure_widget", "
 # titles put their numbers: it shows only while the pointer is over the figure (plotly.js keeps it always on for
 # a device without hover, such as a touch screen), and it keeps only download, zoom, pan and reset, so it is
 # short enough to clear a title at a cell's width. No plotly logo; ``responsive`` so a figure follows the width
-# of its cell (see _FIT_WIDTH_ESM).
+# of its cell.
 FIGURE_CONFIG: dict[str, Any] = {
     "displayModeBar": "hover", "displaylogo": False, "responsive": True,
     "modeBarButtonsToRemove": ["select2d", "lasso2d", "zoomIn2d", "zoomOut2d", "autoScale2d"],
@@ -70,62 +69,6 @@ def sync_figure(widget: FigurePanel, fig: "go.Figure | dict") -> bool:
     return widget.show(fig)
 
 
-# Why a helper widget: plotly's anywidget view draws a figure when it is created, before JupyterLab attaches it
-# to the page, so plotly.js cannot measure the cell and falls back to 700 px; with ``responsive`` it re-measures
-# only on a window resize. This invisible widget, placed in each view's box, watches the box's size (it changes
-# when the box is attached, when a figure is added, when the side panel opens) and asks each plotly graph in it
-# to fit its width, through the handler plotly.js installs for ``responsive`` (a window resize event if that
-# handler is missing).
-_FIT_WIDTH_ESM = """
-function graphsIn(root) { return Array.from(root.querySelectorAll('.js-plotly-plot')); }
-function fit(root) {
-  // A box being closed (its notebook shut down) shrinks to nothing: a resize then would make each plotly view
-  // send its new size to a kernel that is gone ("Could not send widget sync message" in the console).
-  if (!root.isConnected || root.getBoundingClientRect().width < 1) return;
-  const graphs = graphsIn(root);
-  const handlers = graphs.map(gd => gd._responsiveChartHandler).filter(h => typeof h === 'function');
-  if (handlers.length) handlers.forEach(h => h());
-  else if (graphs.length) window.dispatchEvent(new Event('resize'));
-}
-function outermostBox(el) {
-  let box = null;
-  for (let n = el.parentElement; n; n = n.parentElement) if (n.classList.contains('widget-box')) box = n;
-  return box || el.parentElement;
-}
-export default {
-  render({ el }) {
-    el.style.display = 'none';
-    let observer = null, timer = null, tries = 0, cancelled = false;
-    const attach = () => {
-      if (cancelled) return;
-      if (!el.isConnected) { if (tries++ < 600) requestAnimationFrame(attach); return; }
-      const root = outermostBox(el);
-      observer = new ResizeObserver(() => {
-        clearTimeout(timer);
-        timer = setTimeout(() => { if (!cancelled) fit(root); }, 120);
-      });
-      observer.observe(root);
-    };
-    requestAnimationFrame(attach);
-    return () => { cancelled = true; clearTimeout(timer); if (observer) observer.disconnect(); };
-  }
-};
-"""
-
-
-_FIT_WIDTH_CLASS: Any = None
-
-
-def _fit_width() -> Any:
-    """An invisible widget that makes the plotly graphs of the box it sits in follow the box's width."""
-    global _FIT_WIDTH_CLASS
-    if _FIT_WIDTH_CLASS is None:
-        _FIT_WIDTH_CLASS = type("FitWidth", (anywidget.AnyWidget,), {
-            "_esm": _FIT_WIDTH_ESM, "__module__": __name__,
-            "__doc__": "Fits the plotly graphs of its box to the box's width (see _FIT_WIDTH_ESM)."})
-    return _FIT_WIDTH_CLASS()
-
-
 _TAG = re.compile(r"<[^>]+>")
 
 
@@ -143,8 +86,8 @@ class Dashboard:
     """Step-by-step views of one finished run.
 
     Attributes: ``widget`` (the VBox to display), ``slider`` (IntSlider over the steps), ``play`` (Play button
-    linked to the slider), ``info`` (HTML line about the step) and ``views``: one :class:`~.panel.FigurePanel` per entry of
-    :data:`~.figures.STEP_VIEWS` (token strip, routing, cache, timeline), also readable as attributes
+    linked to the slider), ``info`` (HTML line about the step) and ``views``: one :class:`~.panel.FigurePanel`
+    per entry of :data:`~.figures.STEP_VIEWS` (token strip, routing, cache, timeline), also readable as attributes
     (``dash.routing``). Setting ``slider.value`` (or calling :meth:`show`) updates all of them.
 
     A step's figures are built once and kept (``cache_steps`` of them), and the steps next to the shown one are
@@ -201,7 +144,7 @@ class Dashboard:
         self.info.value = self._info_html(first)
         self.slider.observe(self._on_step, names="value")
         # The step's one-line summary gets its own line, so it never wraps beside the controls.
-        self.widget = W.VBox([W.HBox([self.play, self.slider, self.save_button, self.saved, _fit_width()]),
+        self.widget = W.VBox([W.HBox([self.play, self.slider, self.save_button, self.saved]),
                               self.info, *self.views.values()])
         self._prefetch = prefetch
         if prefetch:
@@ -366,7 +309,8 @@ class LiveRun:
     always show the same step. ``pace`` (seconds) makes each step last at least that long on the wall clock (a
     demo a person can follow and stop; it changes no simulated time). ``details`` names
     :data:`~.figures.STEP_VIEWS` to draw live for the latest step (none by default): each is a
-    :class:`~.panel.FigurePanel` and costs a full trace snapshot per redraw; ``views`` holds them (also readable as attributes, ``run.routing``; None when not shown).
+    :class:`~.panel.FigurePanel` and costs a full trace snapshot per redraw; ``views`` holds them (also readable
+    as attributes, ``run.routing``; None when not shown).
 
     Stop ends generation after the step in progress; Pause holds it between two steps until Resume. As soon as
     generation has ended both are disabled and the status line says "finishing …" (a late Stop click changes
@@ -428,8 +372,7 @@ class LiveRun:
         self.status = W.HTML("starting …")
         self._result_box = W.VBox([])
         self._details_box = W.VBox([])
-        self.widget = W.VBox([W.HBox([self.stop_button, self.pause_button, self.dashboard_button, self.status,
-                                      _fit_width()]),
+        self.widget = W.VBox([W.HBox([self.stop_button, self.pause_button, self.dashboard_button, self.status]),
                               self.progress, self.tokens, self._details_box, self._result_box])
         self.thread = threading.Thread(target=self._run, name="specter-live", daemon=True)
         if start:
@@ -781,7 +724,7 @@ class QuantTuner:
         for w in (self.bits, self.group_size, self.method, self.k):
             w.observe(self._on_change, names="value")
         self.auto.observe(lambda _: self._mark_stale(), names="value")
-        self.widget = W.VBox([W.HBox([self.bits, self.group_size, method_label, self.method, _fit_width()],
+        self.widget = W.VBox([W.HBox([self.bits, self.group_size, method_label, self.method],
                                      layout=W.Layout(align_items="center")),
                               W.HBox([self.k, self.auto, self.run_button, self.stale]), self.status,
                               self.table_html, W.HBox([self.save_button, self.saved]), self.figure])
