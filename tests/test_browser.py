@@ -572,9 +572,9 @@ def test_closing_a_notebook_leaves_no_console_error() -> None:
 
 
 @pytest.mark.xfail(strict=False, reason=(
-    "not met on the shared 2-core test box under load: the page draws a prepared step at once (2-4 ms after the "
-    "key, no kernel round trip), and what remains is plotly.js drawing the four figures, 190-300 ms in the page at "
-    "load 3-4 (about 110-130 ms for the same four in a bare page) (docs/measured/browser_before_after.md)"))
+    "not met on the shared 2-core test box: the kernel's part is 50-80 ms from the key to its four figure "
+    "messages, and plotly.js drawing the four figures takes 160-250 ms in the page at load 2-3 (110-150 ms for the "
+    "same four in a bare page); 200-360 ms in all (docs/measured/browser_before_after.md)"))
 def test_slider_steps_redraw_under_200_ms() -> None:
     """Issue 37: each keyboard step of 01's dashboard slider redraws in under 200 ms, measured in the page from
     the keydown event to the first animation frame with every step title at the new step (the kernel's round trip

@@ -488,7 +488,7 @@ def test_a_panel_syncs_the_figure_python_holds(spec_run):
     d.slider.value = other
     for name, build in (("routing", F.routing_figure), ("cache", F.cache_figure), ("timeline", F.timeline_figure)):
         assert getattr(d, name).figure == _plain_of(build(spec_run, other)), name
-    assert d.routing.show(F.routing_figure(spec_run, other), key=other) is False  # nothing new: nothing sent
+    assert sync_figure(d.routing, F.routing_figure(spec_run, other)) is False  # nothing new: nothing sent
     sent = []
     d.routing.observe(lambda change: sent.append(change), names="figure")
     d.slider.value = d.step  # the same step again: no message
@@ -713,28 +713,3 @@ def test_waterfall_labels_are_the_tables_factors():
         assert labels[r.step] == f"×{r.factor:.2f}", (r.step, labels[r.step])
     assert labels["artifact protocol"] == "1.84×" or labels["artifact protocol"] == "1.85×"
 
-
-def test_dashboard_sends_the_steps_around_ahead_to_a_new_view(spec_run, monkeypatch):
-    """Issue 37 (slider redraw): the panels follow the slider in the page (jslink), and once a view appears the
-    dashboard sends it the steps around the shown one, so the page draws a slider step without the kernel's
-    round trip. What it sends is each step's own figure."""
-    from specter_lab.viz.panel import FigurePanel as Panel
-
-    sent: list[tuple[Panel, dict]] = []
-    monkeypatch.setattr(Panel, "send", lambda self, content, buffers=None: sent.append((self, content)))
-    d = viz.dashboard(spec_run)
-    links = {(link.source[0], link.source[1], link.target[1]) for link in d._links}
-    assert links == {(d.slider, "value", "step")} and {link.target[0] for link in d._links} == set(d.views.values())
-    deadline = time.monotonic() + 30
-    while len(d._sent) < 2 and time.monotonic() < deadline:  # the construction's own warm-up
-        time.sleep(0.05)
-    sent.clear()
-    d.routing._from_page(d.routing, {"view": "ready"}, [])  # what a new view (a reload) says
-    lo, hi = int(d.slider.min), int(d.slider.max)
-    expect = {s for s in range(d.step - 3, d.step + 4) if lo <= s <= hi}
-    while not expect <= {int(k) for _, c in sent for k in c["prepared"]} and time.monotonic() < deadline:
-        time.sleep(0.05)
-    routing = {int(k): fig for panel, c in sent if panel is d.routing for k, fig in c["prepared"].items()}
-    assert expect <= set(routing), (expect, sorted(routing))
-    for s in expect:
-        assert routing[s] == plain_figure(F.routing_figure(spec_run, s)), s

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import base64
 import math
-from typing import Any, Callable
+from typing import Any
 
 import anywidget
 import numpy as np
@@ -82,49 +82,22 @@ function whenInPage(el, signal) {
   });
 }
 
-const KEPT = 64;  // prepared figures a view keeps (the dashboard sends the steps around the shown one)
-
 export default {
   async render({ model, el }) {
     const gone = new AbortController();
     const gd = document.createElement("div");
     gd.className = "specter-figure";
     el.appendChild(gd);
-    let Plotly = null, width = 0, drawnKey = null;
-    const prepared = new Map();  // key -> figure, sent ahead by the kernel ({"prepared": {key: figure}})
-    const react = (fig, key) => {
+    let Plotly = null, drawn = null, width = 0;
+    const draw = () => {
       if (!Plotly || gone.signal.aborted) return;
-      drawnKey = key;
+      const fig = model.get("figure") || {};
       const layout = Object.assign({}, fig.layout || {}, { template: model.get("template") || undefined });
-      Plotly.react(gd, fig.data || [], layout, model.get("config") || {});
+      drawn = Plotly.react(gd, fig.data || [], layout, model.get("config") || {});
     };
-    // The kernel's figure; skipped when the view already drew it from a prepared copy (same key).
-    const onFigure = () => {
-      const key = model.get("key"), step = String(model.get("step"));
-      if (key && key === drawnKey) return;
-      // a later step, chosen in the page, is already drawn from its prepared copy: its own figure follows
-      if (key && key !== step && prepared.has(step) && drawnKey === step) return;
-      react(model.get("figure") || {}, key);
-    };
-    // A step chosen in the page (``step`` is linked to a slider there): drawn at once from a prepared copy,
-    // without waiting for the kernel's round trip; otherwise the kernel's figure follows.
-    const onStep = () => {
-      const key = String(model.get("step"));
-      if (prepared.has(key) && key !== drawnKey) react(prepared.get(key), key);
-    };
-    const onMessage = msg => {
-      if (!msg || !msg.prepared) return;
-      for (const [key, fig] of Object.entries(msg.prepared)) {
-        prepared.delete(key);
-        prepared.set(key, fig);
-        if (prepared.size > KEPT) prepared.delete(prepared.keys().next().value);
-      }
-    };
-    const onConfig = () => react(model.get("figure") || {}, model.get("key"));
-    model.on("change:figure", onFigure);
-    model.on("change:step", onStep);
-    model.on("change:config", onConfig);
-    model.on("msg:custom", onMessage);
+    const onChange = () => draw();
+    model.on("change:figure", onChange);
+    model.on("change:config", onChange);
     const resize = new ResizeObserver(entries => {
       const w = Math.round(entries[0].contentRect.width);
       if (Plotly && w > 0 && w !== width && gd.data) { width = w; Plotly.Plots.resize(gd); }
@@ -132,17 +105,14 @@ export default {
     (async () => {
       [Plotly] = await Promise.all([loadPlotly(model), whenInPage(el, gone.signal)]);
       width = Math.round(el.getBoundingClientRect().width);
-      react(model.get("figure") || {}, model.get("key"));
+      draw();
       resize.observe(el);
-      model.send({ view: "ready" });  // a new view: the kernel sends it the prepared figures again
     })().catch(err => { gd.textContent = String(err); console.warn(err); });
     return () => {
       gone.abort();
       resize.disconnect();
-      model.off("change:figure", onFigure);
-      model.off("change:step", onStep);
-      model.off("change:config", onConfig);
-      model.off("msg:custom", onMessage);
+      model.off("change:figure", onChange);
+      model.off("change:config", onChange);
       if (Plotly) Plotly.purge(gd);
     };
   }
@@ -157,48 +127,27 @@ class FigurePanel(anywidget.AnyWidget):
 
     ``figure`` is the figure as plain JSON (:func:`plain_figure`, template apart), ``template`` its plotly
     template, ``config`` plotly.js's config. :meth:`show` accepts a ``go.Figure`` or a dict already made plain
-    (what a view prepares ahead of time); :meth:`to_figure` gives the shown figure back as a ``go.Figure``.
-
-    For a view stepped by a slider, ``key`` names the shown figure (the step), :meth:`prepare` sends the
-    figures of other keys ahead of time, and ``step`` can be linked to the slider in the page
-    (``ipywidgets.jslink``): a step whose figure was prepared is then drawn in the page at once, before the
-    kernel hears of it; the kernel's :meth:`show` that follows, with the same key, is not drawn twice."""
+    (what a view prepares ahead of time); :meth:`to_figure` gives the shown figure back as a ``go.Figure``."""
 
     _esm = _ESM
     _css = _CSS
     figure = traitlets.Dict().tag(sync=True)
     template = traitlets.Dict().tag(sync=True)
     config = traitlets.Dict().tag(sync=True)
-    key = traitlets.Unicode("").tag(sync=True)
-    step = traitlets.Int(0).tag(sync=True)
     plotly_js = traitlets.Instance(PlotlyJS).tag(sync=True, **widget_serialization)
 
     def __init__(self, fig: "go.Figure | dict", config: "dict | None" = None, **kwargs: Any) -> None:
         template = fig.layout.template.to_plotly_json() if isinstance(fig, go.Figure) else {}
         super().__init__(figure=_as_plain(fig), template=_plain(template), config=dict(config or {}),
                          plotly_js=plotly_js(), **kwargs)
-        self.on_view: "Callable[[], None] | None" = None  # called when a new view appears in the page
-        self.on_msg(self._from_page)
 
-    def _from_page(self, _widget: Any, content: Any, _buffers: Any) -> None:
-        if isinstance(content, dict) and content.get("view") == "ready" and self.on_view is not None:
-            self.on_view()
-
-    def show(self, fig: "go.Figure | dict", key: "str | int" = "") -> bool:
-        """Show ``fig`` (named ``key``); returns False, sending nothing, when the panel already shows it."""
-        plain, key = _as_plain(fig), str(key)
-        if plain == self.figure and key == self.key:
+    def show(self, fig: "go.Figure | dict") -> bool:
+        """Show ``fig``; returns False, sending nothing, when the panel already shows it."""
+        plain = _as_plain(fig)
+        if plain == self.figure:
             return False
-        with self.hold_sync():  # one message: the page must see the key with its figure
-            self.key = key
-            self.figure = plain
+        self.figure = plain
         return True
-
-    def prepare(self, figures: "dict[str | int, go.Figure | dict]") -> None:
-        """Send ``{key: figure}`` to the page ahead of time (it keeps the last 64): a ``step`` change there
-        to one of these keys is drawn without the kernel. Views opened later start with none."""
-        if figures:
-            self.send({"prepared": {str(k): _as_plain(f) for k, f in figures.items()}})
 
     def to_figure(self) -> go.Figure:
         """The shown figure as a ``go.Figure`` (template included), e.g. to save or export."""

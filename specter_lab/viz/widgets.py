@@ -135,12 +135,6 @@ class Dashboard:
             else:
                 self.views[name] = figure_widget(fig)
         self._shown = first
-        self._sent: set[int] = set()  # steps sent to the page's views ahead of time (FigurePanel.prepare)
-        for name, panel in self.views.items():
-            panel.show(self._plain[first][name], key=first)
-            panel.on_view = self._new_view
-        # The panels follow the slider in the page: a prepared step is drawn there before the kernel hears of it.
-        self._links = [W.jslink((self.slider, "value"), (panel, "step")) for panel in self.views.values()]
         self.info.value = self._info_html(first)
         self.slider.observe(self._on_step, names="value")
         # The step's one-line summary gets its own line, so it never wraps beside the controls.
@@ -180,40 +174,22 @@ class Dashboard:
 
     def _warm(self, step: int) -> None:
         """Build the views of the steps around ``step`` in a background thread (one step at a time, nearest
-        first), so the next slider step finds them ready, and send each to the page's views ahead of time
-        (:meth:`~.panel.FigurePanel.prepare`), so that the page draws a step the slider reaches before the kernel
-        hears of it."""
+        first), so the next slider step finds them ready."""
         lo, hi = int(self.slider.min), int(self.slider.max)
-        near = [s for d in (0, 1, 2, 3) for s in (step - d, step + d)]
+        near = [s for d in (1, 2, 3) for s in (step - d, step + d)]
         if hi - lo < 24:  # a short run: every step (Home / End and Play find them ready too)
             near += sorted(range(lo, hi + 1), key=lambda s: abs(s - step))
-        wanted = [s for s in dict.fromkeys(near) if lo <= s <= hi and s not in self._sent]
+        wanted = [s for s in dict.fromkeys(near) if lo <= s <= hi and s not in self._cache]
 
         def build() -> None:
             for s in wanted:
                 if self._shown != step:  # the reader moved on: warm around the new step instead
                     return
                 self._figures(s)
-                self._send_ahead(s)
                 time.sleep(0.01)  # let the kernel answer a message between two builds
 
         if wanted:
             threading.Thread(target=build, name="specter-dashboard-warm", daemon=True).start()
-
-    def _send_ahead(self, step: int) -> None:
-        with self._build_lock:
-            plain = self._plain.get(step)
-        if plain is None or step in self._sent:
-            return
-        self._sent.add(step)
-        for name, panel in self.views.items():
-            panel.prepare({step: plain[name]})
-
-    def _new_view(self) -> None:
-        """A view appeared in the page (a display, a second display, a reload): it holds no prepared step."""
-        self._sent.clear()
-        if self._prefetch:
-            self._warm(self._shown)
 
     def _info_html(self, step: int) -> str:
         r = self._steps.loc[step]
@@ -235,7 +211,7 @@ class Dashboard:
             # One message per view that changed, each figure prepared as plain data ahead of time: a step costs
             # a few milliseconds here, and the page redraws each with Plotly.react.
             for name, fig in plain.items():
-                self.views[name].show(fig, key=step)
+                self.views[name].show(fig)
         self.info.value = self._info_html(step)
         self._shown = step
         if self.slider.value != step:
