@@ -238,10 +238,6 @@ class _Problem:
                    {n: host_lane_time(cost, n, host_wb) for n in sizes}, L, [l.num_experts for l in info.layers],
                    stride, NextUse(uses), sorted(asked, key=lambda k: (-asked[k], k)))
 
-    def next_use(self, key: int, t: int) -> float:
-        """The first request after t that asks for key (inf: never again)."""
-        return self.uses.after(key, t)
-
 
 class _Timed:
     """What a timed schedule needs beside a cache-simulator policy's ranking (a mixin before the policy): when
