@@ -19,24 +19,18 @@ A saved trace replays any cell from the command line, e.g.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-import math
 import os
 import time
 from pathlib import Path
-from unittest import mock
 
 import numpy as np
 import torch
 
 import specter_lab as sl
-from specter_lab.offload.cache import DEFAULT_DECAY
 from specter_lab.offload.schedule import host_lane_time
 from specter_lab.pricing.profiles import get_profile
-import specter_lab.routing.bound as bound_mod
 from specter_lab.routing.bound import trace_bound
-from specter_lab.routing.cachesim import Policy
 from specter_lab.routing.replay import replay_setup
 from specter_lab.routing.importing import MEASURED_DRAFT
 from specter_lab.routing.locality import TARGET_HIT_AT_HALF, lru_hit_curve
@@ -232,10 +226,10 @@ def main() -> None:
 
 
 # --------------------------------------------------------------------------------------------- fairness, the gap
-# Two analyses of the bound (not the bound itself, which sl.bound prices unchanged): its schedule re-run with the
-# initial pool an online run could have (the prompt's most used experts), and with an online eviction policy in
-# place of Belady's (the rest of its schedule, copies started as early as the link allows, kept). Both swap one
-# private piece of routing/bound.py for the length of one call.
+# Two analyses of the bound (the bound itself is trace_bound's default): its schedule re-run with the initial pool
+# an online run could have (initial="prompt": the prompt's most used experts), and with an online eviction policy
+# in place of Belady's (evict="lfu_decay" / "lru"; the rest of its schedule, copies started as early as the link
+# allows, kept): routing/bound.py's analysis variants.
 
 def prefix(trace: sl.RoutingTrace, n: int) -> sl.RoutingTrace:
     """The trace cut to the first ``n`` decode forwards of every sequence: the same routing, a shorter run."""
@@ -246,82 +240,6 @@ def prefix(trace: sl.RoutingTrace, n: int) -> sl.RoutingTrace:
             **{f: getattr(s, f)[:n] for f in ("draft_tokens", "draft_routing", "verify_routing", "verify_tokens")
                if getattr(s, f) is not None})
     return dataclasses.replace(trace, sequences=[cut(s) for s in trace.sequences])
-
-
-def _prompt_initial(prefill: np.ndarray):
-    """The bound's initial fill replaced by what an online run knows: the prompt's experts, most used first."""
-    def fill(prob, pools, pool_of, _init):
-        counts: dict[int, int] = {}
-        for l in range(prefill.shape[1]):
-            for e in prefill[:, l].ravel().tolist():
-                if e >= 0:
-                    counts[l * prob.stride + e] = counts.get(l * prob.stride + e, 0) + 1
-        for key in sorted(counts, key=lambda k: (-counts[k], k)):
-            pool = pools[pool_of(key)]
-            if pool.free > 0:
-                pool.insert(key, -math.inf, -1)
-    return fill
-
-
-class OnlinePool(Policy):
-    """The bound's timed pool evicting as an online policy does: the least recently used (``decay=None``) or the
-    smallest decayed use count (one use clock per pool, ``DecayLFU``'s default 0.98 per use), never an expert the
-    current request asks for. What it keeps of the bound: copies started as early as the link and the slot allow
-    (the schedule still knows *which* expert comes next and when), the greedy copy-or-host, the initial fill."""
-
-    decay: "float | None" = None
-
-    def __init__(self, capacity: int, next_use) -> None:
-        super().__init__(capacity)
-        self.next_use = next_use
-        self.ready, self.last, self.nxt, self.value, self.clock = {}, {}, {}, {}, 0
-
-    def insert(self, key: int, ready: float, t: int) -> None:
-        self.loaded(key, t)
-        self.ready[key], self.last[key], self.nxt[key] = ready, -math.inf, t
-
-    def touch(self, key: int, now: int) -> None:
-        super().touch(key, now)
-        self.nxt[key] = now
-        self.clock += 1
-        self.value[key] = self.score(key) + 1.0, self.clock
-
-    def score(self, key: int) -> float:
-        v, c = self.value.get(key, (0.0, self.clock))
-        return v * (self.decay or 0.0) ** (self.clock - c) if self.clock > c else v
-
-    def evict(self, key: int) -> None:
-        self.evicted(key)
-        del self.ready[key], self.last[key], self.nxt[key]
-
-    def free_at(self, key: "int | None") -> float:
-        return -math.inf if key is None else max(self.ready[key], self.last[key])
-
-    def choose(self, t: int):
-        if self.free > 0:
-            return True, None
-        cands = [k for k in self.recency if not self.next_use.asked(k, t)]  # least recent first
-        if not cands:
-            return False, None
-        return True, (cands[0] if self.decay is None else min(cands, key=self.score))
-
-
-class DecayPool(OnlinePool):
-    decay = DEFAULT_DECAY
-
-
-def bounds(trace, initial=None, pool=None, **kw) -> list:
-    """:func:`trace_bound`'s results, with the initial fill (``"prompt"``) or the pool class swapped."""
-    setup, info = replay_setup(trace, "lru", check=False, **kw)
-    out = []
-    for s in trace.sequences:
-        with contextlib.ExitStack() as stack:
-            if initial == "prompt":
-                stack.enter_context(mock.patch.object(bound_mod, "_initial", _prompt_initial(s.prefill)))
-            if pool is not None:
-                stack.enter_context(mock.patch.object(bound_mod, "_Pool", pool))
-            out.append(bound_mod.bound_of(setup, info, s))
-    return out
 
 
 def _mean_tpot(runs) -> float:
@@ -349,7 +267,7 @@ def fairness_and_gap(traces) -> None:
         for t in (short, tr):
             bd, r = _mean_tpot(trace_bound(t, **kw)), _mean_tpot(sl.replay(t, "split_lfu", **kw))
             row.append(f"{bd:.2f}, {bd / r:.3f}")
-        bp = _mean_tpot(bounds(tr, "prompt", **kw))
+        bp = _mean_tpot(trace_bound(tr, initial="prompt", **kw))
         print(f"| {label} | {h} · {b} | {row[0]} | {row[1]} | {bp:.2f}, {bp / r:.3f} |")
 
     print("\n## What the bound's lead is made of (compiled cells)\n")
@@ -366,7 +284,7 @@ def fairness_and_gap(traces) -> None:
         tr = traces[label, BITS[b]]
         bs = trace_bound(tr, **kw)
         bd = _mean_tpot(bs)
-        lfu, lru = _mean_tpot(bounds(tr, pool=DecayPool, **kw)), _mean_tpot(bounds(tr, pool=OnlinePool, **kw))
+        lfu, lru = (_mean_tpot(trace_bound(tr, evict=e, **kw)) for e in ("lfu_decay", "lru"))
         rs = sl.replay(tr, "split_lfu", **kw)
         r = _mean_tpot(rs)
         ev_share = (1 - bd / lfu) / (1 - bd / r)  # of the distance from the bound (1.0) down to split_lfu

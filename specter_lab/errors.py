@@ -8,7 +8,7 @@ candidate does not fit".
 from __future__ import annotations
 
 __all__ = ["BudgetTooSmall", "CopyFault", "NotExact", "Diverged", "CheckpointError", "NotEnoughMemory", "TraceError",
-           "ConfigError", "HostBudgetTooSmall"]
+           "ConfigError", "HostBudgetTooSmall", "OptionError"]
 
 from typing import Any
 
@@ -85,3 +85,14 @@ class ConfigError(ValueError):
         super().__init__(message)
         self.field = field
         self.found = found
+
+
+class OptionError(ValueError):
+    """A keyword option whose value is not one of its choices: refused before any work. ``argument`` names the
+    option, ``found`` holds the value given and ``choices`` the values that work."""
+
+    def __init__(self, message: str, argument: str, found: Any, choices: "tuple | list") -> None:
+        super().__init__(message)
+        self.argument = argument
+        self.found = found
+        self.choices = tuple(choices)

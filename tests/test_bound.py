@@ -1,5 +1,6 @@
 """The bound (sl.bound): the clairvoyant schedule's TPOT of a recorded sequence is below every non-speculative
-strategy's replayed TPOT, equals the all-resident run where every expert fits, and its eviction is Belady's."""
+strategy's replayed TPOT, equals the all-resident run where every expert fits, and its eviction is Belady's; its
+analysis variants (initial="prompt", evict="lru"/"lfu_decay") never miss less and refuse bad values early."""
 
 import math
 
@@ -9,7 +10,9 @@ import pytest
 
 import specter_lab as sl
 from specter_lab.routing.cache_bounds import belady_hits
-from specter_lab.routing.bound import _Problem, _simulate, bound_column, trace_bound, x_of_bound
+from specter_lab.errors import OptionError
+from specter_lab.routing.bound import (POOLS, VARIANTS, _Problem, _simulate, bound_column, bound_of, trace_bound,
+                                       x_of_bound)
 from specter_lab.routing.trace_file import RoutedSequence, TraceError
 
 NON_SPECULATIVE = ["lru", "on_demand", "gate_lookahead", "global_lru", "fiddler", "host_lru", "static_split"]
@@ -131,3 +134,71 @@ def test_x_of_bound_and_bad_input(model, random_trace):
         sl.bound(eng, short)
     with pytest.raises(TypeError, match="RoutingTrace"):
         trace_bound(seq)
+
+
+# ------------------------------------------------------------------------------ the analysis variants (issue 36)
+
+def test_the_defaults_are_the_bound(model, random_trace, bundled_trace):
+    """initial="clairvoyant", evict="belady" is the bound: its twelve schedules, the fastest kept, each the
+    Belady-ranked simulation that tests/test_bound.py's other tests hold to the strategies and to belady_hits."""
+    eng = sl.Engine(model, None, "lru", expert_budget=0.25, hardware="a100-40g-pcie4@compiled",
+                    cost_shape="deepseek-v2-lite@full")
+    seq = random_trace.sequences[1]
+    b = sl.bound(eng, seq)
+    assert sl.bound(eng, seq, initial="clairvoyant", evict="belady") == b
+    prob = _Problem.of(seq, eng.info, eng.cost, None)
+    want = {v: _simulate(prob, b.pool_slots, *v).tpot * 1e3 for v in VARIANTS}
+    assert sorted(b.variants.values()) == sorted(want.values()) and b.tpot_ms == min(want.values())
+    assert "clairvoyant" in b.assumptions and "eviction" not in b.schedule
+    kw = dict(expert_budget=0.35, hardware="rtx4090-pcie4@compiled", cost_shape="deepseek-v2-lite@full")
+    assert trace_bound(bundled_trace, initial="clairvoyant", evict="belady", **kw) == trace_bound(bundled_trace, **kw)
+
+
+@pytest.mark.parametrize("budget", [0.25, 0.35, 0.5])
+def test_online_variants_never_miss_less_than_the_clairvoyant_schedule(model, random_trace, bundled_trace, budget):
+    """Belady's eviction misses least (MIN) and its initial set (the first experts asked for) is MIN's best start:
+    for every pool kind, with every miss copied, evict="lru"/"lfu_decay" and initial="prompt" miss at least as
+    often, and they do change the schedule somewhere. TPOT is not compared per schedule: an eviction that misses
+    more can free a slot sooner (reported with the option: it is an analysis, not a bound)."""
+    changed = 0
+    for trace, m in ((random_trace, model), (bundled_trace, sl.load_model("tiny")[0])):
+        eng = sl.Engine(m, None, "lru", expert_budget=budget, hardware="a100-40g-pcie4@compiled",
+                        cost_shape="deepseek-v2-lite@full")
+        slots = eng.split.budget_bytes // eng.cost.expert_bytes
+        for seq in trace.sequences:
+            prob = _Problem.of(seq, eng.info, eng.cost, None)
+            for pool in POOLS:
+                best = _simulate(prob, slots, pool, "belady", "copy").misses
+                for evict in ("lru", "lfu_decay"):
+                    online = _simulate(prob, slots, pool, "belady", "copy", evict=evict).misses
+                    assert online >= best, (pool, evict, online, best)
+                    changed += online > best
+                prompt = _simulate(prob, slots, pool, "prompt", "copy").misses
+                assert prompt >= best, (pool, prompt, best)
+                changed += prompt > best
+    assert changed > 0
+
+
+def test_online_variants_through_the_public_options(model, bundled_trace):
+    """The options reach the schedule, name themselves, and an online pool also handles a layer that streams
+    (0.1: fewer slots per layer than its top-k)."""
+    kw = dict(hardware="a100-40g-pcie4@compiled", cost_shape="deepseek-v2-lite@full")
+    for budget in (0.1, 0.35):
+        base = trace_bound(bundled_trace, expert_budget=budget, **kw)[0]
+        for evict in ("lru", "lfu_decay"):
+            r = trace_bound(bundled_trace, expert_budget=budget, evict=evict, **kw)[0]
+            assert r.schedule.endswith(f"{evict} eviction") and f"{evict} eviction (online)" in r.assumptions
+            assert len(r.variants) == len(VARIANTS) and r.pool_slots == base.pool_slots and r.misses >= 1
+        p = trace_bound(bundled_trace, expert_budget=budget, initial="prompt", **kw)[0]
+        assert "prompt initial set" in p.schedule and len(p.variants) == len(VARIANTS) // 2
+
+
+def test_a_bad_variant_is_refused_before_any_work(model, random_trace):
+    eng = sl.Engine(model, None, "lru")
+    with pytest.raises(OptionError, match=r"evict='fifo'.*\['belady', 'lfu_decay', 'lru'\]") as e:
+        sl.bound(eng, random_trace.sequences[0], evict="fifo")
+    assert e.value.argument == "evict" and e.value.found == "fifo" and isinstance(e.value, ValueError)
+    with pytest.raises(OptionError, match=r"initial='oracle'.*\['clairvoyant', 'prompt'\]"):
+        bound_of(eng.setup, eng.info, "not even a sequence", initial="oracle")
+    with pytest.raises(OptionError, match="evict="):  # before the trace is looked at
+        trace_bound(None, evict="LRU")

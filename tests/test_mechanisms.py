@@ -239,6 +239,9 @@ def test_the_planner_weighs_the_new_mechanisms_and_small_drafts(less_local):
     for bits in (2, 3, 4):
         assert any(l.startswith(f"spec+split int{bits}") for l in labels)
         assert any(l.startswith(f"spec+host int{bits}") for l in labels)
+    # long split windows only with a draft that accepts like int4 (docs/paper.md's low compiled case picks K=16)
+    assert {"spec+split int4 k=8", "spec+split int4 k=16"} <= set(labels)
+    assert not {"spec+split int2 k=8", "spec+split int3 k=16"} & set(labels)
     p = sl.plan(None, None, "rtx4090-pcie4@compiled", 0.25, cost_shape="deepseek-v2-lite@full", trace=less_local,
                 progress=False, executor=None)
     t = p.table.set_index("candidate")

@@ -42,6 +42,22 @@ unless the host lane pays even for resident experts (see above), where it is low
 LM head once per window, so they can go below this autoregressive bound; their "× of the bound" can exceed 1.0
 (read it then as "beats autoregressive decoding at any cache policy"). A draft's own cost and device memory are
 not part of it. Prefill time is not part of it (TPOT excludes it).
+
+**Analysis variants** (keyword options of :func:`bound`, :func:`bound_of` and :func:`trace_bound`; the defaults
+are the bound above). Each replaces one clairvoyant piece by what an online run could do, everything else kept,
+so the step from the bound to the variant is what that piece of clairvoyance is worth:
+
+* ``initial="prompt"``: the pool starts from the prompt's experts, most used in the prefill first (ties: the
+  smaller layer, then expert), instead of the two clairvoyant initial sets; the rest stays clairvoyant (the same
+  bound, achieved not proven, for runs that start from their prefill's experts);
+* ``evict="lru"`` / ``"lfu_decay"``: evict the least recently used / the smallest decayed use count (the cache
+  simulator's :class:`~.cachesim.LRU` and :class:`~.cachesim.DecayLFU`, one use clock per layer and the store's
+  decay, as ``split_lfu`` evicts), never an expert the current layer asks for, instead of Belady's. Copies still
+  start as early as the link and the slot allow (the schedule still knows *which* expert comes next), so this is
+  no longer a bound: it reads how much of the bound's lead is eviction and how much is timing. It never misses
+  less than Belady's (MIN), but its TPOT can end a few percent *below* the bound's on short sequences: an
+  eviction that misses more can free a slot sooner (6 of 162 sequence × setting cells of 14–40-token test
+  sequences, by up to 4 %; none of the 256-token cells of ``docs/measured/closer_to_bound.md``).
 """
 
 from __future__ import annotations
@@ -51,20 +67,25 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from .cachesim import Belady, NextUse  # the cache simulator's Belady ranks the timed pool (_Pool, below)
+from .cachesim import LRU, Belady, DecayLFU, NextUse  # the cache simulator's policies rank the timed pools
 
+from ..errors import OptionError
 from ..model import MoEModelInfo
 from ..offload.schedule import counts_of, host_lane_time
 from ..run.setup import RunSetup
 from .replay import replay_setup
 from .trace_file import RoutedSequence, RoutingTrace, TraceError
 
-__all__ = ["BoundResult", "bound", "bound_of", "trace_bound", "x_of_bound", "bound_column", "VARIANTS"]
+__all__ = ["BoundResult", "bound", "bound_of", "trace_bound", "x_of_bound", "bound_column", "VARIANTS",
+           "INITIAL_POOLS", "EVICTIONS"]
 
 POOLS = ("global", "layer")
 INITIAL = ("belady", "frequent")
 MISSES = ("copy", "greedy", "host")
 VARIANTS: tuple[tuple[str, str, str], ...] = tuple(itertools.product(POOLS, INITIAL, MISSES))
+# the analysis variants (module docstring), the bound's own first
+INITIAL_POOLS = ("clairvoyant", "prompt")
+EVICTIONS = ("belady", "lfu_decay", "lru")
 
 
 @dataclass
@@ -105,15 +126,19 @@ def bound_column(df, bound: str = "bound_tpot_ms", tpot: str = "tpot_ms"):
     return df[bound] / df[tpot].where(df[tpot] > 0)
 
 
-def bound(engine, seq: RoutedSequence) -> BoundResult:
+def bound(engine, seq: RoutedSequence, *, initial: str = "clairvoyant", evict: str = "belady") -> BoundResult:
     """The TPOT of the fastest clairvoyant non-speculative schedule of ``seq`` at ``engine``'s device memory,
     profile, execution mode and cost shape (see the module docstring for what is and is not bounded).
-    ``engine``: an :class:`~specter_lab.run.engine.Engine` (anything with ``.setup`` and ``.info``)."""
-    return bound_of(engine.setup, engine.info, seq)
+    ``engine``: an :class:`~specter_lab.run.engine.Engine` (anything with ``.setup`` and ``.info``).
+    ``initial="prompt"`` / ``evict="lru"|"lfu_decay"``: the analysis variants (module docstring); the defaults
+    are the bound."""
+    return bound_of(engine.setup, engine.info, seq, initial=initial, evict=evict)
 
 
-def bound_of(setup: RunSetup, info: MoEModelInfo, seq: RoutedSequence) -> BoundResult:
+def bound_of(setup: RunSetup, info: MoEModelInfo, seq: RoutedSequence, *, initial: str = "clairvoyant",
+             evict: str = "belady") -> BoundResult:
     """:func:`bound` from a run set-up and the model's info alone (what :func:`trace_bound` uses: no Engine)."""
+    check_variant(initial, evict)
     if not isinstance(seq, RoutedSequence):
         raise TypeError(f"seq must be a RoutedSequence (trace.sequences[i]), got {type(seq).__name__}.")
     cost = setup.cost
@@ -126,32 +151,47 @@ def bound_of(setup: RunSetup, info: MoEModelInfo, seq: RoutedSequence) -> BoundR
     pool = int(min(total, setup.split.budget_bytes // max(1, cost.expert_bytes)))
     host_wb = setup.host_dtype.itemsize if setup.host_dtype is not None else None
     prob = _Problem.of(seq, info, cost, host_wb)
-    results = {v: _simulate(prob, pool, *v) for v in VARIANTS}
-    best = min(VARIANTS, key=lambda v: results[v].tpot)
+    variants = VARIANTS if initial == "clairvoyant" else tuple(itertools.product(POOLS, ("prompt",), MISSES))
+    results = {v: _simulate(prob, pool, *v, evict=evict) for v in variants}
+    best = min(variants, key=lambda v: results[v].tpot)
     r, n = results[best], prob.forwards
     ms = 1e3 / n
+    what = "clairvoyant" if evict == "belady" else f"{evict} eviction (online), copies timed clairvoyantly"
+    if initial == "prompt":
+        what += ", starting from the prompt's experts"
     return BoundResult(r.tpot * 1e3, r.busy * ms, r.copy_wait * ms, r.host_wait * ms, r.misses, r.copies,
-                       r.host, n, pool, _label(best),
-                       f"simulated, clairvoyant, non-speculative; pool {pool} slots; {cost.assumptions}",
-                       {_label(v): results[v].tpot * 1e3 for v in VARIANTS})
+                       r.host, n, pool, _label(best, evict),
+                       f"simulated, {what}, non-speculative; pool {pool} slots; {cost.assumptions}",
+                       {_label(v, evict): results[v].tpot * 1e3 for v in variants})
 
 
 def trace_bound(trace: RoutingTrace, strategy="lru", *, sequences: "Sequence[int] | None" = None,
-                **options) -> list[BoundResult]:
+                initial: str = "clairvoyant", evict: str = "belady", **options) -> list[BoundResult]:
     """:func:`bound` of every recorded sequence (or those in ``sequences``) at the device memory, profile and cost
     shape a replay with these ``options`` would have (``strategy``: the row the bound is read against;
-    only its budget split matters, e.g. a speculative one's ``cache_slots`` count its draft's bytes)."""
+    only its budget split matters, e.g. a speculative one's ``cache_slots`` count its draft's bytes).
+    ``initial`` / ``evict``: the analysis variants (module docstring; ``evict``, not ``eviction``, which is the
+    strategy's option and passes on to the set-up with the other ``options``)."""
+    check_variant(initial, evict)
     if strategy == "auto" or hasattr(strategy, "engine_kwargs"):
         strategy = "lru"  # a plan's choice does not change the device memory the bound is priced at
     setup, info = replay_setup(trace, strategy, check=False, **options)
     picked = range(len(trace.sequences)) if sequences is None else list(sequences)
-    return [bound_of(setup, info, trace.sequences[i]) for i in picked]
+    return [bound_of(setup, info, trace.sequences[i], initial=initial, evict=evict) for i in picked]
 
 
-def _label(variant: tuple[str, str, str]) -> str:
+def check_variant(initial: str, evict: str) -> None:
+    """Refuse an unknown analysis variant before any work (:class:`~specter_lab.errors.OptionError`)."""
+    for name, value, choices in (("initial", initial, INITIAL_POOLS), ("evict", evict, EVICTIONS)):
+        if value not in choices:
+            raise OptionError(f"{name}={value!r} is not a variant of the bound; use one of {list(choices)} (the "
+                              f"first, {choices[0]!r}, is the bound itself).", name, value, choices)
+
+
+def _label(variant: tuple[str, str, str], evict: str = "belady") -> str:
     pool, init, miss = variant
     misses = {"copy": "misses copied", "greedy": "each expert copy-or-host, greedy", "host": "misses on the host"}[miss]
-    return f"{pool} pool, {init} initial set, {misses}"
+    return f"{pool} pool, {init} initial set, {misses}" + ("" if evict == "belady" else f", {evict} eviction")
 
 
 # --------------------------------------------------------------------------------------------- the simulation
@@ -170,6 +210,7 @@ class _Problem:
     num_experts: list[int]
     stride: int
     uses: NextUse  # key → request times it is asked at
+    prompt: list[int] = field(default_factory=list)  # the prefill's experts, most used first (initial="prompt")
 
     @property
     def forwards(self) -> int:
@@ -187,26 +228,24 @@ class _Problem:
                     uses.setdefault(key, []).append(len(requests))
                 requests.append(req)
         sizes = {n for r in requests for n in r.values()}
+        asked: dict[int, int] = {}  # prefill key → tokens that asked for it
+        for l, layer in enumerate(info.layers):
+            for e in seq.prefill[:, l, : layer.top_k].ravel().tolist():
+                if e >= 0:
+                    asked[l * stride + e] = asked.get(l * stride + e, 0) + 1
         return cls(requests, [cost.dense_layer_time(1, p + i) for i in range(seq.decode.shape[0])],
                    cost.head_time(1), cost.copy_time(cost.expert_bytes), {n: cost.expert_time(n) for n in sizes},
                    {n: host_lane_time(cost, n, host_wb) for n in sizes}, L, [l.num_experts for l in info.layers],
-                   stride, NextUse(uses))
-
-    def next_use(self, key: int, t: int) -> float:
-        """The first request after t that asks for key (inf: never again)."""
-        return self.uses.after(key, t)
+                   stride, NextUse(uses), sorted(asked, key=lambda k: (-asked[k], k)))
 
 
-class _Pool(Belady):
-    """Slots holding experts (keys ``l·stride + e``), ranked by the cache simulator's Belady (furthest next use
-    first, never a key requested now), plus the times a timed schedule needs: when each resident's copy lands
-    and when its last compute ended. Ties go to the smallest key, not to the least recent as in the simulator's
-    default (the store's ``forecast`` order): hits do not depend on it while no layer streams, but which slot is
-    freed does change when copies land, and the bound's TPOT was fixed with this order (recency ties moved it in
-    9 of 36 sequence × budget × profile cells measured, by up to 2.7 %, all but one lower)."""
+class _Timed:
+    """What a timed schedule needs beside a cache-simulator policy's ranking (a mixin before the policy): when
+    each resident's copy lands and when its last compute ended. Keys are ``l·stride + e``."""
 
-    def __init__(self, capacity: int, next_use: NextUse) -> None:
-        super().__init__(capacity, next_use, ties="key")
+    def __init__(self, capacity: int, next_use: NextUse, **policy: Any) -> None:
+        super().__init__(capacity, next_use, **policy)
+        self.next_use = next_use
         self.ready: dict[int, float] = {}  # key → when its copy lands
         self.last: dict[int, float] = {}  # key → when its last compute ended
 
@@ -223,12 +262,78 @@ class _Pool(Belady):
         """When the slot of ``key`` may be overwritten (its last read and its own copy done)."""
         return -math.inf if key is None else max(self.ready[key], self.last[key])
 
+    def asked_now(self, key: int, t: int) -> bool:
+        """Does request ``t`` ask for the resident ``key``?"""
+        return self.next_use.asked(key, t)
+
+
+class _Pool(_Timed, Belady):
+    """The bound's pool: ranked by the cache simulator's Belady (furthest next use first, never a key requested
+    now). Ties go to the smallest key, not to the least recent as in the simulator's default (the store's
+    ``forecast`` order): hits do not depend on it while no layer streams, but which slot is freed does change when
+    copies land, and the bound's TPOT was fixed with this order (recency ties moved it in 9 of 36 sequence ×
+    budget × profile cells measured, by up to 2.7 %, all but one lower)."""
+
+    def __init__(self, capacity: int, next_use: NextUse) -> None:
+        super().__init__(capacity, next_use, ties="key")
+
+    def asked_now(self, key: int, t: int) -> bool:
+        return self.nxt[key] == t  # Belady keeps each resident's next request: no search
+
     def choose(self, t: int) -> "tuple[bool, int | None]":
         """(found, key): an empty slot (key None), else the furthest next use unless every resident is needed now."""
         if self.free > 0:
             return True, None
         key = self.victim((), t)
         return key is not None, key
+
+    def stream_victim(self, done: list[int], t: int) -> int:
+        """Of this layer's computed experts ``done``, the one next used furthest away (ties: the earliest loaded,
+        the order this TPOT was fixed with, so the choice stays here rather than in ``Belady.victim``)."""
+        return max(done, key=lambda k: self.next_use.after(k, t))
+
+
+class _AskedAt:
+    """The residents request ``t`` asks for, as a container (what an online policy may not evict now)."""
+
+    def __init__(self, next_use: NextUse, t: int) -> None:
+        self.next_use, self.t = next_use, t
+
+    def __contains__(self, key: object) -> bool:
+        return self.next_use.asked(key, self.t)
+
+
+class _Online(_Timed):
+    """A pool evicting as an online policy does (the policy class after this mixin), never an expert the current
+    request asks for: the analysis variant ``evict=`` (module docstring)."""
+
+    def choose(self, t: int) -> "tuple[bool, int | None]":
+        if self.free > 0:
+            return True, None
+        key = self.victim(_AskedAt(self.next_use, t), t)
+        return key is not None, key
+
+    def stream_victim(self, done: list[int], t: int) -> int:
+        """The policy's victim among this layer's computed experts ``done``."""
+        keep = set(self.recency).difference(done)
+        return self.victim(keep, t)
+
+
+class _LRUPool(_Online, LRU):
+    pass
+
+
+class _DecayPool(_Online, DecayLFU):
+    def __init__(self, capacity: int, next_use: NextUse, stride: int) -> None:
+        super().__init__(capacity, next_use, layer_of=lambda key: key // stride)  # a use clock per layer
+
+
+def _new_pool(evict: str, capacity: int, prob: "_Problem") -> _Timed:
+    if evict == "belady":
+        return _Pool(capacity, prob.uses)
+    if evict == "lru":
+        return _LRUPool(capacity, prob.uses)
+    return _DecayPool(capacity, prob.uses, prob.stride)
 
 
 @dataclass
@@ -249,9 +354,12 @@ def _finish(start: float, dev: list[tuple[float, float, int]]) -> float:
     return t
 
 
-def _initial(prob: _Problem, pools: list[_Pool], pool_of, init: str) -> None:
-    """Fill every pool before decoding starts: Belady's set (the first experts asked for) or the most used."""
-    if init == "belady":
+def _initial(prob: _Problem, pools: list[_Timed], pool_of, init: str) -> None:
+    """Fill every pool before decoding starts: Belady's set (the first experts asked for), the most used, or the
+    prompt's experts (most used in the prefill first)."""
+    if init == "prompt":
+        order = prob.prompt
+    elif init == "belady":
         order = [k for r in prob.requests for k in r]
         order = list(dict.fromkeys(order))
     else:
@@ -263,13 +371,13 @@ def _initial(prob: _Problem, pools: list[_Pool], pool_of, init: str) -> None:
             pool.insert(key, -math.inf, -1)
 
 
-def _simulate(prob: _Problem, slots: int, pool_kind: str, init: str, miss: str) -> _Outcome:
+def _simulate(prob: _Problem, slots: int, pool_kind: str, init: str, miss: str, evict: str = "belady") -> _Outcome:
     """One clairvoyant schedule's decode time (see the module docstring), on its own three-lane clock."""
     L = prob.layers
     if pool_kind == "global":
-        pools, pool_of = [_Pool(slots, prob.uses)], (lambda key: 0)
+        pools, pool_of = [_new_pool(evict, slots, prob)], (lambda key: 0)
     else:
-        pools = [_Pool(min(n, slots // L), prob.uses) for n in prob.num_experts]
+        pools = [_new_pool(evict, min(n, slots // L), prob) for n in prob.num_experts]
         pool_of = (lambda key: key // prob.stride)
     _initial(prob, pools, pool_of, init)
     out = _Outcome()
@@ -346,15 +454,14 @@ def _simulate(prob: _Problem, slots: int, pool_kind: str, init: str, miss: str) 
     return out
 
 
-def _stream(prob: _Problem, pool: _Pool, t: int, key: int, n: int, compute_t: float, copy_t: float,
+def _stream(prob: _Problem, pool: _Timed, t: int, key: int, n: int, compute_t: float, copy_t: float,
             host_t: float, host_ends: list[float], miss: str, out: _Outcome) -> tuple[float, float, float]:
     """A miss of a layer that needs more experts than its pool has slots: copy it into the slot of an expert this
     layer has already computed (the one next used furthest away), or run it on the host if that ends sooner."""
     # The simulator's deferred miss takes the victim of all residents once the layer's experts are used; here they
-    # are all this layer's computed experts too, but ties go to the earliest loaded (the order this TPOT was fixed
-    # with), so the choice stays here rather than in Belady.victim.
-    done = [k for k in pool.ready if pool.last[k] > -math.inf and pool.nxt[k] == t]
-    victim = max(done, key=lambda k: prob.next_use(k, t))
+    # are all this layer's computed experts too, and the pool ranks them (stream_victim).
+    done = [k for k in pool.ready if pool.last[k] > -math.inf and pool.asked_now(k, t)]
+    victim = pool.stream_victim(done, t)
     c_end = max(copy_t, pool.free_at(victim)) + prob.copy
     h_end = max(host_t, compute_t) + prob.host[n]  # issued now (a later start than the layer's dense end)
     end_copy = max(compute_t, c_end) + prob.expert[n]

@@ -51,6 +51,7 @@ import math
 from bisect import bisect_left, bisect_right
 from collections import OrderedDict, defaultdict
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Callable, Container, Hashable, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -132,13 +133,15 @@ class DecayLFU(LFU):
     """LFU whose counts decay per use of their layer (the store's ``offload.cache.DecayLFU``, same floats): each
     layer has a use clock advanced at every use of one of its experts; a key's score is Σ ``decay`` ** (age) over
     its uses, kept lazily as (value, clock of the last update). Victim: the smallest score, ties to the least
-    recently touched. Keys are ``(layer, expert)`` (the layer owns the clock)."""
+    recently touched. Keys are ``(layer, expert)`` (the layer owns the clock; ``layer_of`` for other keys)."""
 
     name = "lfu_decay"
 
-    def __init__(self, capacity: int, next_use: "NextUse | None" = None, decay: float = DEFAULT_DECAY) -> None:
+    def __init__(self, capacity: int, next_use: "NextUse | None" = None, decay: float = DEFAULT_DECAY,
+                 layer_of: Callable[[Key], Hashable] = itemgetter(0)) -> None:
         super().__init__(capacity)
         self.decay = float(decay)
+        self.layer_of = layer_of  # the key's layer, whose clock it ages by (the bound's int keys: key // stride)
         self.uses: defaultdict[Hashable, int] = defaultdict(int)  # layer → its use clock
         self.value: dict[Key, tuple[float, int]] = {}
 
@@ -146,12 +149,13 @@ class DecayLFU(LFU):
         v = self.value.get(key)
         if v is None:
             return 0.0
-        age = self.uses[key[0]] - v[1]
+        age = self.uses[self.layer_of(key)] - v[1]
         return v[0] if age == 0 else v[0] * self.decay ** age
 
     def _bump(self, key: Key) -> None:
-        self.uses[key[0]] += 1  # the clock first, then the decayed value plus this use: the store's order
-        self.value[key] = (self.score(key) + 1.0, self.uses[key[0]])
+        layer = self.layer_of(key)
+        self.uses[layer] += 1  # the clock first, then the decayed value plus this use: the store's order
+        self.value[key] = (self.score(key) + 1.0, self.uses[layer])
 
     def victim(self, protected: Container[Key], now: int) -> Key | None:
         return min((k for k in self.recency if k not in protected), key=self.score, default=None)

@@ -108,10 +108,19 @@ def default_candidates(num_experts: int, draft=None, k: "int | str | None" = Non
         # and the rest split by lane (miss="balance"), which also tries K=2 beside the governor: a 2-bit draft's
         # short accepted runs want short windows (docs/measured/closer_to_bound.md)
         host = st.miss == "host"
-        kks = ks[-2:] if host else ((2, ks[-1]) if k is None else ks)
         cands += [(f"{'spec+host' if host else 'spec+split'} {dname} k={kk}", s, {"draft": d, "k": kk})
-                  for dname, d in drafts if d.variant == "quantized" for kk in kks]
+                  for dname, d in drafts if d.variant == "quantized"
+                  for kk in (ks[-2:] if host else ks if k is not None else _split_ks(d, ks[-1]))]
     return cands
+
+
+def _split_ks(draft: DraftSpec, governor) -> tuple:
+    """The split's K when the caller pins none: 2 and the governor for every draft, and also 8 and 16 for one of
+    4 bits or more, whose long accepted runs pay for a long window: on a copy-bound link its verification reads
+    each host expert once for the whole window (docs/paper.md's low compiled case, where K=16 is the pick). Not
+    for 2 or 3 bits: there long windows lost in every cell measured and cost ~15 % more planning time."""
+    long = (8, 16) if draft.quant.bits >= 4 else ()
+    return (2, *long, governor)
 
 
 def _replayable(cand, trace: RoutingTrace) -> bool:
