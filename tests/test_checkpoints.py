@@ -361,3 +361,22 @@ def test_specter_lab_run_prints_the_plan_before_loading(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.index("memory plan for") < out.index("strategy lru")
     assert "mapped from the files" in out and "store slots" in out
+
+
+@pytest.mark.parametrize("part, fused, want", [
+    ("gate_proj.weight", ("gate_up_proj", "down_proj"), ("gate_up_proj", 0, 2)),
+    ("up_proj.weight", ("gate_up_proj", "down_proj"), ("gate_up_proj", 1, 2)),
+    ("down_proj.weight", ("gate_up_proj", "down_proj"), ("down_proj", 0, 1)),
+    ("w1.weight", ("gate_up_proj", "down_proj"), ("gate_up_proj", 0, 2)),  # Mixtral's names
+    ("w3.weight", ("gate_up_proj", "down_proj"), ("gate_up_proj", 1, 2)),
+    ("w2.weight", ("gate_up_proj", "down_proj"), ("down_proj", 0, 1)),
+    ("up_proj.weight", ("up_proj", "down_proj"), ("up_proj", 0, 1)),  # experts without a gate
+    ("gate_proj.weight", ("up_proj",), ("up_proj", 0, 1)),
+    ("down_proj.weight", ("gate_up_proj",), None),  # the model has no parameter for it
+    ("router.weight", ("gate_up_proj", "down_proj"), None),
+])
+def test_expert_part_is_the_one_reading_of_per_expert_names(part, fused, want):
+    """The check, the per-expert load and the disk tier place a per-expert tensor by this one function."""
+    from specter_lab.model.checkpoint_check import expert_part
+
+    assert expert_part(part, fused) == want

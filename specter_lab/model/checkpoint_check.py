@@ -17,7 +17,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Collection
 
 import torch
 
@@ -286,15 +286,19 @@ def _renamed(key: str, model_type: str) -> str:
     return key
 
 
-def _projection(part: str, fused: dict[str, torch.Tensor]) -> tuple[str, int] | None:
-    """(fused parameter, how many per-expert sources it concatenates) for a per-expert tensor name part."""
+def expert_part(part: str, fused: Collection[str]) -> tuple[str, int, int] | None:
+    """Where a per-expert tensor goes among the model's fused expert parameters ``fused`` (their names), from its
+    name's last part (``gate_proj.weight``, ``w3.weight``, ...): (fused parameter, its place among the sources the
+    parameter concatenates, how many sources). Gate (``w1``) is the first half of ``gate_up_proj`` and up (``w3``)
+    the second, as transformers fuses them; down (``w2``) is ``down_proj``. None for a part the model has no
+    parameter for. The one reading of per-expert names: the check, the per-expert load and the disk tier use it."""
     p = part.lower()
     if any(s in p for s in ("down", "w2")):
-        return ("down_proj", 1) if "down_proj" in fused else None
+        return ("down_proj", 0, 1) if "down_proj" in fused else None
     if any(s in p for s in ("gate", "up", "w1", "w3")):
         if "gate_up_proj" in fused:
-            return "gate_up_proj", 2
-        return ("up_proj", 1) if "up_proj" in fused else None
+            return "gate_up_proj", (1 if any(s in p for s in ("up", "w3")) else 0), 2
+        return ("up_proj", 0, 1) if "up_proj" in fused else None
     return None
 
 
@@ -327,7 +331,7 @@ def _check_shapes(path: Path, cfg: dict, tensors: dict[str, TensorEntry], model,
             unexpected.append(name)
             continue
         fused = {n: getattr(layer.experts, n) for n in layer.param_names}
-        j, proj = int(m.group(2)), _projection(m.group(3), fused)
+        j, proj = int(m.group(2)), expert_part(m.group(3), fused)
         if j >= layer.num_experts:
             raise _refuse(f"{path / t.file}: tensor {name!r} is expert {j}, but config.json gives "
                           f"{layer.num_experts} experts per layer: the config and the weights disagree.",
@@ -335,7 +339,7 @@ def _check_shapes(path: Path, cfg: dict, tensors: dict[str, TensorEntry], model,
         if proj is None or m.group(3).endswith("bias"):
             unexpected.append(name)
             continue
-        pname, n_src = proj
+        pname, _, n_src = proj
         full = tuple(fused[pname].shape[1:])
         want = (full[0] // n_src, *full[1:])
         if t.shape != want:

@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 
 from ..errors import CheckpointError
-from .checkpoint_check import (_PER_EXPERT, SAFETENSORS_DTYPES, CheckpointInfo, _projection, _renamed,
-                               check_checkpoint)
+from .checkpoint_check import (_PER_EXPERT, SAFETENSORS_DTYPES, CheckpointInfo, _renamed, check_checkpoint,
+                               expert_part)
 
 __all__ = ["ExpertFiles", "Piece", "checkpoint_of"]
 
@@ -78,13 +78,13 @@ class ExpertFiles:
             m = _PER_EXPERT.match(key)
             layer = (per_layer.get(m.group(1) + ".experts") or per_layer.get("model." + m.group(1) + ".experts")
                      if m and not m.group(3).endswith("bias") else None)
-            proj = _projection(m.group(3), {n: None for n in layer.param_names}) if layer is not None else None
-            if proj is None:
+            part = expert_part(m.group(3), layer.param_names) if layer is not None else None
+            if part is None:
                 continue
-            self._check_dtype(name, t.dtype, layer, proj[0])
-            order = 1 if any(s in m.group(3).lower() for s in ("up", "w3")) and proj[1] == 2 else 0
-            found.setdefault((layer.index, proj[0]), {}).setdefault(int(m.group(2)), []).append(
-                (order, Piece(t.file, t.offset, t.nbytes)))
+            pname, place, _ = part
+            self._check_dtype(name, t.dtype, layer, pname)
+            found.setdefault((layer.index, pname), {}).setdefault(int(m.group(2)), []).append(
+                (place, Piece(t.file, t.offset, t.nbytes)))
         self.pieces: list[dict[str, list[list[Piece]]]] = []
         for l in info.layers:
             names = {}

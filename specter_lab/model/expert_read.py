@@ -25,9 +25,12 @@ import torch
 from safetensors import safe_open
 
 from ..errors import CheckpointError
-from .checkpoint_check import _PER_EXPERT, SAFETENSORS_DTYPES, CheckpointInfo, _renamed
+from .checkpoint_check import _PER_EXPERT, SAFETENSORS_DTYPES, CheckpointInfo, _renamed, expert_part
 
 __all__ = ["fused_targets", "read_fused_experts", "per_expert_state_dict"]
+
+# The fused expert parameters of transformers' MoE experts interface, which a per-expert checkpoint is read into.
+_FUSED = ("gate_up_proj", "down_proj")
 
 
 def fused_targets(ck: CheckpointInfo) -> dict[str, dict[str, dict[int, str]]]:
@@ -36,11 +39,11 @@ def fused_targets(ck: CheckpointInfo) -> dict[str, dict[str, dict[int, str]]]:
     out: dict[str, dict[str, dict[int, str]]] = {}
     for name in ck.expert_tensors:
         m = _PER_EXPERT.match(_renamed(name, ck.model_type))
-        if m is None:
-            continue  # already fused
-        part = m.group(3).lower()
-        kind = "down" if ("down" in part or "w2" in part) else ("gate" if ("gate" in part or "w1" in part) else "up")
-        fused = "down_proj" if kind == "down" else "gate_up_proj"
+        part = expert_part(m.group(3), _FUSED) if m is not None else None
+        if part is None:
+            continue  # already fused (check_checkpoint refused any other name)
+        fused, place, _ = part
+        kind = ("gate", "up")[place] if fused == "gate_up_proj" else "down"
         out.setdefault(f"{m.group(1)}.experts.{fused}", {}).setdefault(kind, {})[int(m.group(2))] = name
     return out
 
