@@ -4,6 +4,7 @@ widgets driven headless (no kernel), the live view stopped mid-run, and the HTML
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -264,12 +265,21 @@ def test_speedup_and_regime_figures():
     assert z[0][0] == -1.0 and z[0][1] == 1.0
 
 
+def _strip_cells(page: str) -> dict:
+    """The token cells of an HTML strip (not its legend): each one's step, and how many are outlined (the shown
+    step) or dimmed (later steps)."""
+    cells = re.findall(r'<span class="t [a-z]+( now| later)?" title="[^"]*· step (\d+)"', page)
+    return {"steps": [int(step) for _, step in cells], "now": sum(w == " now" for w, _ in cells),
+            "later": sum(w == " later" for w, _ in cells)}
+
+
 # ----------------------------------------------------------------------------------------- widgets
 def test_dashboard_slider_updates_views_in_place(spec_run):
     d = viz.dashboard(spec_run)
     f = spec_run.frames()
     widgets = (d.routing, d.cache, d.timeline, d.tokens)
-    assert all(isinstance(w, FigurePanel) for w in widgets)
+    assert all(isinstance(w, FigurePanel) for w in widgets[:3]) and set(d.views) == {"routing", "cache", "timeline"}
+    assert _strip_cells(d.tokens.value)["now"] == _strip_cells(d.tokens.value)["steps"].count(d.step) > 0
     first = d.slider.value
     other = 2 if first != 2 else 1
     before = str(d.routing.to_figure().data[0].hovertext)  # names the token positions, which differ per step
@@ -280,6 +290,9 @@ def test_dashboard_slider_updates_views_in_place(spec_run):
     assert sum(len(_xs(t)) for t in d.timeline.to_figure().data if t.name.startswith("copy:")) == len(tr)
     assert f"after step {other}" in d.cache.to_figure().layout.title.text
     assert f"<b>step {other}</b>" in d.info.value
+    # the strip outlines the shown step's cells and dims the later ones
+    cells = _strip_cells(d.tokens.value)
+    assert cells["now"] == cells["steps"].count(other) > 0 and cells["later"] == sum(s > other for s in cells["steps"])
     # Same widget objects, updated in place.
     assert (d.routing, d.cache, d.timeline, d.tokens) == widgets
     static = d.static()
@@ -308,7 +321,9 @@ def test_live_stop_ends_generation_after_the_step(model):
     assert run.stop_button.disabled and "stopped" in run.status.value
     assert run.dashboard is not None and run.dashboard.routing in run.widget.children[-1].children[0].children
     assert run.tokens not in run.widget.children  # the dashboard's strip replaces the live one
-    assert sum(len(_xs(t)) for t in run.dashboard.tokens.to_figure().data) == len(result.token_ids)
+    # the dashboard's HTML strip holds the cells the strip figure draws, one per token
+    drawn = sum(len(_xs(t)) for t in run.dashboard.static()["tokens"].data)
+    assert len(_strip_cells(run.dashboard.tokens.value)["steps"]) == drawn == len(result.token_ids)
     assert set(run.static()) >= {"steps", "dashboard_routing"}
     assert run.progress.value == len(result.token_ids) and run.progress.bar_style == "warning"
 
@@ -644,8 +659,8 @@ def test_live_dashboard_on_request_and_capped_strip(model):
     assert run.dashboard_button.layout.display is None and "· space" not in run.tokens.value  # ids: no glyphs
     dash = run.open_dashboard()
     assert dash is run.dashboard and run.tokens not in run.widget.children
-    rows = {y for t in dash.tokens.to_figure().data for y in (t.y or ())}
-    assert 0 < len(rows) <= 12, rows
+    rows = dash.tokens.value.count("<div><span class='l'>")
+    assert 0 < rows <= 12, rows
 
 
 def test_dashboard_steps_reuse_built_figures(spec_run):
@@ -664,7 +679,7 @@ def test_dashboard_export_writes_the_shown_step(spec_run, tmp_path):
     d = viz.dashboard(spec_run)
     path = d.export(str(tmp_path / "views.html"))
     text = open(path, encoding="utf-8").read()
-    assert f"step {d.step}" in text and text.count("Plotly.newPlot") == len(d.views)
+    assert f"step {d.step}" in text and text.count("Plotly.newPlot") == len(d.views) + 1  # and the token strip
 
 
 def test_tuner_marks_a_stale_table(model):
@@ -713,3 +728,19 @@ def test_waterfall_labels_are_the_tables_factors():
         assert labels[r.step] == f"×{r.factor:.2f}", (r.step, labels[r.step])
     assert labels["artifact protocol"] == "1.84×" or labels["artifact protocol"] == "1.85×"
 
+
+
+def test_dashboard_strip_shows_the_rows_that_end_at_the_step(spec_run):
+    """D5 with the HTML strip: a strip longer than token_rows shows the rows ending at the shown step (the step
+    a slider shows is always in view), and its title says which rows of how many."""
+    from specter_lab.viz.strip import tokens_html
+
+    f = spec_run.frames()
+    kinds = dict(zip(f["steps"].step, f["steps"].kind))
+    steps = sorted(set(f["tokens"].step))
+    page = tokens_html(f["tokens"], kinds, last_rows=2, highlight_step=steps[1])
+    cells = _strip_cells(page)
+    assert sorted(set(cells["steps"])) == steps[:2] and cells["later"] == 0
+    assert f"rows 0–1 of {len(steps)}" in page
+    live = tokens_html(f["tokens"], kinds, last_rows=2)  # the live view: the last rows, nothing outlined
+    assert sorted(set(_strip_cells(live)["steps"])) == steps[-2:] and "last 2 rows" in live and " now" not in live

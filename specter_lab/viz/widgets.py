@@ -82,17 +82,21 @@ def _static(widget: FigurePanel) -> go.Figure:
 
 
 # ----------------------------------------------------------------------------------------- dashboard
+# The dashboard's figures; its token strip is HTML (Dashboard.tokens), one plotly redraw fewer per slider step.
+_PANELS = tuple(name for name in F.STEP_VIEWS if name != "tokens")
+
 class Dashboard:
     """Step-by-step views of one finished run.
 
     Attributes: ``widget`` (the VBox to display), ``slider`` (IntSlider over the steps), ``play`` (Play button
-    linked to the slider), ``info`` (HTML line about the step) and ``views``: one :class:`~.panel.FigurePanel`
-    per entry of :data:`~.figures.STEP_VIEWS` (token strip, routing, cache, timeline), also readable as attributes
-    (``dash.routing``). Setting ``slider.value`` (or calling :meth:`show`) updates all of them.
+    linked to the slider), ``info`` (HTML line about the step), ``tokens`` (the token strip, HTML as the live view
+    draws it: :func:`~.strip.tokens_html`) and ``views``: one :class:`~.panel.FigurePanel` per figure of
+    :data:`~.figures.STEP_VIEWS` (routing, cache, timeline), also readable as attributes (``dash.routing``).
+    Setting ``slider.value`` (or calling :meth:`show`) updates all of them.
 
     A step's figures are built once and kept (``cache_steps`` of them), and the steps next to the shown one are
     built in the background while the kernel is idle, so a slider step only sends prepared figures to the
-    panels (building the four figures costs several times that). The token strip shows at most ``token_rows``
+    panels (building the figures costs several times that). The token strip shows at most ``token_rows``
     rows ending at the shown step. ``save_button`` writes the views of the shown step to an HTML file beside the
     notebook (:meth:`export`) and links it."""
 
@@ -136,10 +140,11 @@ class Dashboard:
                 self.views[name] = figure_widget(fig)
         self._shown = first
         self.info.value = self._info_html(first)
+        self.tokens = W.HTML(self._strip_html(first))
         self.slider.observe(self._on_step, names="value")
         # The step's one-line summary gets its own line, so it never wraps beside the controls.
         self.widget = W.VBox([W.HBox([self.play, self.slider, self.save_button, self.saved]),
-                              self.info, *self.views.values()])
+                              self.info, self.tokens, *self.views.values()])
         self._prefetch = prefetch
         if prefetch:
             self._warm(first)
@@ -161,8 +166,7 @@ class Dashboard:
         with self._build_lock:
             figs = self._cache.get(step)
             if figs is None:
-                figs = {name: view(self.result, step, self.tokenizer, max_rows=self.token_rows)
-                        for name, view in F.STEP_VIEWS.items()}
+                figs = {name: F.STEP_VIEWS[name](self.result, step, self.tokenizer) for name in _PANELS}
                 self._cache[step] = figs
                 self._plain[step] = {name: plain_figure(fig) for name, fig in figs.items()}
                 while len(self._cache) > self._cache_steps:
@@ -191,6 +195,12 @@ class Dashboard:
         if wanted:
             threading.Thread(target=build, name="specter-dashboard-warm", daemon=True).start()
 
+    def _strip_html(self, step: int) -> str:
+        """The token strip at ``step``: HTML, not a figure (a slider step redraws one plotly figure fewer)."""
+        f = self.result.trace.frames()
+        kinds = dict(zip(f["steps"].step, f["steps"].kind))
+        return tokens_html(f["tokens"], kinds, self.tokenizer, last_rows=self.token_rows, highlight_step=step)
+
     def _info_html(self, step: int) -> str:
         r = self._steps.loc[step]
         f = self.result.trace.frames()
@@ -213,6 +223,7 @@ class Dashboard:
             for name, fig in plain.items():
                 self.views[name].show(fig)
         self.info.value = self._info_html(step)
+        self.tokens.value = self._strip_html(step)
         self._shown = step
         if self.slider.value != step:
             self.slider.value = step
@@ -224,8 +235,10 @@ class Dashboard:
             self.show(change["new"])
 
     def static(self) -> dict[str, go.Figure]:
-        """The current views as plain figures, by view name."""
-        return {name: _static(widget) for name, widget in self.views.items()}
+        """The current views as plain figures, by view name (the token strip as :func:`~.figures.tokens_figure`
+        draws it)."""
+        strip = F.STEP_VIEWS["tokens"](self.result, self._shown, self.tokenizer, max_rows=self.token_rows)
+        return {"tokens": strip, **{name: _static(widget) for name, widget in self.views.items()}}
 
     def export(self, path: "str | None" = None) -> str:
         """Write the shown step's views (and its one-line summary) to a standalone HTML file (plotly.js inlined
@@ -292,8 +305,8 @@ class LiveRun:
     generation has ended both are disabled and the status line says "finishing …" (a late Stop click changes
     nothing). Then, with ``dashboard=True``, the :class:`Dashboard` of the finished run (``dashboard``) replaces
     the strip, opened at the step the live view showed last; with ``dashboard=False`` the strip stays and the
-    "Open the step dashboard" button (:meth:`open_dashboard`) builds it on request (drawing four figures takes the page a moment, so it waits
-    for a click).
+    "Open the step dashboard" button (:meth:`open_dashboard`) builds it on request (drawing its figures takes the
+    page a moment, so it waits for a click).
     ``result`` is the GenerationResult once done, ``error`` an exception raised by generate, ``widget`` the box
     to display."""
 
