@@ -113,8 +113,7 @@ class Dashboard:
         if first not in steps:
             raise ValueError(f"step={step!r}: the run has steps {steps[0]}..{steps[-1]}")
         lo, hi = steps[0], steps[-1]
-        self._cache: "OrderedDict[int, dict[str, go.Figure]]" = OrderedDict()
-        self._plain: dict[int, dict[str, dict]] = {}  # the same figures as plain_figure(), by step
+        self._cache: "OrderedDict[int, dict[str, dict]]" = OrderedDict()  # step → its figures, plain_figure()
         self._cache_steps = max(2, int(cache_steps))
         self._build_lock = threading.Lock()
         self._sync_lock = threading.RLock()  # one step's updates at a time (the slider, a background thread)
@@ -130,7 +129,8 @@ class Dashboard:
         self.save_button.on_click(lambda _: self._save_clicked())
         # ``reuse``: panels already in the page (a live run's detail views) are redrawn, not recreated.
         reuse = dict(reuse or {})
-        figs = self._figures(first)
+        figs = self._build(first)  # figures, not plain: a new panel takes its template from one
+        self._figures(first, figs)
         self.views: dict[str, FigurePanel] = {}
         for name, fig in figs.items():
             if name in reuse:
@@ -161,17 +161,19 @@ class Dashboard:
         """The step the views show."""
         return self._shown
 
-    def _figures(self, step: int) -> dict[str, go.Figure]:
-        """The views of ``step`` (built once, kept for the last ``cache_steps`` steps asked for)."""
+    def _build(self, step: int) -> dict[str, go.Figure]:
+        return {name: F.STEP_VIEWS[name](self.result, step, self.tokenizer) for name in _PANELS}
+
+    def _figures(self, step: int, built: "dict[str, go.Figure] | None" = None) -> dict[str, dict]:
+        """The views of ``step`` as plain figures, what a panel is sent (built once, from ``built`` if given,
+        and kept for the last ``cache_steps`` steps asked for)."""
         with self._build_lock:
             figs = self._cache.get(step)
             if figs is None:
-                figs = {name: F.STEP_VIEWS[name](self.result, step, self.tokenizer) for name in _PANELS}
-                self._cache[step] = figs
-                self._plain[step] = {name: plain_figure(fig) for name, fig in figs.items()}
+                built = self._build(step) if built is None else built
+                figs = self._cache[step] = {name: plain_figure(fig) for name, fig in built.items()}
                 while len(self._cache) > self._cache_steps:
-                    gone, _ = self._cache.popitem(last=False)
-                    self._plain.pop(gone, None)
+                    self._cache.popitem(last=False)
             else:
                 self._cache.move_to_end(step)
             return figs
@@ -214,9 +216,7 @@ class Dashboard:
     def show(self, step: int) -> None:
         """Show ``step`` in every view (what the slider calls)."""
         step = int(step)
-        self._figures(step)
-        with self._build_lock:
-            plain = self._plain[step]
+        plain = self._figures(step)
         with self._sync_lock:
             # One message per view that changed, each figure prepared as plain data ahead of time: a step costs
             # a few milliseconds here, and the page redraws each with Plotly.react.
