@@ -59,8 +59,7 @@ import numpy as np
 from ..offload.cache import DEFAULT_DECAY, ArcLists
 
 __all__ = ["simulate", "CacheStats", "NextUse", "Policy", "LRU", "LFU", "DecayLFU", "ARC", "Belady", "Static",
-           "POLICIES",
-           "lru_stack_positions", "stack_requests", "RULES"]
+           "POLICIES", "lru_stack_positions", "stack_requests", "RULES"]
 
 RULES = ("store", "moe-lrc")
 Key = Hashable  # (layer, expert) here; the bound uses one int per (layer, expert)
@@ -250,8 +249,7 @@ class Static(Policy):
 
 
 POLICIES: dict[str, type[Policy]] = {"lru": LRU, "lfu": LFU, "lfu_decay": DecayLFU, "arc": ARC,
-                                     "belady": Belady,
-                                     "static": Static}
+                                     "belady": Belady, "static": Static}
 
 
 class NextUse:

@@ -108,9 +108,12 @@ def default_candidates(num_experts: int, draft=None, k: "int | str | None" = Non
         # and the rest split by lane (miss="balance"), which also tries K=2 beside the governor: a 2-bit draft's
         # short accepted runs want short windows (docs/measured/closer_to_bound.md)
         host = st.miss == "host"
-        cands += [(f"{'spec+host' if host else 'spec+split'} {dname} k={kk}", s, {"draft": d, "k": kk})
-                  for dname, d in drafts if d.variant == "quantized"
-                  for kk in (ks[-2:] if host else ks if k is not None else _split_ks(d, ks[-1]))]
+        for dname, d in drafts:
+            if d.variant != "quantized":
+                continue
+            kks = ks[-2:] if host else (ks if k is not None else _split_ks(d, ks[-1]))
+            cands += [(f"{'spec+host' if host else 'spec+split'} {dname} k={kk}", s, {"draft": d, "k": kk})
+                      for kk in kks]
     return cands
 
 
