@@ -24,9 +24,8 @@ from ..decode import Sampling, StepInfo
 from ..decode.exactness import model_speculation_check
 from ..decode.kv import rollback_blockers
 from ..errors import NotEnoughMemory, NotExact
-from ..model import MoEModelInfo, inspect_model
+from ..model import MoEModelInfo, inspect_model, memory  # memory.available_memory: looked up per call
 from ..model.expert_files import ExpertFiles, checkpoint_of
-from ..model import memory  # memory.available_memory looked up per call (a test lowers it)
 from ..model.placement import ensure_offload_layout
 from ..offload.clock import make_clock
 from ..offload.hostcache import HostExpertCache
