@@ -675,6 +675,35 @@ def test_dashboard_steps_reuse_built_figures(spec_run):
     assert all(d._figures(s) is built[s] for s in built) and d.step == hi
 
 
+def test_a_ready_step_never_waits_for_a_background_build(spec_run):
+    """Issue 37: a slider step whose figures are built is shown at once, even while the warm thread builds
+    another step (a build held the cache's lock for ~120 ms, and some keyboard steps took that much longer)."""
+    d = viz.Dashboard(spec_run, prefetch=False)
+    ready = d._figures(d.step)
+    started, release = threading.Event(), threading.Event()
+    real = d._build
+
+    def slow(step):
+        started.set()
+        release.wait(10)
+        return real(step)
+
+    d._build = slow
+    other = next(s for s in range(int(d.slider.min), int(d.slider.max) + 1) if s not in d._cache)
+    builder = threading.Thread(target=d._figures, args=(other,))
+    builder.start()
+    try:
+        assert started.wait(5)
+        t0 = time.perf_counter()
+        got = d._figures(d.step)
+        waited = time.perf_counter() - t0
+    finally:
+        release.set()
+        builder.join()
+    assert got is ready and waited < 1.0, f"a ready step waited {waited:.2f} s for another step's build"
+    assert other in d._cache
+
+
 def test_dashboard_export_writes_the_shown_step(spec_run, tmp_path):
     d = viz.dashboard(spec_run)
     path = d.export(str(tmp_path / "views.html"))

@@ -115,7 +115,8 @@ class Dashboard:
         lo, hi = steps[0], steps[-1]
         self._cache: "OrderedDict[int, dict[str, dict]]" = OrderedDict()  # step → its figures, plain_figure()
         self._cache_steps = max(2, int(cache_steps))
-        self._build_lock = threading.Lock()
+        self._cache_lock = threading.Lock()
+        self._warm_delay = 0.3  # s after a step is shown before its neighbours are built
         self._sync_lock = threading.RLock()  # one step's updates at a time (the slider, a background thread)
         self.slider = W.IntSlider(value=first, min=lo, max=hi, description="step", continuous_update=False,
                                   layout=W.Layout(width="360px"))
@@ -167,20 +168,27 @@ class Dashboard:
     def _figures(self, step: int, built: "dict[str, go.Figure] | None" = None) -> dict[str, dict]:
         """The views of ``step`` as plain figures, what a panel is sent (built once, from ``built`` if given,
         and kept for the last ``cache_steps`` steps asked for)."""
-        with self._build_lock:
+        with self._cache_lock:
             figs = self._cache.get(step)
-            if figs is None:
-                built = self._build(step) if built is None else built
-                figs = self._cache[step] = {name: plain_figure(fig) for name, fig in built.items()}
-                while len(self._cache) > self._cache_steps:
-                    self._cache.popitem(last=False)
-            else:
+            if figs is not None:
                 self._cache.move_to_end(step)
-            return figs
+                return figs
+        # Built outside the lock: a slider step whose figures are ready never waits for a background build
+        # (one takes ~120 ms here; it made some steps take 70 ms longer, issue 37). Two threads may build the
+        # same step at once; the first kept is the one every later call gets.
+        built = self._build(step) if built is None else built
+        figs = {name: plain_figure(fig) for name, fig in built.items()}
+        with self._cache_lock:
+            figs = self._cache.setdefault(step, figs)
+            self._cache.move_to_end(step)
+            while len(self._cache) > self._cache_steps:
+                self._cache.popitem(last=False)
+        return figs
 
     def _warm(self, step: int) -> None:
         """Build the views of the steps around ``step`` in a background thread (one step at a time, nearest
-        first), so the next slider step finds them ready."""
+        first), so the next slider step finds them ready. It starts once the page has had time to draw the
+        shown step: on a small machine a build competes with the browser for the CPU."""
         lo, hi = int(self.slider.min), int(self.slider.max)
         near = [s for d in (1, 2, 3) for s in (step - d, step + d)]
         if hi - lo < 24:  # a short run: every step (Home / End and Play find them ready too)
@@ -188,6 +196,7 @@ class Dashboard:
         wanted = [s for s in dict.fromkeys(near) if lo <= s <= hi and s not in self._cache]
 
         def build() -> None:
+            time.sleep(self._warm_delay)
             for s in wanted:
                 if self._shown != step:  # the reader moved on: warm around the new step instead
                     return
