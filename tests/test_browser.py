@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -203,15 +204,16 @@ def wait_dashboard_at(page: Page, needle: str, step: int, what: str) -> list[dic
                              f"expected step {step} everywhere") from None
 
 
-# window.__slT0 := the time of the next keydown event (captured before any handler of the page sees it).
-_JS_T0_ON_KEYDOWN = """() => {
-  window.__slT0 = performance.now() + 1e9;  // until the key arrives, nothing can be at the new step in time
+# Installed *before* the key is pressed: window.__slT0 := the time of the next keydown event (captured before any
+# handler of the page sees it), and a check in every animation frame from then on. window.__slDone := milliseconds
+# from the keydown to the first frame in which every dashboard title in the cell with `needle` names `step` and its
+# token strip outlines that step's cells (-1 after 10 s). A check started after the key (page.evaluate once the
+# press returned) ran only when the page had finished the tasks queued meanwhile, the kernel's messages included,
+# and so could not see a step that the page drew before them (issue 37).
+_JS_WATCH_STEP = """([needle, step]) => {
+  window.__slT0 = Infinity;
+  window.__slDone = null;
   document.addEventListener('keydown', e => { window.__slT0 = e.timeStamp; }, {capture: true, once: true});
-}"""
-
-# Milliseconds from window.__slT0 until every dashboard title in the cell with `needle` names `step` and its token
-# strip outlines that step's cells (polled each animation frame; -1 after 10 s, or if the key never arrived).
-_JS_UNTIL_STEP = """async ([needle, step]) => {
   const c = window.jupyterapp.shell.currentWidget.content.widgets
     .find(c => c.model.type === 'code' && c.model.sharedModel.getSource().includes(needle));
   const pats = [/^Routing at step (\\d+)/, /^Expert cache .* after step (\\d+)/, /^Timeline · step (\\d+)/];
@@ -223,12 +225,23 @@ _JS_UNTIL_STEP = """async ([needle, step]) => {
       !!now && now.title.endsWith('· step ' + step);
   };
   const start = performance.now();
-  while (performance.now() - Math.min(window.__slT0, start) < 10000) {
-    if (at() && window.__slT0 <= performance.now()) return Math.round(performance.now() - window.__slT0);
-    await new Promise(r => requestAnimationFrame(r));
-  }
-  return -1;
+  const tick = () => {
+    const t = performance.now();
+    if (window.__slT0 <= t && at()) { window.__slDone = Math.round(t - window.__slT0); return; }
+    if (t - Math.min(window.__slT0, start) > 10000) { window.__slDone = -1; return; }
+    requestAnimationFrame(tick);
+  };
+  requestAnimationFrame(tick);
 }"""
+
+
+def timed_key(page: Page, handle: Any, key: str, needle: str, step: int) -> int:
+    """Press ``key`` on ``handle`` and return the milliseconds until the dashboard in the cell with ``needle``
+    shows ``step`` (see _JS_WATCH_STEP; -1: not within 10 s)."""
+    page.page.evaluate(_JS_WATCH_STEP, [needle, step])
+    handle.press(key)
+    page.page.wait_for_function("() => window.__slDone !== null", timeout=15_000)
+    return page.page.evaluate("() => window.__slDone")
 
 
 def tuner_table(page: Page) -> dict[str, str]:
@@ -287,9 +300,7 @@ def test_quickstart_dashboard(page: Page) -> None:
     page.page.wait_for_timeout(2000)  # the dashboard warms the neighbouring steps while the kernel is idle
     took = []
     for moved in range(last - 1, max(last - 3, -1), -1):
-        page.page.evaluate(_JS_T0_ON_KEYDOWN)
-        handle.press("ArrowLeft")
-        took.append(page.page.evaluate(_JS_UNTIL_STEP, [needle, moved]))
+        took.append(timed_key(page, handle, "ArrowLeft", needle, moved))
         plots = wait_dashboard_at(page, needle, moved, "dashboard after moving the slider")
     tasks = [d for _, d in page.long_tasks()]
     print(f"01: slider steps redrawn in {took} ms (keydown to every title at the new step); "
