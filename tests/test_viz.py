@@ -704,6 +704,31 @@ def test_a_ready_step_never_waits_for_a_background_build(spec_run):
     assert other in d._cache
 
 
+def test_steps_sent_ahead_are_what_show_sets(spec_run):
+    """Issue 37: the steps the dashboard sends ahead to the page (StepSync) hold exactly what the kernel's show()
+    then sets on every view, so the page draws such a step once, at the key, and the kernel's answer changes
+    nothing; a page that (re)loads the sync gets the built steps again."""
+    d = viz.Dashboard(spec_run, prefetch=False)
+    sent: list[dict] = []
+    d._sync.send = lambda content, buffers=None: sent.append(json.loads(json.dumps(content)))
+    d._prefetch, d._warm_delay = True, 0.0
+    d._warm(d.step).join(60)
+    d._prefetch = False
+    steps = [m["step"] for m in sent]
+    assert d.step in steps and len(set(steps)) == len(steps) >= 2, steps
+    for m in sent:
+        d.show(m["step"])
+        shown = {**{name: view.figure for name, view in d.views.items()}, "info": d.info.value,
+                 "tokens": d.tokens.value}
+        assert json.loads(json.dumps(shown)) == m["values"], f"step {m['step']}"
+    sent.clear()
+    d._sync._handle(d._sync, {"ready": True}, [])  # what a reloaded page sends
+    deadline = time.time() + 60
+    while len(sent) < len(steps) and time.time() < deadline:
+        time.sleep(0.05)
+    assert sorted(m["step"] for m in sent) == sorted(steps)
+
+
 def test_dashboard_export_writes_the_shown_step(spec_run, tmp_path):
     d = viz.dashboard(spec_run)
     path = d.export(str(tmp_path / "views.html"))

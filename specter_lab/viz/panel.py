@@ -91,7 +91,9 @@ export default {
     let Plotly = null, drawn = null, width = 0;
     const draw = () => {
       if (!Plotly || gone.signal.aborted) return;
-      const fig = model.get("figure") || {};
+      // A copy: plotly.js writes into what it draws (trace uids, axis ranges), and the model's figure must stay
+      // what the kernel sent, or the same figure sent again (step_sync.py) would look new and be drawn twice.
+      const fig = structuredClone(model.get("figure") || {});
       const layout = Object.assign({}, fig.layout || {}, { template: model.get("template") || undefined });
       drawn = Plotly.react(gd, fig.data || [], layout, model.get("config") || {});
     };

@@ -39,6 +39,7 @@ from ..run.strategies import get_strategy
 from ..records.trace import COLUMNS
 from . import figures as F
 from .panel import FigurePanel, plain_figure
+from .step_sync import StepSync
 from .strip import tokens_html
 
 __all__ = ["Dashboard", "LiveRun", "QuantTuner", "dashboard", "figure_widget", "live", "sync_figure"]
@@ -95,10 +96,11 @@ class Dashboard:
     Setting ``slider.value`` (or calling :meth:`show`) updates all of them.
 
     A step's figures are built once and kept (``cache_steps`` of them), and the steps next to the shown one are
-    built in the background while the kernel is idle, so a slider step only sends prepared figures to the
-    panels (building the figures costs several times that). The token strip shows at most ``token_rows``
-    rows ending at the shown step. ``save_button`` writes the views of the shown step to an HTML file beside the
-    notebook (:meth:`export`) and links it."""
+    built in the background while the kernel is idle and sent to the page, which shows such a step the moment the
+    slider moves, without waiting for the kernel (:class:`~.step_sync.StepSync`); another step takes the kernel's
+    path, which sends the panels prepared figures where it can (building them costs several times that). The
+    token strip shows at most ``token_rows`` rows ending at the shown step. ``save_button`` writes the views of
+    the shown step to an HTML file beside the notebook (:meth:`export`) and links it."""
 
     def __init__(self, result, tokenizer: Any = None, step: int | None = None, play_interval_ms: int = 900,
                  reuse: "Mapping[str, FigurePanel] | None" = None, token_rows: int = 12,
@@ -117,6 +119,7 @@ class Dashboard:
         self._cache_steps = max(2, int(cache_steps))
         self._cache_lock = threading.Lock()
         self._warm_delay = 0.3  # s after a step is shown before its neighbours are built
+        self._sent: set[int] = set()  # steps sent to the page (StepSync.prepare)
         self._sync_lock = threading.RLock()  # one step's updates at a time (the slider, a background thread)
         self.slider = W.IntSlider(value=first, min=lo, max=hi, description="step", continuous_update=False,
                                   layout=W.Layout(width="360px"))
@@ -143,6 +146,10 @@ class Dashboard:
         self.info.value = self._info_html(first)
         self.tokens = W.HTML(self._strip_html(first))
         self.slider.observe(self._on_step, names="value")
+        # The steps built ahead are also sent to the page, which shows them without the kernel (step_sync.py).
+        targets = {**{name: (view, "figure") for name, view in self.views.items()},
+                   "info": (self.info, "value"), "tokens": (self.tokens, "value")}
+        self._sync = StepSync(self.slider, targets, on_ready=self._resend)
         # The step's one-line summary gets its own line, so it never wraps beside the controls.
         self.widget = W.VBox([W.HBox([self.play, self.slider, self.save_button, self.saved]),
                               self.info, self.tokens, *self.views.values()])
@@ -185,26 +192,44 @@ class Dashboard:
                 self._cache.popitem(last=False)
         return figs
 
-    def _warm(self, step: int) -> None:
+    def _prepared(self, step: int) -> dict[str, Any]:
+        """What every view shows at ``step`` (the values :meth:`show` sets), as sent to the page."""
+        return {**self._figures(step), "info": self._info_html(step), "tokens": self._strip_html(step)}
+
+    def _resend(self) -> None:
+        """A page loaded the step sync (on display, after a reload): send it the built steps nearest the shown
+        one, in the background."""
+        shown = self._shown
+        with self._cache_lock:
+            built = sorted(self._cache, key=lambda s: abs(s - shown))[:12]
+        self._sent = set(built)
+        threading.Thread(target=lambda: [self._sync.prepare(s, self._prepared(s)) for s in built],
+                         name="specter-dashboard-resend", daemon=True).start()
+
+    def _warm(self, step: int) -> "threading.Thread | None":
         """Build the views of the steps around ``step`` in a background thread (one step at a time, nearest
         first), so the next slider step finds them ready. It starts once the page has had time to draw the
         shown step: on a small machine a build competes with the browser for the CPU."""
         lo, hi = int(self.slider.min), int(self.slider.max)
-        near = [s for d in (1, 2, 3) for s in (step - d, step + d)]
+        near = [step] + [s for d in (1, 2, 3) for s in (step - d, step + d)]
         if hi - lo < 24:  # a short run: every step (Home / End and Play find them ready too)
             near += sorted(range(lo, hi + 1), key=lambda s: abs(s - step))
-        wanted = [s for s in dict.fromkeys(near) if lo <= s <= hi and s not in self._cache]
+        wanted = [s for s in dict.fromkeys(near) if lo <= s <= hi and s not in self._sent]
 
         def build() -> None:
             time.sleep(self._warm_delay)
             for s in wanted:
                 if self._shown != step:  # the reader moved on: warm around the new step instead
                     return
-                self._figures(s)
+                self._sync.prepare(s, self._prepared(s))
+                self._sent.add(s)
                 time.sleep(0.01)  # let the kernel answer a message between two builds
 
-        if wanted:
-            threading.Thread(target=build, name="specter-dashboard-warm", daemon=True).start()
+        if not wanted:
+            return None
+        thread = threading.Thread(target=build, name="specter-dashboard-warm", daemon=True)
+        thread.start()
+        return thread
 
     def _strip_html(self, step: int) -> str:
         """The token strip at ``step``: HTML, not a figure (a slider step redraws one plotly figure fewer)."""

@@ -1,0 +1,92 @@
+"""Steps drawn in the page without the kernel: a slider's prepared steps, applied the moment it moves.
+
+A dashboard's slider step used to go page → kernel → page: the key's value reached the kernel, which sent each
+view its new figure, and only then did the page redraw. That round trip was 20–60 ms of a step's ~150 ms on a small
+machine (issue 37). The kernel already builds the steps around the shown one ahead of time; :class:`StepSync`
+also sends them to the page (:meth:`StepSync.prepare`), where they wait. When the slider moves in the page (a key,
+a drag, Play), the page applies the prepared values of that step to every view at once, in one task: figures,
+summary line and token strip from the same step. The kernel still answers the slider as before; its values are
+the ones already shown, so the page sees no change and draws nothing twice. A step that is not prepared takes the
+kernel's path, as before.
+
+Values are applied with the target model's ``set_state``, as if the kernel had sent them: nothing is queued to be
+sent back, and the kernel stays the owner of every view's state.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+import anywidget
+import ipywidgets as W
+import traitlets
+from ipywidgets import widget_serialization
+
+__all__ = ["StepSync"]
+
+# The page keeps this many prepared steps (the oldest go first); a step of the dashboard is ~100 kB.
+_KEEP = 96
+
+_ESM = r"""
+const ref = r => String(r || "").replace(/^IPY_MODEL_/, "");
+
+export default {
+  initialize({ model }) {
+    const ready = new Map();  // step → {view name: value}
+    let targets = null;       // view name → [widget model, trait]
+    model.on("msg:custom", msg => {
+      if (!msg || msg.step === undefined) return;
+      ready.delete(msg.step);
+      ready.set(msg.step, msg.values);
+      while (ready.size > KEEP) ready.delete(ready.keys().next().value);
+    });
+    const apply = step => {
+      const values = ready.get(step);
+      if (!values || !targets) return;  // not prepared: the kernel's answer draws it
+      for (const [name, value] of Object.entries(values)) {
+        const target = targets[name];
+        if (target) target[0].set_state({ [target[1]]: value });
+      }
+    };
+    (async () => {
+      const manager = model.widget_manager;
+      const found = {};
+      for (const [name, [r, trait]] of Object.entries(model.get("targets") || {}))
+        found[name] = [await manager.get_model(ref(r)), trait];
+      targets = found;
+      const slider = await manager.get_model(ref(model.get("slider")));
+      slider.on("change:value", () => apply(slider.get("value")));
+      model.send({ ready: true });  // a new page (or a reload): the kernel sends the steps it has ready
+    })().catch(err => console.warn("specter_lab: step sync", err));
+  },
+  render() {}
+};
+""".replace("KEEP", str(_KEEP))
+
+
+class StepSync(anywidget.AnyWidget):
+    """Prepared steps of ``slider``, applied in the page when the slider moves there.
+
+    ``targets`` maps a view's name to ``[widget, trait]`` (a :class:`~.panel.FigurePanel` and ``"figure"``, an
+    ``HTML`` and ``"value"``). :meth:`prepare` sends one step's values; ``on_ready`` is called (in the kernel)
+    when a page has loaded the widget and can take prepared steps (on display and after a reload). It has no
+    view of its own; it only needs to exist in the page."""
+
+    _esm = _ESM
+    slider = traitlets.Instance(W.IntSlider).tag(sync=True, **widget_serialization)
+    targets = traitlets.Dict().tag(sync=True, **widget_serialization)
+
+    def __init__(self, slider: W.IntSlider, targets: Mapping[str, tuple[W.Widget, str]],
+                 on_ready: "Callable[[], Any] | None" = None) -> None:
+        super().__init__(slider=slider, targets={name: [w, trait] for name, (w, trait) in targets.items()})
+        self._on_ready = on_ready
+        self.on_msg(self._handle)
+
+    def prepare(self, step: int, values: Mapping[str, Any]) -> None:
+        """Send ``step``'s values (view name → the value its trait will have when the kernel shows the step)."""
+        if self.comm is not None:
+            self.send({"step": int(step), "values": dict(values)})
+
+    def _handle(self, _widget: Any, content: Any, _buffers: Any) -> None:
+        if isinstance(content, dict) and content.get("ready") and self._on_ready is not None:
+            self._on_ready()
