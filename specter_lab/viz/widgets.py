@@ -203,8 +203,12 @@ class Dashboard:
         with self._cache_lock:
             built = sorted(self._cache, key=lambda s: abs(s - shown))[:12]
         self._sent = set(built)
-        threading.Thread(target=lambda: [self._sync.prepare(s, self._prepared(s)) for s in built],
-                         name="specter-dashboard-resend", daemon=True).start()
+
+        def send() -> None:
+            for s in built:
+                self._sync.prepare(s, self._prepared(s))
+
+        threading.Thread(target=send, name="specter-dashboard-resend", daemon=True).start()
 
     def _warm(self, step: int) -> "threading.Thread | None":
         """Build the views of the steps around ``step`` in a background thread (one step at a time, nearest
