@@ -703,8 +703,9 @@ class QuantTuner:
 
     Controls: ``bits`` (2, 3, 4, 8), ``group_size`` (32, 64, 128), ``method`` (rtn, hqq), ``k`` (draft length),
     ``auto`` (rerun on every change) and ``run_button``. :meth:`run` does one evaluation; ``table`` is the last
-    result (a DataFrame), shown in ``table_html``; ``figure`` is a :class:`~.panel.FigurePanel` of TPOT, recall and acceptance;
-    ``status`` says how long quantizing took. Results are cached per setting, so going back is instant."""
+    result (a DataFrame), shown in ``table_html``; ``figure`` is a :class:`~.panel.FigurePanel` of TPOT, recall and
+    acceptance; ``status`` says how long quantizing took. Results are cached per setting, so going back is
+    instant."""
 
     def __init__(self, model, tokenizer, prompts, expert_budget: "float | int | str" = 0.5,
                  hardware: str = "rtx4090-pcie4", max_new_tokens: int = 24,
