@@ -669,17 +669,17 @@ def test_dashboard_steps_reuse_built_figures(spec_run):
     threads may still be drawing with the shared view registry.)"""
     d = viz.dashboard(spec_run)
     lo, hi = int(d.slider.min), int(d.slider.max)
-    built = {s: d._figures(s) for s in range(lo, hi + 1)}
+    built = {s: d._views_at(s) for s in range(lo, hi + 1)}
     for s in range(lo, hi + 1):
         d.slider.value = s
-    assert all(d._figures(s) is built[s] for s in built) and d.step == hi
+    assert all(d._views_at(s) is built[s] for s in built) and d.step == hi
 
 
 def test_a_ready_step_never_waits_for_a_background_build(spec_run):
     """Issue 37: a slider step whose figures are built is shown at once, even while the warm thread builds
     another step (a build held the cache's lock for ~120 ms, and some keyboard steps took that much longer)."""
     d = viz.Dashboard(spec_run, prefetch=False)
-    ready = d._figures(d.step)
+    ready = d._views_at(d.step)
     started, release = threading.Event(), threading.Event()
     real = d._build
 
@@ -690,12 +690,12 @@ def test_a_ready_step_never_waits_for_a_background_build(spec_run):
 
     d._build = slow
     other = next(s for s in range(int(d.slider.min), int(d.slider.max) + 1) if s not in d._cache)
-    builder = threading.Thread(target=d._figures, args=(other,))
+    builder = threading.Thread(target=d._views_at, args=(other,))
     builder.start()
     try:
         assert started.wait(5)
         t0 = time.perf_counter()
-        got = d._figures(d.step)
+        got = d._views_at(d.step)
         waited = time.perf_counter() - t0
     finally:
         release.set()

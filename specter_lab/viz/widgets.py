@@ -115,7 +115,7 @@ class Dashboard:
         if first not in steps:
             raise ValueError(f"step={step!r}: the run has steps {steps[0]}..{steps[-1]}")
         lo, hi = steps[0], steps[-1]
-        self._cache: "OrderedDict[int, dict[str, dict]]" = OrderedDict()  # step → its figures, plain_figure()
+        self._cache: "OrderedDict[int, dict[str, Any]]" = OrderedDict()  # step → what it shows (_views_at)
         self._cache_steps = max(2, int(cache_steps))
         self._cache_lock = threading.Lock()
         self._warm_delay = 0.3  # s after a step is shown before its neighbours are built
@@ -134,7 +134,7 @@ class Dashboard:
         # ``reuse``: panels already in the page (a live run's detail views) are redrawn, not recreated.
         reuse = dict(reuse or {})
         figs = self._build(first)  # figures, not plain: a new panel takes its template from one
-        self._figures(first, figs)
+        shown = self._views_at(first, figs)
         self.views: dict[str, FigurePanel] = {}
         for name, fig in figs.items():
             if name in reuse:
@@ -143,8 +143,8 @@ class Dashboard:
             else:
                 self.views[name] = figure_widget(fig)
         self._shown = first
-        self.info.value = self._info_html(first)
-        self.tokens = W.HTML(self._strip_html(first))
+        self.info.value = shown["info"]
+        self.tokens = W.HTML(shown["tokens"])
         self.slider.observe(self._on_step, names="value")
         # The steps built ahead are also sent to the page, which shows them without the kernel (step_sync.py).
         targets = {**{name: (view, "figure") for name, view in self.views.items()},
@@ -172,9 +172,10 @@ class Dashboard:
     def _build(self, step: int) -> dict[str, go.Figure]:
         return {name: F.STEP_VIEWS[name](self.result, step, self.tokenizer) for name in _PANELS}
 
-    def _figures(self, step: int, built: "dict[str, go.Figure] | None" = None) -> dict[str, dict]:
-        """The views of ``step`` as plain figures, what a panel is sent (built once, from ``built`` if given,
-        and kept for the last ``cache_steps`` steps asked for)."""
+    def _views_at(self, step: int, built: "dict[str, go.Figure] | None" = None) -> dict[str, Any]:
+        """What every view shows at ``step``: each panel's plain figure by view name, ``info`` and ``tokens``
+        (HTML). What :meth:`show` sets and what is sent ahead to the page are this one dict (built once, the
+        figures from ``built`` if given, kept for the last ``cache_steps`` steps asked for)."""
         with self._cache_lock:
             figs = self._cache.get(step)
             if figs is not None:
@@ -184,17 +185,14 @@ class Dashboard:
         # (one takes ~120 ms here; it made some steps take 70 ms longer, issue 37). Two threads may build the
         # same step at once; the first kept is the one every later call gets.
         built = self._build(step) if built is None else built
-        figs = {name: plain_figure(fig) for name, fig in built.items()}
+        figs = {**{name: plain_figure(fig) for name, fig in built.items()}, "info": self._info_html(step),
+                "tokens": self._strip_html(step)}
         with self._cache_lock:
             figs = self._cache.setdefault(step, figs)
             self._cache.move_to_end(step)
             while len(self._cache) > self._cache_steps:
                 self._cache.popitem(last=False)
         return figs
-
-    def _prepared(self, step: int) -> dict[str, Any]:
-        """What every view shows at ``step`` (the values :meth:`show` sets), as sent to the page."""
-        return {**self._figures(step), "info": self._info_html(step), "tokens": self._strip_html(step)}
 
     def _resend(self) -> None:
         """A page loaded the step sync (on display, after a reload): send it the built steps nearest the shown
@@ -206,7 +204,7 @@ class Dashboard:
 
         def send() -> None:
             for s in built:
-                self._sync.prepare(s, self._prepared(s))
+                self._sync.prepare(s, self._views_at(s))
 
         threading.Thread(target=send, name="specter-dashboard-resend", daemon=True).start()
 
@@ -225,7 +223,7 @@ class Dashboard:
             for s in wanted:
                 if self._shown != step:  # the reader moved on: warm around the new step instead
                     return
-                self._sync.prepare(s, self._prepared(s))
+                self._sync.prepare(s, self._views_at(s))
                 self._sent.add(s)
                 time.sleep(0.01)  # let the kernel answer a message between two builds
 
@@ -254,14 +252,14 @@ class Dashboard:
     def show(self, step: int) -> None:
         """Show ``step`` in every view (what the slider calls)."""
         step = int(step)
-        plain = self._figures(step)
+        shown = self._views_at(step)
         with self._sync_lock:
             # One message per view that changed, each figure prepared as plain data ahead of time: a step costs
             # a few milliseconds here, and the page redraws each with Plotly.react.
-            for name, fig in plain.items():
-                self.views[name].show(fig)
-        self.info.value = self._info_html(step)
-        self.tokens.value = self._strip_html(step)
+            for name, view in self.views.items():
+                view.show(shown[name])
+        self.info.value = shown["info"]
+        self.tokens.value = shown["tokens"]
         self._shown = step
         if self.slider.value != step:
             self.slider.value = step
