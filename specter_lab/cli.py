@@ -26,6 +26,7 @@ from .pricing.calibrate import calibrate
 from .pricing.hostcal import calibrate_host
 from .pricing.profiles import PROFILES
 from .pricing.shapes import get_cost_shape
+from .routing.gap import cell_gaps
 from .routing.record import record
 from .routing.trace_file import load_trace
 from .run.engine import Engine
@@ -172,6 +173,9 @@ def cmd_bench(a) -> int:
         return _bench_consumer(a)
 
     # The default set is the paper's comparison plus our own; `auto` (a calibration per cell) is in --regimes.
+    if a.gap and not a.trace:
+        raise ValueError("bench --gap splits each row's distance to the bound, which needs the recorded routing: add "
+                         "--trace FILE (record one with `specter-lab trace record`, or import one: docs/traces.md).")
     strategies = a.strategies.split(",") if a.strategies else list(STRATEGIES)
     hardware = [h for h in a.hardware.split(",") if h]
     if a.execution:  # every profile in every mode asked for: "rtx4090-pcie4@compiled", ...
@@ -206,6 +210,8 @@ def cmd_bench(a) -> int:
     elif a.regimes:
 
         out["regimes"] = regime_map(None, None, None, progress=not a.json, trace=trace).to_dict(orient="records")
+    if a.gap:
+        out["gap"] = _bench_gaps(trace, df, cost_shape)
     out["seconds"] = time.perf_counter() - t0
     if a.json:
         print(json.dumps(out, indent=1, default=lambda v: v.item() if hasattr(v, "item") else str(v)))
@@ -219,6 +225,25 @@ def cmd_bench(a) -> int:
         if not a.json:
             print(f"report written to {a.html}")
     return 0
+
+
+def _bench_gaps(trace, df, cost_shape) -> list[dict[str, Any]]:
+    """--gap: each non-speculative row's distance to the bound, split into eviction and the schedule, per cell
+    (the bound and its online-eviction variants priced once a cell; the rows' means from the table)."""
+
+    mean = df.groupby(["hardware", "expert_budget", "strategy"], sort=False)[["tpot_ms", "hit_rate"]].mean()
+    out = []
+    for (hw, budget), cell in mean.groupby(level=[0, 1], sort=False):
+        rows = {s: (r.tpot_ms, r.hit_rate) for (_, _, s), r in cell.iterrows()
+                if s in STRATEGIES and not STRATEGIES[s].speculative}
+        for g in cell_gaps(trace, rows, expert_budget=budget, hardware=hw, cost_shape=cost_shape):
+            d = g.as_dict()
+            out.append({"hardware": hw, "expert_budget": budget, **{k: d[k] for k in _GAP_COLUMNS}})
+    return out
+
+
+_GAP_COLUMNS = ("strategy", "x_of_bound", "eviction", "eviction_share", "schedule_share", "hit_rate",
+                "bound_hit_rate")
 
 
 def _bench_note(hardware, cost_shape) -> str:
@@ -347,8 +372,10 @@ def _print_bench(out, df, summ, a, n_prompts, new_tokens) -> None:
           "1.0 is the best any non-speculative schedule can do at this memory, speculation may exceed it):")
     print(_fmt(mean))
     if "wall_s" in df:
-        speed = df.groupby("strategy", sort=False).apply(lambda g: g.new_tokens.sum() / g.wall_s.sum(),
-                                                          include_groups=False)
+        # a row refused in every cell (a speculative one on a trace without draft chains) ran no tokens: NaN
+        speed = df.groupby("strategy", sort=False).apply(
+            lambda g: g.new_tokens.sum() / g.wall_s.sum() if g.wall_s.sum() > 0 else float("nan"),
+            include_groups=False)
         how = "replayed" if a.trace else "generated (live, simulated clock)"
         sweep = df.attrs.get("sweep") or {}
         where = {None: "", 1: ", one after the other in this process"}.get(
@@ -364,7 +391,10 @@ def _print_bench(out, df, summ, a, n_prompts, new_tokens) -> None:
     print(_fmt(summ[[c for c in summ.columns if not c.startswith("tpot_")]]))
     for key, title in (("ablations", "Ablations (specter, lowest budget, first profile)"),
                        ("k_sweep", "K sweep"), ("cpu_overhead", "CPU wall-clock vs HF generate (full budget)"),
-                       ("regimes", "Regime map")):
+                       ("regimes", "Regime map"),
+                       ("gap", "Distance to the bound, split (non-speculative rows; eviction_share: what Belady's "
+                               "eviction is worth against the row's online policy, schedule_share: the rest, copies "
+                               "started before the router asks and the copy-or-host choice; sl.bound_gap)")):
         if key in out:
             print(f"\n{title}:")
             print(_fmt(pd.DataFrame(out[key])))
@@ -488,6 +518,9 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--ablations", action="store_true", help="also the ablation table and K sweep")
     b.add_argument("--regimes", action="store_true", help="speedup map over budgets × profiles × cost shapes")
     b.add_argument("--overhead", action="store_true", help="CPU wall-clock overhead against HF generate")
+    b.add_argument("--gap", action="store_true",
+                   help="with --trace: split each non-speculative row's distance to the bound into eviction "
+                        "(Belady's against the row's policy) and the schedule (copies before the router asks)")
     b.add_argument("--json", action="store_true")
     b.add_argument("--html", default=None)
     b.add_argument("--trace", default=None,
