@@ -235,6 +235,32 @@ _JS_WATCH_STEP = """([needle, step]) => {
 }"""
 
 
+# Installed before keys are pressed: window.__slSeen := every distinct state the dashboard in the cell with `needle`
+# painted, one entry per change, checked at every animation frame for `ms` milliseconds: the step in each figure's
+# title and the token strip's outlined step, joined ("routing cache timeline strip").
+_JS_RECORD_STEPS = """([needle, ms]) => {
+  window.__slSeen = [];
+  window.__slSeenDone = false;
+  const c = window.jupyterapp.shell.currentWidget.content.widgets
+    .find(c => c.model.type === 'code' && c.model.sharedModel.getSource().includes(needle));
+  const pats = [/^Routing at step (\\d+)/, /^Expert cache .* after step (\\d+)/, /^Timeline · step (\\d+)/];
+  const state = () => {
+    const titles = Array.from(c.node.querySelectorAll('.js-plotly-plot .gtitle')).map(t => t.textContent);
+    const steps = pats.map(p => { const t = titles.find(t => p.test(t)); return t ? t.match(p)[1] : '?'; });
+    const now = c.node.querySelector('.sl-strip .t.now');
+    const m = now && now.title.match(/step (\\d+)$/);
+    return [...steps, m ? m[1] : '?'].join(' ');
+  };
+  const start = performance.now();
+  const tick = () => {
+    const s = state();
+    if (window.__slSeen[window.__slSeen.length - 1] !== s) window.__slSeen.push(s);
+    if (performance.now() - start < ms) requestAnimationFrame(tick); else window.__slSeenDone = true;
+  };
+  requestAnimationFrame(tick);
+}"""
+
+
 def timed_key(page: Page, handle: Any, key: str, needle: str, step: int) -> int:
     """Press ``key`` on ``handle`` and return the milliseconds until the dashboard in the cell with ``needle``
     shows ``step`` (see _JS_WATCH_STEP; -1: not within 10 s)."""
@@ -313,15 +339,32 @@ def test_quickstart_dashboard(page: Page) -> None:
 
     # Keys faster than the kernel answers: the page draws prepared steps at once while the kernel's answers for
     # the steps in between still arrive (viz/step_sync.py). Every view must settle on the slider's step, and stay.
-    for key in ("ArrowRight", "ArrowRight", "ArrowLeft"):
-        handle.press(key)
+    # The kernel answers each step 0.4 s late here, so that the last two keys outrun it: every state the page paints
+    # must be on the keys' path, in order. Before step_sync.py held a passed step back, the kernel's late answer
+    # to the second key painted that step again after the third key, for a moment.
+    page.append_and_run("_show = dash.show\n"
+                        "def _late(step):\n    import time; time.sleep(0.4); _show(step)\n"
+                        "dash.show = _late")
+    page.page.evaluate(_JS_RECORD_STEPS, [needle, 4000])  # 4 s from before the keys
+    handle.press("ArrowRight")
+    # once the kernel has answered it: the next key's value reaches the kernel alone, and the third key's waits in
+    # the page (ipywidgets sends one message at a time) while the kernel answers the second
+    page.page.wait_for_timeout(1000)
+    handle.press("ArrowRight")
+    handle.press("ArrowLeft")
+    path = [" ".join([str(s)] * 4) for s in (moved, moved + 1, moved + 2, moved + 1)]
     moved += 1
     wait_dashboard_at(page, needle, moved, "dashboard after three quick keys")
-    page.page.wait_for_timeout(1500)
+    page.page.wait_for_function("() => window.__slSeenDone", timeout=15_000)
+    seen = page.page.evaluate("() => window.__slSeen")
+    page.append_and_run("del dash.show")  # the kernel's own pace again
+    print(f"01: states painted after three quick keys (routing cache timeline strip): {seen}")
+    on_path = iter(path)
+    assert all(state in on_path for state in seen), f"three quick keys along {path} painted {seen}"
     strip = page.cell(needle).locator(".sl-strip .t.now").first.get_attribute("title") or ""
     settled = (dashboard_steps(page.plots(needle)), slider_value(page, needle), strip)
     assert settled[:2] == ({"routing": moved, "cache": moved, "timeline": moved}, moved) and \
-        strip.endswith(f"· step {moved}"), f"1.5 s after three quick keys (step {moved}): {settled}"
+        strip.endswith(f"· step {moved}"), f"after three quick keys (step {moved}): {settled}"
 
     # A reload with the kernel alive restores the widgets from the kernel: they must show the moved step.
     page.save()

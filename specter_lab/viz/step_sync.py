@@ -6,8 +6,10 @@ machine (issue 37). The kernel already builds the steps around the shown one ahe
 also sends them to the page (:meth:`StepSync.prepare`), where they wait. When the slider moves in the page (a key,
 a drag, Play), the page applies the prepared values of that step to every view at once, in one task: figures,
 summary line and token strip from the same step. The kernel still answers the slider as before; its values are
-the ones already shown, so the page sees no change and draws nothing twice. A step that is not prepared takes the
-kernel's path, as before.
+the ones already shown, so the page sees no change and draws nothing twice. An answer for a step the slider has
+already left (keys faster than the kernel: ipywidgets sends the page's next value only once the kernel has
+answered the last) is put back in the same task for a few seconds after the page moved, so a passed step is never
+painted again. A step that is not prepared takes the kernel's path, as before.
 
 Values are applied with the target model's ``set_state``, as if the kernel had sent them: nothing is queued to be
 sent back, and the kernel stays the owner of every view's state.
@@ -26,6 +28,9 @@ __all__ = ["StepSync"]
 
 # The page keeps this many prepared steps (the oldest go first); a step of the dashboard is ~100 kB.
 _KEEP = 96
+# How long after moving ahead of the kernel the page keeps a passed step from being drawn again (ms): the kernel's
+# answers for the steps in between come within a few hundred ms; a later change is the kernel's to make.
+_HOLD_MS = 3000
 
 _ESM = r"""
 const ref = r => String(r || "").replace(/^IPY_MODEL_/, "");
@@ -40,13 +45,26 @@ export default {
       ready.set(msg.step, msg.values);
       while (ready.size > KEEP) ready.delete(ready.keys().next().value);
     });
+    // What the page moved to ahead of the kernel: for HOLD ms, a kernel answer that gives a view another value (an
+    // answer for a step the slider has already left) is put back at once, in the same task, so it is never
+    // painted. Without this, keys faster than the kernel showed a passed step again for a moment. The kernel's
+    // answer for the step itself changes nothing (a model ignores an equal value).
+    let ahead = null;  // {values, until}
     const apply = step => {
       const values = ready.get(step);
+      ahead = null;
       if (!values || !targets) return;  // not prepared: the kernel's answer draws it
       for (const [name, value] of Object.entries(values)) {
         const target = targets[name];
         if (target) target[0].set_state({ [target[1]]: value });
       }
+      ahead = { values, until: performance.now() + HOLD };
+    };
+    const hold = (name, target, trait) => () => {
+      if (!ahead || performance.now() > ahead.until || !(name in ahead.values)) return;
+      const want = ahead.values[name];
+      const now = target.get(trait);
+      if (now !== want && JSON.stringify(now) !== JSON.stringify(want)) target.set_state({ [trait]: want });
     };
     (async () => {
       const manager = model.widget_manager;
@@ -54,6 +72,8 @@ export default {
       for (const [name, [r, trait]] of Object.entries(model.get("targets") || {}))
         found[name] = [await manager.get_model(ref(r)), trait];
       targets = found;
+      for (const [name, [target, trait]] of Object.entries(found))
+        target.on("change:" + trait, hold(name, target, trait));
       const slider = await manager.get_model(ref(model.get("slider")));
       slider.on("change:value", () => apply(slider.get("value")));
       model.send({ ready: true });  // a new page (or a reload): the kernel sends the steps it has ready
@@ -61,7 +81,7 @@ export default {
   },
   render() {}
 };
-""".replace("KEEP", str(_KEEP))
+""".replace("KEEP", str(_KEEP)).replace("HOLD", str(_HOLD_MS))
 
 
 class StepSync(anywidget.AnyWidget):
