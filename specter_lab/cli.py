@@ -450,7 +450,7 @@ def cmd_estimate(a) -> int:
     if host is not None and re.fullmatch(r"\d+(\.\d+)?", host):
         host = float(host)  # a measured GB/s
     e = estimate(a.config, gpu=a.gpu, vram=a.vram, host=host, weights=a.weights, context=a.context, depth=a.depth,
-                 placement=a.placement)
+                 placement=a.placement, ram=a.ram, disk=a.disk)
     if a.json:
         out = {"model": e.model.name, "machine": e.machine.label, "weights": e.precision.label, "context": e.context,
                "budget": e.budget.describe(), "best": e.best, "table": e.table.to_dict(orient="records"),
@@ -576,6 +576,12 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--placement", default=None,
                    help="the llama.cpp flags you run today, priced as given beside the best; give them after '=' (e.g. --placement='--n-cpu-moe 20', "
                         "'--cpu-moe --moe-cache-mib 6000', \"-ot 'blk\\.(0|1)\\.ffn_.*_exps\\.=CPU'\")")
+    e.add_argument("--ram", default=None,
+                   help="host RAM free for the model's weights, e.g. 32GB (default: assumed to hold them all); where "
+                        "it is short, the experts the host reads come from disk, priced per row")
+    e.add_argument("--disk", default=None,
+                   help="the disk's read bandwidth for experts read from disk, e.g. 3.5GB/s (default 5GB/s, banded "
+                        "2-7)")
     e.add_argument("--gguf", default="model.gguf", help="the GGUF path to put in the emitted llama.cpp command")
     e.add_argument("--json", action="store_true")
     e.set_defaults(fn=cmd_estimate)

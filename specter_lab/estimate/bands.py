@@ -16,7 +16,9 @@ single swing is named as the one that dominates. The unknowns:
   others (+/-25 %); a laptop part adds its OEM memory clock (``LAPTOP_SPREAD``);
 * **link bandwidth**: pinned PCIe copies at ``LINK_EFFICIENCY_RANGE`` of raw (only strategies that copy);
 * **context depth**: tokens in the KV cache while decoding, when ``depth=`` is not given: from empty (fast) to
-  the full ``context`` (slow, the central figure).
+  the full ``context`` (slow, the central figure);
+* **disk bandwidth**: only where host RAM is short (``ram=``) and experts are read from disk: ``DISK_RANGE``
+  when ``disk=`` is not given, a measured figure +/-10 %.
 """
 
 from __future__ import annotations
@@ -28,8 +30,12 @@ from ..pricing.gpus import LAPTOP_SPREAD, LINK_EFFICIENCY, LINK_EFFICIENCY_RANGE
 from ..pricing.precision import WeightFormat, WeightPrecision
 from .pricing import HOST_EFFICIENCY_RANGE, Machine
 
-__all__ = ["Scenario", "Unknown", "unknowns", "combine", "MEASURED_FORMATS", "FORMAT_SPREAD"]
+__all__ = ["Scenario", "Unknown", "unknowns", "disk_unknown", "combine", "MEASURED_FORMATS", "FORMAT_SPREAD",
+           "DISK_RANGE"]
 
+# Reading multi-MB experts from a desktop NVMe drive: a PCIe 3.0 drive to a PCIe 4.0 one (sequential-class reads;
+# the central figure is the profile's DISK_BANDWIDTH, 5 GB/s). An assumption, not a measurement.
+DISK_RANGE = (2e9, 7e9)
 MEASURED_FORMATS = ("q4_0", "q4_k_m", "q2_k", "bf16", "fp16")  # bf16: the profiles' effective/datasheet ratio
 FORMAT_SPREAD = {"measured": 0.15, "assumed": 0.25}
 
@@ -94,6 +100,17 @@ def unknowns(c: Scenario, context: int, depth_given: bool) -> list[Unknown]:
         out.append(Unknown("context depth", replace(c, depth=context), replace(c, depth=0),
                            f"depth not given: KV cache from empty to the full {context} tokens"))
     return out
+
+
+def disk_unknown(c: Scenario) -> Unknown:
+    """The disk's read bandwidth, for an estimate that reads experts from disk: the given figure +/-10 %, else
+    ``DISK_RANGE``."""
+    m = c.machine
+    lo, hi = (m.disk * 0.9, m.disk * 1.1) if m.disk is not None else DISK_RANGE
+    why = (f"measured {m.disk / 1e9:.1f} GB/s +/-10 %" if m.disk is not None else
+           f"disk not given: {lo / 1e9:.0f}-{hi / 1e9:.0f} GB/s, a PCIe 3.0 to a PCIe 4.0 NVMe drive")
+    return Unknown("disk bandwidth", replace(c, machine=replace(m, disk=lo)), replace(c, machine=replace(m, disk=hi)),
+                   why)
 
 
 def combine(central: float, swings: dict[str, tuple[float, float]]) -> tuple[float, float, str]:

@@ -23,7 +23,10 @@ def llama_cpp_command(e, model_path: str = "model.gguf") -> str:  # e: an estima
     where the cache beats the static split)."""
     rows = e.table[e.table.strategy.isin(LLAMA_CPP_PLACEMENTS)]
     best = str(rows.iloc[0]["strategy"])
-    parts = [f"llama-server -m {model_path} -ngl 99 -c {e.context} --no-mmap"]
+    # --no-mmap reads the whole file into RAM; where RAM is short (ram=, rows reading from disk) the file must stay
+    # mapped, so that the page cache can drop experts and read them again
+    mmap = "" if e.table.disk_ms.max() > 0 else " --no-mmap"
+    parts = [f"llama-server -m {model_path} -ngl 99 -c {e.context}{mmap}"]
     if e.machine.host is not None and e.machine.host.cores:
         parts.append(f"--threads {e.machine.host.cores}")
     dense_offset = e.model.dense_layers  # llama.cpp numbers blocks over all decoder layers
@@ -83,8 +86,9 @@ def report(e) -> str:
     head = (f"Estimate for {g.name} ({g.model_type}: {g.total_params / 1e9:.1f}B params, {g.moe_layers} MoE layers x "
             f"{g.num_experts} experts, top-{g.top_k}, {g.active_params / 1e9:.2f}B read per token) at weights "
             f"{e.precision.label}, context {e.context}, on {e.machine.label}.")
-    cols = ["strategy", "tokens_per_s", "band_tok_s", "dominant_unknown", "tpot_ms", "hit_rate", "copies_per_token", "host_experts_per_token",
-            "device_ms", "link_ms", "host_ms", "placement", "runs_as"]
+    disk = ["disk_reads_per_token", "disk_ms"] if e.table.disk_ms.max() > 0 else []  # host RAM short: ram=
+    cols = ["strategy", "tokens_per_s", "band_tok_s", "dominant_unknown", "tpot_ms", "hit_rate", "copies_per_token",
+            "host_experts_per_token", *disk[:1], "device_ms", "link_ms", "host_ms", *disk[1:], "placement", "runs_as"]
     table = e.table[cols].to_string(index=False, float_format=lambda v: f"{v:.3g}")
     best = e.row(e.best)
     band = (f"Band for {e.best}: {best.low_tok_s:.3g}-{best.high_tok_s:.3g} tok/s"
@@ -93,6 +97,9 @@ def report(e) -> str:
     warn = ([] if e.machine.host is not None else
             ["Host not given: the band spans a desktop from dual-channel DDR4-2666 to DDR5-6400; give --host "
              "ddr5-5600x2 (your memory), a measured GB/s, or 'calibrated' after `specter-lab calibrate --host`."])
+    if e.machine.ram is None:
+        warn.append("Host RAM not given: every expert is assumed to be in RAM; give --ram 32GB (the RAM free for the "
+                    "model) to price the experts read from disk when it is short.")
     lines = [head, e.budget.describe() + ".", *warn, "", "Decode, modelled (fastest first):", table, "", band + ".",
              f"Placement it implies: {e.best}: {best.placement}.", *_yours(e), *_sizing(e), "", "Run it:",
              "  " + e.llama_cpp().replace("\n", "\n  "), "  " + e.engine_call(), "", "Assumptions:"]

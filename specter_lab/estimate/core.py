@@ -28,7 +28,8 @@ from ..run import STRATEGIES
 from ..units import parse_bytes
 from . import replay
 from .budget import RUNTIME_OVERHEAD, VramBudget, precision_for, vram_budget
-from .bands import Scenario, combine, unknowns
+from .bands import Scenario, combine, disk_unknown, unknowns
+from .page_cache import page_cache
 from .placement import UserPlacement, parse_placement
 from .prefill import prefill_table
 from .sizing import CacheSizing, cache_sizing
@@ -209,7 +210,7 @@ class Estimate:
 def estimate(config, gpu: "str | HardwareProfile" = "rtx4090", vram=None, host=None, weights=None,
              context: int = 4096, trace=None, overhead: float = RUNTIME_OVERHEAD,
              eta_host: float = HOST_DECODE_EFFICIENCY, seed: int = 0, depth: int | None = None,
-             placement: str | None = None) -> Estimate:
+             placement: str | None = None, ram=None, disk=None) -> Estimate:
     """Expected batch-1 decode TPOT and tokens/s per strategy for the model of ``config`` (a ``config.json`` path,
     its folder, a dict or a bundled name) on ``gpu`` (a catalog name such as ``"rtx3060"``, a profile name or a
     HardwareProfile) with ``vram`` bytes (default: the card's), beside ``host`` (its memory ``"ddr5-5600x2"``, a
@@ -219,7 +220,10 @@ def estimate(config, gpu: "str | HardwareProfile" = "rtx4090", vram=None, host=N
     tokens in the cache (None: unknown, priced at the full context and banded down to empty). Routing:
     ``trace`` when given, else synthetic matched to the family's published locality. ``placement``: the llama.cpp
     flags you run today (``"--n-cpu-moe 20"``, ``"--cpu-moe --moe-cache-mib 6000"``, ``-ot`` patterns), priced as
-    given in a row ``yours`` beside the others. Modelled, not measured:
+    given in a row ``yours`` beside the others. ``ram``: host RAM free for the model's weights (bytes or
+    ``"32GB"``; None: assumed to hold them all); where it cannot hold every routed expert beside the embeddings,
+    the experts the host reads come from disk through the page cache at ``disk`` bytes/s (or ``"3.5GB/s"``;
+    None: 5 GB/s, banded 2-7), priced per row (:mod:`.page_cache`). Modelled, not measured:
     :attr:`Estimate.assumptions` lists what every number rests on; ``band_tok_s`` what the unknowns allow."""
     if isinstance(context, bool) or not isinstance(context, int) or context < 1:
         raise ValueError(f"context={context!r}: give the tokens the KV cache must hold, an integer >= 1 "
@@ -231,24 +235,31 @@ def estimate(config, gpu: "str | HardwareProfile" = "rtx4090", vram=None, host=N
         raise ValueError(f"depth={depth!r}: give the tokens already in the KV cache while decoding, an integer in "
                          f"[0, context={context}], or None when unknown.")
     v = _vram_bytes(vram)
+    ram_b, disk_b = _size(ram, "ram", "'32GB' or '64GiB'"), _size(disk, "disk", "'3.5GB/s' (bytes per second)")
     profile, card = resolve_gpu(gpu, v)
-    machine = Machine(profile, _vram(v, profile, card), get_host(host), card)
+    machine = Machine(profile, _vram(v, profile, card), get_host(host), card, ram_b, disk_b)
     geom = geometry_from_config(config)
     prec = precision_for(geom, weights)
     budget = vram_budget(geom, prec, machine.vram, context, overhead)
     routing, label = routing_for(trace, geom, seed=seed)
     central = Scenario(machine, prec, eta_host, context if depth is None else depth)
-    unknown = unknowns(central, context, depth is not None)
+    pages = page_cache(geom, prec, machine.ram, routing, _WARMUP)
+    unknown = unknowns(central, context, depth is not None) + ([disk_unknown(central)] if pages else [])
+    disked = (lambda c, slots: pages.with_disk(c, slots)) if pages else (lambda c, slots: c)
     rows, placements = [], {}
     for name, counts, params, extra in _placements(geom, budget, routing):
         if isinstance(counts, dict):  # a sweep of one parameter (global_lru's cpu_share): keep the fastest
+            counts = {sh: disked(c, budget.slots) for sh, c in counts.items()}
             share, counts = min(counts.items(), key=lambda sc: _price(geom, central, sc[1], extra).total_ms)
             params = {**params, "cpu_share": share}
+        else:
+            counts = disked(counts, budget.slots)
         placements[name] = params
         rows.append(_priced_row(name, geom, central, unknown, counts, params, extra))
     draft, spec = speculative_rows(geom, budget, routing, _WARMUP, prec.experts.bits)
     for name, counts, pre, params in spec:
         placements[name] = params
+        counts = disked(counts, params["slots_per_layer"] * geom.moe_layers)
         rows.append(_speculative_row(name, geom, central, unknown, counts, pre, params, draft))
     yours = None
     if placement is not None:
@@ -257,10 +268,13 @@ def estimate(config, gpu: "str | HardwareProfile" = "rtx4090", vram=None, host=N
                   "cpu_share": yours.cpu_share, "fits": yours.gpu_expert_bytes(geom, budget.expert_bytes)
                   <= budget.experts + 1.0, "notes": list(yours.notes)}
         placements["yours"] = params
-        rows.append(_priced_row("yours", geom, central, unknown, _user_counts(yours, routing, budget), params, {}))
+        counts = disked(_user_counts(yours, routing, budget),
+                        int(yours.gpu_expert_bytes(geom, budget.expert_bytes) // budget.expert_bytes))
+        rows.append(_priced_row("yours", geom, central, unknown, counts, params, {}))
     table = pd.DataFrame(rows).sort_values("tpot_ms", kind="stable").reset_index(drop=True)
     e = Estimate(geom, machine, prec, context, budget, table, label,
-                 _assumptions(machine, prec, label, overhead, eta_host), placements)
+                 _assumptions(machine, prec, label, overhead, eta_host) + [_ram_assumption(geom, prec, machine, pages)],
+                 placements)
     e.depth, e.unknowns = depth, {u.name: u.why for u in unknown}
     if spec:
         e.unknowns["draft acceptance"] = (f"speculative rows only: {ACCEPTANCE_RANGE[0]}-{ACCEPTANCE_RANGE[1]} per "
@@ -289,7 +303,8 @@ def _speculative_row(name, geom, central: Scenario, unknown, counts, prefetched,
     swings["draft acceptance"] = tuple(window_time(geom, central, counts, prefetched, draft, a).tokens_per_s
                                        for a in ACCEPTANCE_RANGE)
     per = draft.tokens_per_window()
-    shown = replay.Counts(counts.device / per, counts.copied / per, counts.host / per, counts.host_trips / per)
+    shown = replay.Counts(counts.device / per, counts.copied / per, counts.host / per, counts.host_trips / per,
+                          None if counts.disk is None else counts.disk / per)
     return _row(name, t, shown, params, combine(t.tokens_per_s, swings))
 
 
@@ -317,6 +332,37 @@ def _vram_bytes(vram) -> float | None:
     if isinstance(vram, (int, float)) and not isinstance(vram, bool) and vram > 0:
         return float(vram)
     raise ValueError(f"vram={vram!r}: give bytes or a size such as '24GB' or '8GiB'.")
+
+
+def _size(value, name: str, example: str) -> float | None:
+    """``ram=`` / ``disk=``: bytes (or bytes/s) as a number or a size string; None stays None."""
+    if value is None:
+        return None
+    fix = f"{name}={value!r}: give bytes as a positive number or a size such as {example}."
+    if isinstance(value, str):
+        try:
+            return float(parse_bytes(value.strip().removesuffix("/s"), name))
+        except ValueError:
+            raise ValueError(fix) from None
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value) and value > 0:
+        return float(value)
+    raise ValueError(fix)
+
+
+def _ram_assumption(geom: ModelGeometry, prec: WeightPrecision, m: Machine, pages) -> str:
+    experts = geom.moe_layers * geom.num_experts * geom.expert_params * prec.experts.bytes_per_weight
+    if m.ram is None:
+        return (f"host RAM NOT GIVEN: assumed to hold every routed expert ({experts / 2**30:.1f} GiB) and the "
+                "embeddings; give ram= (and disk=) to price experts read from disk")
+    if pages is None:
+        return (f"host RAM {m.ram / 2**30:.1f} GiB holds every routed expert ({experts / 2**30:.1f} GiB) beside the "
+                "embeddings: nothing is read from disk")
+    return (f"host RAM {m.ram / 2**30:.1f} GiB holds {pages.slots} of the {geom.moe_layers * geom.num_experts} "
+            f"routed experts ({experts / 2**30:.1f} GiB) beside the embeddings; the experts the host reads come from "
+            f"disk when the page cache misses them, modelled as one LRU with the GPU's expert slots over the routing, "
+            f"each read {m.gpu.disk_latency * 1e6:.0f} us + its bytes at {m.disk_bandwidth / 1e9:.1f} GB/s, the "
+            "layer waiting for it (disk_ms, disk_reads_per_token; estimate/page_cache.py); decode only, the "
+            "prefill table does not price it")
 
 
 def _check_numbers(overhead, eta_host, seed) -> None:
@@ -363,6 +409,7 @@ def _row(name: str, t: TokenTime, counts: replay.Counts, params: dict, band: tup
             "hit_rate": counts.hit_rate,
             "copies_per_token": counts.copies_per_token, "host_experts_per_token": counts.host_per_token,
             "device_ms": t.device_ms, "link_ms": t.link_ms, "host_ms": t.host_ms, "trips_ms": t.trips_ms,
+            "disk_ms": t.disk_ms, "disk_reads_per_token": 0.0 if counts.disk is None else float(counts.disk.sum()),
             "placement": _placement_text(name, params, what), "runs_as": engine,
             "in_specter_lab": name in STRATEGIES or name == "resident"}
 

@@ -8,6 +8,7 @@ Per MoE layer, serially (llama.cpp runs a layer's device and host parts one afte
     link    = copies * (copy_latency + expert bytes / link bandwidth)      (a cache miss, before its matmul)
     host    = host experts * expert bytes / (delivered DRAM bandwidth * HOST_DECODE_EFFICIENCY)
     trips   = 2 * copy_latency for each layer that hands activations to the host and back
+    disk    = experts read from disk * (disk latency + expert bytes / disk bandwidth)   (host RAM short: ram=)
 
 ``overlap=True`` (ktransformers: the host's experts run while the device computes its own) prices a layer as
 device dense part + max(device experts + link, host) + trips. Kernels are counted on a tiny sibling of the family
@@ -42,12 +43,20 @@ HOST_EFFICIENCY_RANGE = (0.396, 0.671)
 @dataclass(frozen=True)
 class Machine:
     """One GPU (a profile), its usable VRAM and the host beside it (None: not given, priced as
-    :data:`~specter_lab.pricing.hosts.UNKNOWN_DESKTOP` and said so); ``card`` the catalog row of the GPU."""
+    :data:`~specter_lab.pricing.hosts.UNKNOWN_DESKTOP` and said so); ``card`` the catalog row of the GPU; ``ram``
+    the host RAM free for the model's weights (None: not given, assumed to hold them all) and ``disk`` the disk's
+    read bandwidth (None: the profile's, an assumption)."""
 
     gpu: HardwareProfile
     vram: float  # bytes
     host: HostCPU | None = None
     card: GPU | None = None
+    ram: float | None = None  # bytes
+    disk: float | None = None  # bytes/s
+
+    @property
+    def disk_bandwidth(self) -> float:
+        return self.disk if self.disk is not None else self.gpu.disk_bandwidth
 
     @property
     def host_cpu(self) -> HostCPU:
@@ -71,7 +80,8 @@ class Machine:
     def label(self) -> str:
         gpu = self.card.name if self.card else self.gpu.name
         host = self.host.name if self.host else "a host not given (a desktop DDR4-2666 to DDR5-6400 x2)"
-        return f"{gpu} ({self.vram / 2**30:.1f} GiB VRAM) + {host}"
+        ram = f" ({self.ram / 2**30:.1f} GiB RAM for weights)" if self.ram is not None else ""
+        return f"{gpu} ({self.vram / 2**30:.1f} GiB VRAM) + {host}{ram}"
 
     @property
     def hardware_name(self) -> str:
@@ -81,13 +91,14 @@ class Machine:
 
 @dataclass(frozen=True)
 class TokenTime:
-    """ms of one decode token, by where it is spent."""
+    """ms of one decode token, by where it is spent (``total_ms`` includes ``disk_ms``)."""
 
     device_ms: float
     link_ms: float
     host_ms: float
     trips_ms: float
     total_ms: float
+    disk_ms: float = 0.0
 
     @property
     def tokens_per_s(self) -> float:
@@ -115,7 +126,7 @@ def price_token(geom: ModelGeometry, prec: WeightPrecision, m: Machine, counts: 
     k_dense, k_block, k_head = kern(ops.moe_layer), kern(ops.experts_fixed), kern(ops.head)
     kv = [b * (context if w is None else min(w, context)) for b, w in zip(geom.kv_bytes_per_token, geom.kv_window)]
     on_host = [i >= geom.decoder_layers - host_layers for i in range(geom.decoder_layers)]
-    dev = link = host = trips = 0.0
+    dev = link = host = trips = disk = 0.0
     for i in range(geom.dense_layers):  # dense first layers (DeepSeek): attention + a dense MLP
         per = geom.dense_layer_params / max(1, geom.dense_layers)
         if on_host[i]:
@@ -135,6 +146,8 @@ def price_token(geom: ModelGeometry, prec: WeightPrecision, m: Machine, counts: 
         l_copy = counts.copied[l] * (m.gpu.copy_latency + expert_bytes / m.gpu.pcie_bandwidth)
         h_exp = _host_s(m, prec.experts, counts.host[l] * geom.expert_params, 0.0, eta_host)
         t_trip = counts.host_trips[l] * 2 * m.gpu.copy_latency
+        if counts.disk is not None:  # a page fault blocks the read that needs it: serial in either mode
+            disk += counts.disk[l] * (m.gpu.disk_latency + expert_bytes / m.disk_bandwidth)
         if overlap:
             slower = max(d_exp + l_copy, h_exp)
             share = (d_exp + l_copy) / slower if slower else 1.0  # attribute the overlapped time to its lane
@@ -149,5 +162,5 @@ def price_token(geom: ModelGeometry, prec: WeightPrecision, m: Machine, counts: 
         host += _host_s(m, prec.dense, geom.head_params, 0.0, eta_host)
     else:
         dev += _device_s(m, prec.dense, geom.head_params, 0.0, k_head)
-    total = dev + link + host + trips
-    return TokenTime(*(1e3 * float(np.round(x, 12)) for x in (dev, link, host, trips, total)))
+    total = dev + link + host + trips + disk
+    return TokenTime(*(1e3 * float(np.round(x, 12)) for x in (dev, link, host, trips, total, disk)))

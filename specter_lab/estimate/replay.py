@@ -22,12 +22,14 @@ __all__ = ["Counts", "resident", "static_layers", "hot_set", "layer_lru", "globa
 @dataclass(frozen=True)
 class Counts:
     """Per MoE layer, mean per decode token: experts computed on the device (resident), copied then computed on the
-    device, computed on the host; ``host_trips`` the fraction of tokens whose layer hands work to the host."""
+    device, computed on the host; ``host_trips`` the fraction of tokens whose layer hands work to the host;
+    ``disk`` how many of the copied and host ones the host first reads from disk (None: none; ``page_cache.py``)."""
 
     device: np.ndarray
     copied: np.ndarray
     host: np.ndarray
     host_trips: np.ndarray
+    disk: "np.ndarray | None" = None
 
     @property
     def hit_rate(self) -> float:

@@ -155,9 +155,10 @@ def window_time(geom: ModelGeometry, sc: Scenario, counts: Counts, prefetched: f
     per_copy = verify.link_ms / max(1e-9, counts.copies_per_token)
     hidden = min(prefetched * per_copy, K * draft.total_ms)
     t = d.tokens_per_window(K, acceptance)
-    lanes = (K * draft.total_ms + verify.device_ms, verify.link_ms - hidden, verify.host_ms, verify.trips_ms)
+    lanes = (K * draft.total_ms + verify.device_ms, verify.link_ms - hidden, verify.host_ms, verify.trips_ms,
+             verify.disk_ms)
     lanes = tuple(x / t for x in lanes)
-    return TokenTime(*lanes, sum(lanes))
+    return TokenTime(*lanes[:4], sum(lanes), lanes[4])
 
 
 def _experts_central(p: WeightPrecision) -> float:
