@@ -60,15 +60,16 @@ def test_the_page_cache_is_one_lru_with_the_gpus_slots():
     rng = np.random.default_rng(0)
     routing = np.stack([rng.choice(8, size=(4, 2), replace=False) for _ in range(200)])  # [tokens, layers, top-2]
     routing = routing.reshape(200, 4, 2)
-    pages = PageCache(6, routing, warmup=20)
+    pages = PageCache(6, routing)
     counts = replay.layer_lru(routing, 2, 20)  # 2 GPU slots a layer: 8 in all
-    misses = replay.global_lru(routing, 8 + 6, 20).copies_per_token
+    # the steady state: the routing twice, the misses of the second pass
+    misses = replay.global_lru(np.concatenate([routing, routing]), 8 + 6, 200).copies_per_token
     reads = float((counts.copied + counts.host).sum())
     assert pages.disk_share(counts, 8) == pytest.approx(min(1.0, misses / reads))
     disked = pages.with_disk(counts, 8)
     np.testing.assert_allclose(disked.disk, (counts.copied + counts.host) * pages.disk_share(counts, 8))
     assert pages.disk_share(replay.resident(4, 2), 8) == 0.0  # no host reads, no disk reads
-    assert PageCache(10_000, routing, 20).disk_share(counts, 8) == 0.0  # holds everything the routing asks
+    assert PageCache(24, routing).disk_share(counts, 8) == 0.0  # with the GPU's 8: all 32 experts, no first touch
 
 
 @pytest.mark.parametrize("kw, match", [

@@ -243,7 +243,7 @@ def estimate(config, gpu: "str | HardwareProfile" = "rtx4090", vram=None, host=N
     budget = vram_budget(geom, prec, machine.vram, context, overhead)
     routing, label = routing_for(trace, geom, seed=seed)
     central = Scenario(machine, prec, eta_host, context if depth is None else depth)
-    pages = page_cache(geom, prec, machine.ram, routing, _WARMUP)
+    pages = page_cache(geom, prec, machine.ram, routing)
     unknown = unknowns(central, context, depth is not None) + ([disk_unknown(central)] if pages else [])
     disked = (lambda c, slots: pages.with_disk(c, slots)) if pages else (lambda c, slots: c)
     rows, placements = [], {}

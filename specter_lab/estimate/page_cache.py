@@ -10,9 +10,12 @@ misses is a disk read, and a row's share of host reads that go to disk is those 
 (at most all of them). Each read costs the disk's latency plus the expert's bytes at the disk's bandwidth, and
 the layer waits for it (a page fault blocks the read that needs it).
 
-Modelled, not measured: the routing is the estimate's (replayed from its warm-up on, the page cache starting as
-empty as the GPU's caches), and the page cache is taken as an LRU of whole experts (the kernel's is of pages,
-with read-ahead and its own aging).
+The page cache is priced in its steady state: the estimate's routing replayed twice, the misses counted on the
+second pass. A cache that starts empty would count every first touch of an expert as a disk read, even where RAM
+holds them all, and a prompt's prefill has touched most experts before decoding starts.
+
+Modelled, not measured: the routing is the estimate's, and the page cache is taken as an LRU of whole experts
+(the kernel's is of pages, with read-ahead and its own aging).
 """
 
 from __future__ import annotations
@@ -31,9 +34,10 @@ __all__ = ["PageCache", "page_cache"]
 class PageCache:
     """The host RAM's expert capacity for one estimate and the disk misses of the GPU + page-cache LRU."""
 
-    def __init__(self, slots: int, routing: np.ndarray, warmup: int) -> None:
+    def __init__(self, slots: int, routing: np.ndarray) -> None:
         self.slots = slots  # whole experts the page cache holds beside the embeddings
-        self._routing, self._warmup = routing, warmup
+        self._twice = np.concatenate([routing, routing])  # steady state: count the second pass (module doc)
+        self._warmup = len(routing)
         self._misses: dict[int, float] = {}  # GPU slots → disk reads per decode token
 
     def disk_share(self, counts: replay.Counts, gpu_slots: int) -> float:
@@ -44,7 +48,7 @@ class PageCache:
             return 0.0
         n = max(0, int(gpu_slots)) + self.slots
         if n not in self._misses:
-            self._misses[n] = replay.global_lru(self._routing, n, self._warmup).copies_per_token
+            self._misses[n] = replay.global_lru(self._twice, n, self._warmup).copies_per_token
         return min(1.0, self._misses[n] / reads)
 
     def with_disk(self, counts: replay.Counts, gpu_slots: int) -> replay.Counts:
@@ -52,8 +56,8 @@ class PageCache:
         return replace(counts, disk=(counts.copied + counts.host) * self.disk_share(counts, gpu_slots))
 
 
-def page_cache(geom: ModelGeometry, prec: WeightPrecision, ram: float | None, routing: np.ndarray,
-               warmup: int) -> PageCache | None:
+def page_cache(geom: ModelGeometry, prec: WeightPrecision, ram: float | None,
+               routing: np.ndarray) -> PageCache | None:
     """The page cache an estimate prices, or None where nothing is read from disk (``ram`` not given: assumed to
     hold everything; or it holds every routed expert beside the embeddings). Raises a ValueError naming ``ram``
     when it cannot even hold the embeddings, which the host keeps."""
@@ -67,4 +71,4 @@ def page_cache(geom: ModelGeometry, prec: WeightPrecision, ram: float | None, ro
     slots = int((ram - embed) // expert_bytes)
     if slots >= geom.moe_layers * geom.num_experts:
         return None
-    return PageCache(slots, routing, warmup)
+    return PageCache(slots, routing)
