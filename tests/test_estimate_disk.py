@@ -89,3 +89,19 @@ def test_cli_ram(capsys):
                  "--ram", "16GB", "--disk", "3.5GB/s"]) == 0
     out = capsys.readouterr().out
     assert "disk_ms" in out and "3.5 GB/s" in out and "14.9 GiB RAM for weights" in out
+
+
+def test_the_explorer_takes_ram():
+    from specter_lab.viz.estimate_view import EstimateExplorer, estimate_table
+
+    x = EstimateExplorer("mixtral-8x7b", vram="12GB", run_now=False)
+    x.ram.value = "16GB"
+    x.run()
+    assert "disk_reads_per_token" in estimate_table(x.summary["table"]).columns
+    assert "14.9 GiB RAM for weights" in x.status.value
+    x.ram.value = "lots"
+    x.run()  # a bad field is shown, not raised
+    assert "ram=&#x27;lots&#x27;: give bytes" in x.status.value
+    x.ram.value = ""
+    x.run()
+    assert "disk_reads_per_token" not in estimate_table(x.summary["table"]).columns

@@ -1,4 +1,4 @@
-"""The estimate as a notebook view: pick a config, a GPU, its VRAM, a host and the weights' format; see the
+"""The estimate as a notebook view: pick a config, a GPU, its VRAM and RAM, a host and the weights' format; see the
 placements table with its bands, the cache cliff, the time to first token and the commands (notebook 07).
 
 Everything shown comes from :meth:`specter_lab.estimate.Estimate.summary`: a MODELLED figure from a config alone,
@@ -26,8 +26,10 @@ ESTIMATE_COLUMNS = ["strategy", "tokens_per_s", "band_tok_s", "dominant_unknown"
 
 
 def estimate_table(table: pd.DataFrame) -> Table:
-    """The placements, fastest first: the columns that matter, formatted, the rest one click away."""
-    return tables.table(table, ESTIMATE_COLUMNS, digits=3,
+    """The placements, fastest first: the columns that matter, formatted, the rest one click away (with the disk
+    reads where host RAM is short, ``ram=``)."""
+    disk = ["disk_reads_per_token"] if "disk_ms" in table and table.disk_ms.max() > 0 else []
+    return tables.table(table, ESTIMATE_COLUMNS[:-1] + disk + ESTIMATE_COLUMNS[-1:], digits=3,
                         formats={"tokens_per_s": "{:.1f}".format, "hit_rate": "{:.0%}".format})
 
 
@@ -54,7 +56,7 @@ class EstimateExplorer:
 
     def __init__(self, config: str = "qwen3-30b-a3b", gpu: str = "rtx3060", vram: str = "12GB",
                  host: str = "ddr4-3200x2", weights: str = "q4_k_m", prompt: int = 2048, context: int = 4096,
-                 run_now: bool = True) -> None:
+                 ram: str = "", run_now: bool = True) -> None:
         import ipywidgets as W
 
         from ..estimate import estimate  # noqa: F401 - fail here, not on the first click, if it cannot load
@@ -68,6 +70,8 @@ class EstimateExplorer:
                                  description="config", placeholder="a bundled name or a config.json path", layout=lay)
         self.gpu = W.Combobox(value=gpu, options=sorted(CARDS), description="GPU", layout=lay)
         self.vram = W.Text(value=vram, description="VRAM", layout=W.Layout(width="160px"))
+        self.ram = W.Text(value=ram, description="RAM", placeholder="free for the model; empty: enough",
+                          layout=W.Layout(width="250px"))
         self.host = W.Combobox(value=host, options=host_examples(), description="host", layout=lay)
         self.weights = W.Dropdown(value=weights, options=list(FORMATS), description="weights",
                                   layout=W.Layout(width="190px"))
@@ -80,9 +84,9 @@ class EstimateExplorer:
         self.figure: FigurePanel | None = None  # made on the first estimate with a cache (figure_widget)
         self._show_figure = False
         self.button.on_click(lambda _: self.run())
-        for w in (self.config, self.gpu, self.vram, self.host, self.weights, self.prompt, self.context):
+        for w in (self.config, self.gpu, self.vram, self.ram, self.host, self.weights, self.prompt, self.context):
             w.observe(lambda _: self._stale(), names="value")
-        self._controls = [W.HBox([self.config, self.gpu, self.vram]),
+        self._controls = [W.HBox([self.config, self.gpu, self.vram, self.ram]),
                           W.HBox([self.host, self.weights, self.prompt, self.context, self.button])]
         self.box = W.VBox()
         self.summary: dict[str, Any] | None = None
@@ -106,7 +110,8 @@ class EstimateExplorer:
         self.status.value = "estimating …"
         try:
             e = estimate(self.config.value, gpu=self.gpu.value, vram=self.vram.value or None,
-                         host=self.host.value or None, weights=self.weights.value, context=self.context.value)
+                         host=self.host.value or None, weights=self.weights.value, context=self.context.value,
+                         ram=self.ram.value.strip() or None)
             s = self.summary = e.summary(prompt=self.prompt.value)
         except (ValueError, FileNotFoundError) as exc:
             self.status.value = f"<span style='color:#b00'>{html.escape(str(exc))}</span>"
