@@ -29,7 +29,7 @@ from ..units import parse_bytes
 from . import replay
 from .budget import RUNTIME_OVERHEAD, VramBudget, precision_for, vram_budget
 from .bands import Scenario, combine, disk_unknown, unknowns
-from .page_cache import page_cache
+from .page_cache import PageCache, page_cache
 from .placement import UserPlacement, parse_placement
 from .prefill import prefill_table
 from .sizing import CacheSizing, cache_sizing
@@ -245,21 +245,20 @@ def estimate(config, gpu: "str | HardwareProfile" = "rtx4090", vram=None, host=N
     central = Scenario(machine, prec, eta_host, context if depth is None else depth)
     pages = page_cache(geom, prec, machine.ram, routing)
     unknown = unknowns(central, context, depth is not None) + ([disk_unknown(central)] if pages else [])
-    disked = (lambda c, slots: pages.with_disk(c, slots)) if pages else (lambda c, slots: c)
     rows, placements = [], {}
     for name, counts, params, extra in _placements(geom, budget, routing):
         if isinstance(counts, dict):  # a sweep of one parameter (global_lru's cpu_share): keep the fastest
-            counts = {sh: disked(c, budget.slots) for sh, c in counts.items()}
+            counts = {sh: _with_disk(pages, c, budget.slots) for sh, c in counts.items()}
             share, counts = min(counts.items(), key=lambda sc: _price(geom, central, sc[1], extra).total_ms)
             params = {**params, "cpu_share": share}
         else:
-            counts = disked(counts, budget.slots)
+            counts = _with_disk(pages, counts, budget.slots)
         placements[name] = params
         rows.append(_priced_row(name, geom, central, unknown, counts, params, extra))
     draft, spec = speculative_rows(geom, budget, routing, _WARMUP, prec.experts.bits)
     for name, counts, pre, params in spec:
         placements[name] = params
-        counts = disked(counts, params["slots_per_layer"] * geom.moe_layers)
+        counts = _with_disk(pages, counts, params["slots_per_layer"] * geom.moe_layers)
         rows.append(_speculative_row(name, geom, central, unknown, counts, pre, params, draft))
     yours = None
     if placement is not None:
@@ -268,8 +267,8 @@ def estimate(config, gpu: "str | HardwareProfile" = "rtx4090", vram=None, host=N
                   "cpu_share": yours.cpu_share, "fits": yours.gpu_expert_bytes(geom, budget.expert_bytes)
                   <= budget.experts + 1.0, "notes": list(yours.notes)}
         placements["yours"] = params
-        counts = disked(_user_counts(yours, routing, budget),
-                        int(yours.gpu_expert_bytes(geom, budget.expert_bytes) // budget.expert_bytes))
+        counts = _with_disk(pages, _user_counts(yours, routing, budget),
+                            int(yours.gpu_expert_bytes(geom, budget.expert_bytes) // budget.expert_bytes))
         rows.append(_priced_row("yours", geom, central, unknown, counts, params, {}))
     table = pd.DataFrame(rows).sort_values("tpot_ms", kind="stable").reset_index(drop=True)
     e = Estimate(geom, machine, prec, context, budget, table, label,
@@ -332,6 +331,11 @@ def _vram_bytes(vram) -> float | None:
     if isinstance(vram, (int, float)) and not isinstance(vram, bool) and vram > 0:
         return float(vram)
     raise ValueError(f"vram={vram!r}: give bytes or a size such as '24GB' or '8GiB'.")
+
+
+def _with_disk(pages: "PageCache | None", counts: replay.Counts, gpu_slots: int) -> replay.Counts:
+    """A row's counts with its disk reads, the GPU holding ``gpu_slots`` experts (no page cache: none)."""
+    return counts if pages is None else pages.with_disk(counts, gpu_slots)
 
 
 def _size(value, name: str, example: str) -> float | None:
