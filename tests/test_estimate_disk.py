@@ -70,6 +70,11 @@ def test_the_page_cache_is_one_lru_with_the_gpus_slots():
     np.testing.assert_allclose(disked.disk, (counts.copied + counts.host) * pages.disk_share(counts, 8))
     assert pages.disk_share(replay.resident(4, 2), 8) == 0.0  # no host reads, no disk reads
     assert PageCache(24, routing).disk_share(counts, 8) == 0.0  # with the GPU's 8: all 32 experts, no first touch
+    # a static split (layers 0-1 on the GPU, 2-3 on the host): only the host layers pass through the page cache
+    static = replay.static_layers([True, True, False, False], 2)
+    host_only = np.concatenate([routing[:, 2:], routing[:, 2:]])
+    want = replay.global_lru(host_only, 6, 200).copies_per_token / float(static.host.sum())
+    assert pages.disk_share(static, 16) == pytest.approx(min(1.0, want)) and want > 0
 
 
 @pytest.mark.parametrize("kw, match", [
