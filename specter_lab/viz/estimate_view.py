@@ -70,8 +70,8 @@ class EstimateExplorer:
                                  description="config", placeholder="a bundled name or a config.json path", layout=lay)
         self.gpu = W.Combobox(value=gpu, options=sorted(CARDS), description="GPU", layout=lay)
         self.vram = W.Text(value=vram, description="VRAM", layout=W.Layout(width="160px"))
-        self.ram = W.Text(value=ram, description="RAM", placeholder="e.g. 32GB (empty: enough)",
-                          layout=W.Layout(width="250px"))
+        self.ram = W.Text(value=ram, description="RAM", placeholder="e.g. 32GB", layout=W.Layout(width="250px"),
+                          tooltip="host RAM free for the model's weights (empty: assumed to hold them all)")
         self.host = W.Combobox(value=host, options=host_examples(), description="host", layout=lay)
         self.weights = W.Dropdown(value=weights, options=list(FORMATS), description="weights",
                                   layout=W.Layout(width="190px"))
