@@ -31,6 +31,7 @@ import specter_lab as sl
 from specter_lab.offload.schedule import host_lane_time
 from specter_lab.pricing.profiles import get_profile
 from specter_lab.routing.bound import trace_bound
+from specter_lab.routing.gap import cell_gaps
 from specter_lab.routing.replay import replay_setup
 from specter_lab.routing.importing import MEASURED_DRAFT
 from specter_lab.routing.locality import TARGET_HIT_AT_HALF, lru_hit_curve
@@ -284,12 +285,13 @@ def fairness_and_gap(traces) -> None:
         tr = traces[label, BITS[b]]
         bs = trace_bound(tr, **kw)
         bd = _mean_tpot(bs)
-        lfu, lru = (_mean_tpot(trace_bound(tr, evict=e, **kw)) for e in ("lfu_decay", "lru"))
         rs = sl.replay(tr, "split_lfu", **kw)
         r = _mean_tpot(rs)
-        ev_share = (1 - bd / lfu) / (1 - bd / r)  # of the distance from the bound (1.0) down to split_lfu
-        print(f"| {label} | {h} · {b} | {bd:.2f} | {bd / lfu:.3f} | {bd / lru:.3f} | {bd / r:.3f} | "
-              f"{ev_share:.0%} / {1 - ev_share:.0%} |")
+        # sl.bound_gap's split of split_lfu's distance (its decayed-LFU variant), and the LRU variant beside it
+        (g,) = cell_gaps(tr, {"split_lfu": (r, float(np.mean([x.metrics["hit_rate"] for x in rs])))}, **kw)
+        lru = _mean_tpot(trace_bound(tr, evict="lru", **kw))
+        print(f"| {label} | {h} · {b} | {bd:.2f} | {bd / g.online_ms:.3f} | {bd / lru:.3f} | {g.x_of_bound:.3f} | "
+              f"{g.eviction_share:.0%} / {g.schedule_share:.0%} |")
         need.append((label, h, b, kw, tr, bs, bd, rs, r))
 
     print("\n## What would have to be true for an online schedule to reach 0.75 (compiled cells)\n")
