@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 
 import specter_lab as sl
+from specter_lab.routing.bound import trace_bound
 from specter_lab.studies.planner import default_candidates
 
 PROMPTS = [[5, 6, 7, 8, 9, 10], [17, 3, 99, 42, 42, 7, 200, 11]]
@@ -49,6 +50,11 @@ def test_plan_on_a_trace_predicts_what_live_planning_does(model, recorded):
     merged = feasible.merge(live.table, on="candidate", suffixes=("", "_live"))
     assert len(merged) == len(feasible) >= 10  # the plain strategies and the int4 draft at every K
     assert np.allclose(merged.predicted_tpot_ms, merged.predicted_tpot_ms_live, rtol=0, atol=0)
+    # each candidate read against the autoregressive bound of the same trace at the same memory
+    bound = np.mean([b.tpot_ms for b in trace_bound(recorded, "lru", expert_budget=0.6, **KW)])
+    np.testing.assert_allclose(feasible.x_of_bound, bound / feasible.predicted_tpot_ms, rtol=1e-12)
+    plain = feasible[~feasible.candidate.str.startswith("spec")]
+    assert (plain.x_of_bound <= 1 + 1e-9).all() and "x_of_bound" not in live.table  # no trace, no bound
     skipped = rep.table[~rep.table.feasible]
     # every speculative candidate whose draft is not the recorded int4 one (int3, int2, resident, hybrid)
     other_drafts = [c for c in default_candidates(sl.inspect_model(model).num_experts)

@@ -28,6 +28,8 @@ from ..model import inspect_model
 from .prompts import calibration_prompts
 from ..predict import KGovernor
 from ..run.quant import QuantSpec
+from ..errors import BudgetTooSmall
+from ..routing.bound import trace_bound
 from ..routing.replay import skeleton
 from ..routing.trace_file import RoutingTrace
 from .runs import SKIPPED, Cell, PromptRuns, as_source, run_cells, sweep_executor
@@ -156,7 +158,9 @@ def plan(model, tokenizer, hardware="rtx4090-pcie4", expert_budget=0.5, prompts:
     ``trace=``: calibrate by replaying a recorded or imported routing trace (seconds; ``model`` may be None) — its
     sequences are then both what the plan is chosen on and what it predicts, so record it on prompts apart from
     the ones you will judge the plan by. Candidates a trace cannot replay (draft variants that depend on the
-    cache, K beyond its chains) are rows that say so. ``executor=``: the candidates on any Executor (``"auto"``: a
+    cache, K beyond its chains) are rows that say so, and the table gains ``x_of_bound``: the autoregressive
+    bound's mean TPOT over the trace at this memory over each candidate's predicted TPOT (as ``bench`` reads
+    rows; a speculative candidate may exceed 1). ``executor=``: the candidates on any Executor (``"auto"``: a
     local process pool on a trace, :func:`~specter_lab.studies.runs.run_cells`)."""
     if trace is not None:
         info = inspect_model(skeleton(trace.config))
@@ -186,6 +190,8 @@ def plan(model, tokenizer, hardware="rtx4090-pcie4", expert_budget=0.5, prompts:
             continue
         rows.append(_row(label, strategy, opts, runs))
     table = pd.DataFrame(rows)
+    if trace is not None:  # how far each candidate is from the best any autoregressive schedule does here
+        table["x_of_bound"] = _bound_ms(trace, expert_budget, hardware, cost_shape) / table.predicted_tpot_ms
     feas = table[table.feasible]
     if feas.empty:
         raise ValueError(f"expert_budget={expert_budget!r} is too small for every candidate; give more memory.")
@@ -194,6 +200,16 @@ def plan(model, tokenizer, hardware="rtx4090-pcie4", expert_budget=0.5, prompts:
         "predicted_tpot_ms", na_position="last").reset_index(drop=True)
     return Plan(best["_strategy"], dict(best["_opts"]), float(best.predicted_tpot_ms), shown, best.candidate,
                 expert_budget=expert_budget, hardware=hardware, cost_shape=cost_shape)
+
+
+def _bound_ms(trace: RoutingTrace, expert_budget, hardware, cost_shape) -> float:
+    """The autoregressive bound's mean TPOT over the trace's sequences at this memory, as ``bench`` reads every row
+    against it (:mod:`specter_lab.routing.bound`; NaN where the budget holds no expert slot)."""
+    try:
+        bounds = trace_bound(trace, "lru", expert_budget=expert_budget, hardware=hardware, cost_shape=cost_shape)
+    except BudgetTooSmall:
+        return float("nan")
+    return float(np.mean([b.tpot_ms for b in bounds]))
 
 
 def _choose(ranked: pd.DataFrame, margin: float) -> pd.Series:
