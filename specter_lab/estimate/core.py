@@ -272,7 +272,8 @@ def estimate(config, gpu: "str | HardwareProfile" = "rtx4090", vram=None, host=N
         rows.append(_priced_row("yours", geom, central, unknown, counts, params, {}))
     table = pd.DataFrame(rows).sort_values("tpot_ms", kind="stable").reset_index(drop=True)
     e = Estimate(geom, machine, prec, context, budget, table, label,
-                 _assumptions(machine, prec, label, overhead, eta_host) + [_ram_assumption(geom, prec, machine, pages)],
+                 _assumptions(machine, prec, label, overhead, eta_host)
+                 + [_ram_assumption(geom, budget, machine, pages)],
                  placements)
     e.depth, e.unknowns = depth, {u.name: u.why for u in unknown}
     if spec:
@@ -353,8 +354,8 @@ def _size(value, name: str, example: str) -> float | None:
     raise ValueError(fix)
 
 
-def _ram_assumption(geom: ModelGeometry, prec: WeightPrecision, m: Machine, pages) -> str:
-    experts = geom.moe_layers * geom.num_experts * geom.expert_params * prec.experts.bytes_per_weight
+def _ram_assumption(geom: ModelGeometry, budget: VramBudget, m: Machine, pages) -> str:
+    experts = budget.experts_total
     if m.ram is None:
         return (f"host RAM NOT GIVEN: assumed to hold every routed expert ({experts / 2**30:.1f} GiB) and the "
                 "embeddings; give ram= (and disk=) to price experts read from disk")
