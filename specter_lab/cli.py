@@ -26,7 +26,6 @@ from .pricing.calibrate import calibrate
 from .pricing.hostcal import calibrate_host
 from .pricing.profiles import PROFILES
 from .pricing.shapes import get_cost_shape
-from .routing.gap import cell_gaps
 from .routing.record import record
 from .routing.trace_file import load_trace
 from .run.engine import Engine
@@ -211,7 +210,7 @@ def cmd_bench(a) -> int:
 
         out["regimes"] = regime_map(None, None, None, progress=not a.json, trace=trace).to_dict(orient="records")
     if a.gap:
-        out["gap"] = _bench_gaps(trace, df, cost_shape)
+        out["gap"] = bench.compare_gaps(df, trace, cost_shape=cost_shape).to_dict(orient="records")
     out["seconds"] = time.perf_counter() - t0
     if a.json:
         print(json.dumps(out, indent=1, default=lambda v: v.item() if hasattr(v, "item") else str(v)))
@@ -225,25 +224,6 @@ def cmd_bench(a) -> int:
         if not a.json:
             print(f"report written to {a.html}")
     return 0
-
-
-def _bench_gaps(trace, df, cost_shape) -> list[dict[str, Any]]:
-    """--gap: each non-speculative row's distance to the bound, split into eviction and the schedule, per cell
-    (the bound and its online-eviction variants priced once a cell; the rows' means from the table)."""
-
-    mean = df.groupby(["hardware", "expert_budget", "strategy"], sort=False)[["tpot_ms", "hit_rate"]].mean()
-    out = []
-    for (hw, budget), cell in mean.groupby(level=[0, 1], sort=False):
-        rows = {s: (r.tpot_ms, r.hit_rate) for (_, _, s), r in cell.iterrows()
-                if s in STRATEGIES and not STRATEGIES[s].speculative}
-        for g in cell_gaps(trace, rows, expert_budget=budget, hardware=hw, cost_shape=cost_shape):
-            d = g.as_dict()
-            out.append({"hardware": hw, "expert_budget": budget, **{k: d[k] for k in _GAP_COLUMNS}})
-    return out
-
-
-_GAP_COLUMNS = ("strategy", "x_of_bound", "eviction", "eviction_share", "schedule_share", "hit_rate",
-                "bound_hit_rate")
 
 
 def _bench_note(hardware, cost_shape) -> str:

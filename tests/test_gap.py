@@ -94,3 +94,17 @@ def test_bench_gap_needs_a_trace(capsys):
     assert main(["bench", "--gap", "--strategies", "lru"]) == 2  # refused before the model loads
     err = capsys.readouterr().err
     assert "--gap" in err and "add --trace FILE" in err
+
+
+def test_compare_gaps_one_row_per_cell_and_plain_strategy(trace):
+    """sl.bench.compare_gaps reads a compare table cell by cell: every non-speculative row of every
+    (hardware, budget) cell once, each the same as bound_gap at that cell."""
+    df = sl.bench.compare(None, None, ["lru", "split_lfu", "specter"], expert_budget=[0.25, 0.5],
+                          hardware=[CELL["hardware"]], cost_shape=CELL["cost_shape"], trace=trace, progress=False)
+    gaps = sl.bench.compare_gaps(df, trace, cost_shape=CELL["cost_shape"])
+    assert sorted(zip(gaps.expert_budget, gaps.strategy)) == [(0.25, "lru"), (0.25, "split_lfu"), (0.5, "lru"),
+                                                              (0.5, "split_lfu")]
+    row = gaps[(gaps.expert_budget == 0.5) & (gaps.strategy == "lru")].iloc[0]
+    g = sl.bound_gap(trace, "lru", **{**CELL, "expert_budget": 0.5})
+    assert row.x_of_bound == pytest.approx(g.x_of_bound)
+    assert row.schedule_share == pytest.approx(g.schedule_share)

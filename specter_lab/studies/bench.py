@@ -27,14 +27,16 @@ from ..pricing.published import published
 from .reproduce import paper_equal_memory, paper_header, paper_prompts, paper_waterfall, reproduce_paper
 from ..run.quant import QuantSpec
 from ..routing.bound import trace_bound, x_of_bound
+from ..routing.gap import cell_gaps
 from ..errors import BudgetTooSmall
 from ..routing.record import record
 from ..routing.trace_file import RoutingTrace
 from .runs import SKIPPED, Cell, DoesNotFit, as_source, run_cells, run_prompts, sweep_executor, workers_of
-from ..run.strategies import AUTO, BASELINES, get_strategy, strategy_names
+from ..run.strategies import AUTO, BASELINES, STRATEGIES, get_strategy, strategy_names
 from ..units import parse_budget
 
-__all__ = ["compare", "fidelity", "summarize", "heldout_prompts", "ablations", "k_sweep", "cpu_overhead",
+__all__ = ["compare", "compare_gaps", "fidelity", "summarize", "heldout_prompts", "ablations", "k_sweep",
+           "cpu_overhead",
            "BASELINES", "COMPARE_COLUMNS", "ABLATIONS", "published", "consumer_anchors", "reproduce_paper",
            "paper_waterfall", "paper_equal_memory", "paper_header", "paper_prompts"]
 
@@ -131,6 +133,27 @@ def _bounds(source, hws, budgets, cost_shape) -> dict:
             except BudgetTooSmall:
                 continue
     return out
+
+
+GAP_COLUMNS = ("strategy", "x_of_bound", "eviction", "eviction_share", "schedule_share", "hit_rate",
+               "bound_hit_rate")
+
+
+def compare_gaps(df: pd.DataFrame, trace: RoutingTrace, *, cost_shape=None) -> pd.DataFrame:
+    """Each non-speculative row of a :func:`compare` table replayed on ``trace``: its distance to the bound per
+    cell (hardware × budget), split into Belady's eviction and the rest of the clairvoyant schedule
+    (:func:`specter_lab.routing.gap.cell_gaps`; ``specter-lab bench --trace F --gap``). The rows' TPOT and hit
+    rate are the table's means over its sequences, so the bound and its online-eviction variants are priced once
+    a cell. A speculative row has no such split and is left out."""
+    mean = df.groupby(["hardware", "expert_budget", "strategy"], sort=False)[["tpot_ms", "hit_rate"]].mean()
+    out = []
+    for (hw, budget), cell in mean.groupby(level=[0, 1], sort=False):
+        rows = {s: (r.tpot_ms, r.hit_rate) for (_, _, s), r in cell.iterrows()
+                if s in STRATEGIES and not STRATEGIES[s].speculative}
+        for g in cell_gaps(trace, rows, expert_budget=budget, hardware=hw, cost_shape=cost_shape):
+            d = g.as_dict()
+            out.append({"hardware": hw, "expert_budget": budget, **{k: d[k] for k in GAP_COLUMNS}})
+    return pd.DataFrame(out, columns=["hardware", "expert_budget", *GAP_COLUMNS])
 
 
 def summarize(df: pd.DataFrame, target: str = "specter", baselines: Iterable[str] = BASELINES) -> pd.DataFrame:
