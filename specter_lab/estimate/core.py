@@ -234,8 +234,9 @@ def estimate(config, gpu: "str | HardwareProfile" = "rtx4090", vram=None, host=N
     if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or not 0 <= depth <= context):
         raise ValueError(f"depth={depth!r}: give the tokens already in the KV cache while decoding, an integer in "
                          f"[0, context={context}], or None when unknown.")
-    v = _vram_bytes(vram)
-    ram_b, disk_b = _size(ram, "ram", "'32GB' or '64GiB'"), _size(disk, "disk", "'3.5GB/s' (bytes per second)")
+    v = _size(vram, "vram", "'24GB' or '8GiB'")
+    ram_b = _size(ram, "ram", "'32GB' or '64GiB'")
+    disk_b = _size(disk, "disk", "'3.5GB/s' (bytes per second)", rate=True)
     profile, card = resolve_gpu(gpu, v)
     machine = Machine(profile, _vram(v, profile, card), get_host(host), card, ram_b, disk_b)
     geom = geometry_from_config(config)
@@ -324,29 +325,21 @@ def _user_counts(p: UserPlacement, routing: np.ndarray, budget: VramBudget) -> r
     return replay.Counts(*parts)
 
 
-def _vram_bytes(vram) -> float | None:
-    if vram is None:
-        return None
-    if isinstance(vram, str):
-        return float(parse_bytes(vram, "vram"))
-    if isinstance(vram, (int, float)) and not isinstance(vram, bool) and vram > 0:
-        return float(vram)
-    raise ValueError(f"vram={vram!r}: give bytes or a size such as '24GB' or '8GiB'.")
-
-
 def _with_disk(pages: "PageCache | None", counts: replay.Counts, gpu_slots: int) -> replay.Counts:
     """A row's counts with its disk reads, the GPU holding ``gpu_slots`` experts (no page cache: none)."""
     return counts if pages is None else pages.with_disk(counts, gpu_slots)
 
 
-def _size(value, name: str, example: str) -> float | None:
-    """``ram=`` / ``disk=``: bytes (or bytes/s) as a number or a size string; None stays None."""
+def _size(value, name: str, example: str, rate: bool = False) -> float | None:
+    """``vram=`` / ``ram=`` / ``disk=``: bytes (``rate``: bytes/s, a trailing "/s" allowed) as a number or a
+    size string; None stays None."""
     if value is None:
         return None
     fix = f"{name}={value!r}: give bytes as a positive number or a size such as {example}."
     if isinstance(value, str):
         try:
-            return float(parse_bytes(value.strip().removesuffix("/s"), name))
+            text = value.strip()
+            return float(parse_bytes(text.removesuffix("/s") if rate else text, name))
         except ValueError:
             raise ValueError(fix) from None
     if isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value) and value > 0:
