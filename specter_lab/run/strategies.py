@@ -2,9 +2,12 @@
 prefetch source, chunking, eviction, slot pool, miss rule).
 
 A :class:`Strategy` is validated when it is built, so a misspelt mechanism fails here, not inside a run. One
-function, :func:`specter_lab.run.assembly.assemble`, turns a strategy into a run's parts; nothing else reads its
-fields. Every strategy runs in the same runtime (same model, same store, same clock), so comparisons are one run
-at equal device memory.
+function, :func:`specter_lab.run.assembly.assemble`, turns a strategy into a run's parts; nothing else builds
+from its mechanism fields. Elsewhere code asks whether a strategy drafts (``speculative``) and its ``k`` (the
+planner, the replay's checks and the tables: to pick candidates, check that a trace holds long enough chains of
+drafts, and label rows), and two analyses read one field each: the planner's candidates by ``miss``, the bound's
+online-eviction twin (:mod:`specter_lab.routing.gap`) by ``eviction``. Every strategy runs in the same runtime
+(same model, same store, same clock), so comparisons are one run at equal device memory.
 
 Adding a mechanism: a class where the mechanism lives (e.g. a miss rule in ``offload/mechanisms.py``), its name
 in the ``Literal`` alias below, and one line in the assembly that builds it.
