@@ -1,7 +1,9 @@
 """The bound (sl.bound): the clairvoyant schedule's TPOT of a recorded sequence is below every non-speculative
 strategy's replayed TPOT, equals the all-resident run where every expert fits, and its eviction is Belady's; its
-analysis variants (initial="prompt", evict="lru"/"lfu_decay") never miss less and refuse bad values early."""
+analysis variants (initial="prompt", evict="lru"/"lfu_decay") never miss less, lead= only delays copies, and all
+refuse bad values early."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -202,3 +204,49 @@ def test_a_bad_variant_is_refused_before_any_work(model, random_trace):
         bound_of(eng.setup, eng.info, "not even a sequence", initial="oracle")
     with pytest.raises(OptionError, match="evict="):  # before the trace is looked at
         trace_bound(None, evict="LRU")
+
+
+@pytest.mark.parametrize("budget", [0.25, 0.35])
+def test_lead_only_delays_copies(model, random_trace, bundled_trace, budget):
+    """With every miss copied and Belady's eviction the copies and victims do not depend on time, so limiting how
+    early a copy may start (lead=) changes no miss and can only delay: TPOT(lead=0) >= TPOT(lead=3) >=
+    TPOT(lead=math.inf: anywhere within the token) >= the bound's unlimited foresight, and somewhere strictly."""
+    strict = 0
+    for trace, m in ((random_trace, model), (bundled_trace, sl.load_model("tiny")[0])):
+        eng = sl.Engine(m, None, "lru", expert_budget=budget, hardware="a100-40g-pcie4@compiled",
+                        cost_shape="deepseek-v2-lite@full")
+        slots = eng.split.budget_bytes // eng.cost.expert_bytes
+        for seq in trace.sequences:
+            prob = _Problem.of(seq, eng.info, eng.cost, None)
+            for pool in POOLS:
+                runs = [_simulate(prob, slots, pool, "belady", "copy", lead=lead) for lead in (0, 3, math.inf, None)]
+                assert len({r.misses for r in runs}) == 1 and len({r.copies for r in runs}) == 1
+                tpots = [r.tpot for r in runs]
+                assert all(a >= b - 1e-12 for a, b in zip(tpots, tpots[1:])), (pool, tpots)
+                strict += tpots[0] > tpots[-1] + 1e-9
+    assert strict > 0
+
+
+def test_lead_through_the_public_options(bundled_trace):
+    """lead= names itself in the schedule and the assumptions, counts the priced model's layers (under @full one
+    run layer is depth_scale real ones, so a lead of depth_scale layers reaches one run layer back) and refuses a
+    bad value before any work."""
+    kw = dict(expert_budget=0.35, hardware="a100-40g-pcie4@compiled", cost_shape="deepseek-v2-lite@full",
+              evict="lfu_decay", initial="prompt")
+    r = trace_bound(bundled_trace, lead=2, **kw)[0]
+    assert r.schedule.endswith("lead 2") and "at most 2 layer(s) before the router asks, within the token" in \
+        r.assumptions
+    assert trace_bound(bundled_trace, lead=None, **kw) == trace_bound(bundled_trace, **kw)
+    eng = sl.Engine(sl.load_model("tiny")[0], None, "lru", expert_budget=0.35, hardware=kw["hardware"],
+                    cost_shape=kw["cost_shape"])
+    prob = _Problem.of(bundled_trace.sequences[0], eng.info, eng.cost, None)
+    slots = eng.split.budget_bytes // eng.cost.expert_bytes
+    assert prob.scale == eng.cost.depth_scale > 1
+    one_run_layer = _simulate(prob, slots, "layer", "prompt", "greedy", "lfu_decay", lead=prob.scale)
+    unscaled = _simulate(dataclasses.replace(prob, scale=1.0), slots, "layer", "prompt", "greedy", "lfu_decay", lead=1)
+    assert one_run_layer == unscaled
+    assert trace_bound(bundled_trace, lead=math.inf, **kw)[0].schedule.endswith("lead: the token")
+    for bad in (-1, "2", True, float("nan"), -math.inf):
+        with pytest.raises(OptionError, match="lead=") as e:
+            trace_bound(None, lead=bad)
+        assert e.value.argument == "lead"

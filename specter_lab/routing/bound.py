@@ -58,6 +58,14 @@ so the step from the bound to the variant is what that piece of clairvoyance is 
   less than Belady's (MIN), but its TPOT can end a few percent *below* the bound's on short sequences: an
   eviction that misses more can free a slot sooner (6 of 162 sequence × setting cells of 14–40-token test
   sequences, by up to 4 %; none of the 256-token cells of ``docs/measured/closer_to_bound.md``).
+* ``lead=N``: a copy starts no earlier than N layers of the priced model before its router asks (``lead=0``:
+  when it asks; ``math.inf``: anywhere in its token), and never before its token's forward began: the foresight
+  of a perfect pre-gating predictor (layer l's router run on an earlier layer's state), against the bound's
+  unlimited foresight, which starts a copy whenever the link and a slot are free, tokens ahead. N counts the
+  priced model's layers: under a ``@full`` projection one run layer stands for ``depth_scale`` real ones, so N
+  real layers are N / ``depth_scale`` of the device time between two of the run's routers (the last such gap,
+  for a token's first layer). With ``evict="lfu_decay"`` and ``initial="prompt"`` it reads what an online
+  schedule with that predictor could reach.
 """
 
 from __future__ import annotations
@@ -126,19 +134,20 @@ def bound_column(df, bound: str = "bound_tpot_ms", tpot: str = "tpot_ms"):
     return df[bound] / df[tpot].where(df[tpot] > 0)
 
 
-def bound(engine, seq: RoutedSequence, *, initial: str = "clairvoyant", evict: str = "belady") -> BoundResult:
+def bound(engine, seq: RoutedSequence, *, initial: str = "clairvoyant", evict: str = "belady",
+          lead: "float | None" = None) -> BoundResult:
     """The TPOT of the fastest clairvoyant non-speculative schedule of ``seq`` at ``engine``'s device memory,
     profile, execution mode and cost shape (see the module docstring for what is and is not bounded).
     ``engine``: an :class:`~specter_lab.run.engine.Engine` (anything with ``.setup`` and ``.info``).
-    ``initial="prompt"`` / ``evict="lru"|"lfu_decay"``: the analysis variants (module docstring); the defaults
-    are the bound."""
-    return bound_of(engine.setup, engine.info, seq, initial=initial, evict=evict)
+    ``initial="prompt"`` / ``evict="lru"|"lfu_decay"`` / ``lead=layers``: the analysis variants (module docstring);
+    the defaults are the bound."""
+    return bound_of(engine.setup, engine.info, seq, initial=initial, evict=evict, lead=lead)
 
 
 def bound_of(setup: RunSetup, info: MoEModelInfo, seq: RoutedSequence, *, initial: str = "clairvoyant",
-             evict: str = "belady") -> BoundResult:
+             evict: str = "belady", lead: "float | None" = None) -> BoundResult:
     """:func:`bound` from a run set-up and the model's info alone (what :func:`trace_bound` uses: no Engine)."""
-    check_variant(initial, evict)
+    check_variant(initial, evict, lead)
     if not isinstance(seq, RoutedSequence):
         raise TypeError(f"seq must be a RoutedSequence (trace.sequences[i]), got {type(seq).__name__}.")
     cost = setup.cost
@@ -152,46 +161,55 @@ def bound_of(setup: RunSetup, info: MoEModelInfo, seq: RoutedSequence, *, initia
     host_wb = setup.host_dtype.itemsize if setup.host_dtype is not None else None
     prob = _Problem.of(seq, info, cost, host_wb)
     variants = VARIANTS if initial == "clairvoyant" else tuple(itertools.product(POOLS, ("prompt",), MISSES))
-    results = {v: _simulate(prob, pool, *v, evict=evict) for v in variants}
+    results = {v: _simulate(prob, pool, *v, evict=evict, lead=lead) for v in variants}
     best = min(variants, key=lambda v: results[v].tpot)
     r, n = results[best], prob.forwards
     ms = 1e3 / n
     what = "clairvoyant" if evict == "belady" else f"{evict} eviction (online), copies timed clairvoyantly"
+    if lead is not None:
+        what += (", copies started within the token" if math.isinf(lead) else
+                 f", copies started at most {lead:g} layer(s) before the router asks, within the token")
     if initial == "prompt":
         what += ", starting from the prompt's experts"
     return BoundResult(r.tpot * 1e3, r.busy * ms, r.copy_wait * ms, r.host_wait * ms, r.misses, r.copies,
-                       r.host, n, pool, _label(best, evict),
+                       r.host, n, pool, _label(best, evict, lead),
                        f"simulated, {what}, non-speculative; pool {pool} slots; {cost.assumptions}",
-                       {_label(v, evict): results[v].tpot * 1e3 for v in variants})
+                       {_label(v, evict, lead): results[v].tpot * 1e3 for v in variants})
 
 
 def trace_bound(trace: RoutingTrace, strategy="lru", *, sequences: "Sequence[int] | None" = None,
-                initial: str = "clairvoyant", evict: str = "belady", **options) -> list[BoundResult]:
+                initial: str = "clairvoyant", evict: str = "belady", lead: "float | None" = None,
+                **options) -> list[BoundResult]:
     """:func:`bound` of every recorded sequence (or those in ``sequences``) at the device memory, profile and cost
     shape a replay with these ``options`` would have (``strategy``: the row the bound is read against;
     only its budget split matters, e.g. a speculative one's ``cache_slots`` count its draft's bytes).
-    ``initial`` / ``evict``: the analysis variants (module docstring; ``evict``, not ``eviction``, which is the
-    strategy's option and passes on to the set-up with the other ``options``)."""
-    check_variant(initial, evict)
+    ``initial`` / ``evict`` / ``lead``: the analysis variants (module docstring; ``evict``, not ``eviction``,
+    which is the strategy's option and passes on to the set-up with the other ``options``)."""
+    check_variant(initial, evict, lead)
     if strategy == "auto" or hasattr(strategy, "engine_kwargs"):
         strategy = "lru"  # a plan's choice does not change the device memory the bound is priced at
     setup, info = replay_setup(trace, strategy, check=False, **options)
     picked = range(len(trace.sequences)) if sequences is None else list(sequences)
-    return [bound_of(setup, info, trace.sequences[i], initial=initial, evict=evict) for i in picked]
+    return [bound_of(setup, info, trace.sequences[i], initial=initial, evict=evict, lead=lead) for i in picked]
 
 
-def check_variant(initial: str, evict: str) -> None:
+def check_variant(initial: str, evict: str, lead: "float | None" = None) -> None:
     """Refuse an unknown analysis variant before any work (:class:`~specter_lab.errors.OptionError`)."""
     for name, value, choices in (("initial", initial, INITIAL_POOLS), ("evict", evict, EVICTIONS)):
         if value not in choices:
             raise OptionError(f"{name}={value!r} is not a variant of the bound; use one of {list(choices)} (the "
                               f"first, {choices[0]!r}, is the bound itself).", name, value, choices)
+    if lead is not None and (isinstance(lead, bool) or not isinstance(lead, (int, float)) or not lead >= 0):
+        raise OptionError(f"lead={lead!r}: give how many of the priced model's layers ahead a copy may start, a "
+                          "number >= 0 (0: when the router asks; math.inf: anywhere in its token), or None for the "
+                          "bound's unlimited foresight.", "lead", lead, ("None", "0, 1, 2.5, …, math.inf"))
 
 
-def _label(variant: tuple[str, str, str], evict: str = "belady") -> str:
+def _label(variant: tuple[str, str, str], evict: str = "belady", lead: "float | None" = None) -> str:
     pool, init, miss = variant
     misses = {"copy": "misses copied", "greedy": "each expert copy-or-host, greedy", "host": "misses on the host"}[miss]
-    return f"{pool} pool, {init} initial set, {misses}" + ("" if evict == "belady" else f", {evict} eviction")
+    return (f"{pool} pool, {init} initial set, {misses}" + ("" if evict == "belady" else f", {evict} eviction")
+            + ("" if lead is None else ", lead: the token" if math.isinf(lead) else f", lead {lead:g}"))
 
 
 # --------------------------------------------------------------------------------------------- the simulation
@@ -210,6 +228,7 @@ class _Problem:
     num_experts: list[int]
     stride: int
     uses: NextUse  # key → request times it is asked at
+    scale: float = 1.0  # layers of the priced model one run layer stands for (the cost shape's depth)
     prompt: list[int] = field(default_factory=list)  # the prefill's experts, most used first (initial="prompt")
 
     @property
@@ -236,7 +255,7 @@ class _Problem:
         return cls(requests, [cost.dense_layer_time(1, p + i) for i in range(seq.decode.shape[0])],
                    cost.head_time(1), cost.copy_time(cost.expert_bytes), {n: cost.expert_time(n) for n in sizes},
                    {n: host_lane_time(cost, n, host_wb) for n in sizes}, L, [l.num_experts for l in info.layers],
-                   stride, NextUse(uses), sorted(asked, key=lambda k: (-asked[k], k)))
+                   stride, NextUse(uses), cost.depth_scale, sorted(asked, key=lambda k: (-asked[k], k)))
 
 
 class _Timed:
@@ -371,8 +390,10 @@ def _initial(prob: _Problem, pools: list[_Timed], pool_of, init: str) -> None:
             pool.insert(key, -math.inf, -1)
 
 
-def _simulate(prob: _Problem, slots: int, pool_kind: str, init: str, miss: str, evict: str = "belady") -> _Outcome:
-    """One clairvoyant schedule's decode time (see the module docstring), on its own three-lane clock."""
+def _simulate(prob: _Problem, slots: int, pool_kind: str, init: str, miss: str, evict: str = "belady",
+              lead: "float | None" = None) -> _Outcome:
+    """One clairvoyant schedule's decode time (see the module docstring), on its own three-lane clock.
+    ``lead``: the ``lead`` variant (module docstring; None: copies start whenever the link and slot allow)."""
     L = prob.layers
     if pool_kind == "global":
         pools, pool_of = [_new_pool(evict, slots, prob)], (lambda key: 0)
@@ -382,12 +403,25 @@ def _simulate(prob: _Problem, slots: int, pool_kind: str, init: str, miss: str, 
     _initial(prob, pools, pool_of, init)
     out = _Outcome()
     compute_t = copy_t = host_t = 0.0
+    # lead: run layers of foresight (a run layer stands for depth_scale layers of the priced model), spent on
+    # the device time between two routers, never reaching before the token's forward began
+    ahead = None if lead is None else lead / prob.scale
+    asked = span = token_start = 0.0  # the last router's time, the last gap between routers, this forward's start
     for t, req in enumerate(prob.requests):
         i, l = divmod(t, L)
         pool = pools[pool_of(l * prob.stride)]
+        if l == 0:
+            token_start = compute_t
         compute_t += prob.dense[i]
         out.busy += prob.dense[i]
         dense_end = compute_t
+        if l > 0:
+            span = dense_end - asked
+        asked = dense_end
+        if ahead is None:
+            earliest = -math.inf
+        else:
+            earliest = token_start if math.isinf(ahead) else max(token_start, dense_end - ahead * span)
         dev: list[tuple[float, float, int]] = []
         host_ends: list[float] = []
         deferred: list[int] = []
@@ -416,7 +450,7 @@ def _simulate(prob: _Problem, slots: int, pool_kind: str, init: str, miss: str, 
                 host_ends.append(h_end)
                 out.host += 1
                 continue
-            c_end = max(copy_t, pool.free_at(victim)) + prob.copy
+            c_end = max(copy_t, pool.free_at(victim), earliest) + prob.copy
             if miss != "copy":
                 h_max = max(host_ends, default=-math.inf)
                 end_copy = max(_finish(dense_end, dev + [(c_end, prob.expert[n], key)]), h_max)
