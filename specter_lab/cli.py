@@ -372,9 +372,11 @@ def _print_bench(out, df, summ, a, n_prompts, new_tokens) -> None:
     for key, title in (("ablations", "Ablations (specter, lowest budget, first profile)"),
                        ("k_sweep", "K sweep"), ("cpu_overhead", "CPU wall-clock vs HF generate (full budget)"),
                        ("regimes", "Regime map"),
-                       ("gap", "Distance to the bound, split (non-speculative rows; eviction_share: what Belady's "
-                               "eviction is worth against the row's online policy, schedule_share: the rest, copies "
-                               "started before the router asks and the copy-or-host choice; sl.bound_gap)")):
+                       ("gap", "Distance to the bound, split (non-speculative rows; sl.bound_gap): eviction_share, "
+                               "what Belady's eviction is worth against the row's online policy; across_tokens, "
+                               "copies started in earlier tokens (a draft's reach); within_token, copies started "
+                               "before the router asks (a pre-gating predictor's); initial_set, residents chosen "
+                               "knowing the sequence; rest, the row's own rules")):
         if key in out:
             print(f"\n{title}:")
             print(_fmt(pd.DataFrame(out[key])))

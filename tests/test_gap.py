@@ -41,6 +41,15 @@ def test_its_parts_are_the_replay_and_the_bound(trace, strategy, online):
                                         rel=1e-12)
     assert g.bound_ms <= g.tpot_ms and g.x_of_bound == pytest.approx(g.bound_ms / g.tpot_ms)
     assert g.eviction_share + g.schedule_share == pytest.approx(1.0)
+    # the schedule's part, by how far ahead the online-eviction schedule may start its copies
+    for ms, lead, initial in ((g.token_ms, math.inf, "clairvoyant"), (g.router_ms, 0, "clairvoyant"),
+                              (g.start_ms, 0, "prompt")):
+        assert ms == pytest.approx(_mean(b.tpot_ms for b in trace_bound(trace, evict=online, lead=lead,
+                                                                        initial=initial, **CELL)), rel=1e-12)
+    assert g.across_tokens_share + g.within_token_share + g.initial_set_share + g.rest_share == pytest.approx(
+        g.schedule_share)
+    assert g.bound_ms / g.start_ms - g.bound_ms / g.tpot_ms == pytest.approx(g.rest_share * (1 - g.x_of_bound))
+    assert f"{g.within_token_share:.0%} earlier in the token" in g.summary()
     assert 0 < g.bound_hit_rate <= 1 and g.hit_rate <= g.bound_hit_rate  # Belady's hits the most
     assert f"{g.x_of_bound:.2f} of the bound" in g.summary() and "simulated" in g.assumptions
 
@@ -107,4 +116,5 @@ def test_compare_gaps_one_row_per_cell_and_plain_strategy(trace):
     row = gaps[(gaps.expert_budget == 0.5) & (gaps.strategy == "lru")].iloc[0]
     g = sl.bound_gap(trace, "lru", **{**CELL, "expert_budget": 0.5})
     assert row.x_of_bound == pytest.approx(g.x_of_bound)
-    assert row.schedule_share == pytest.approx(g.schedule_share)
+    assert row.within_token_share == pytest.approx(g.within_token_share)
+    assert row.rest_share == pytest.approx(g.rest_share)
