@@ -58,13 +58,14 @@ so the step from the bound to the variant is what that piece of clairvoyance is 
   less than Belady's (MIN), but its TPOT can end a few percent *below* the bound's on short sequences: an
   eviction that misses more can free a slot sooner (6 of 162 sequence × setting cells of 14–40-token test
   sequences, by up to 4 %; none of the 256-token cells of ``docs/measured/closer_to_bound.md``).
-* ``lead=N``: a copy starts no earlier than N layers of the priced model before its router asks (``lead=0``:
-  when it asks; ``math.inf``: anywhere in its token), and never before its token's forward began: the foresight
-  of a perfect pre-gating predictor (layer l's router run on an earlier layer's state), against the bound's
-  unlimited foresight, which starts a copy whenever the link and a slot are free, tokens ahead. N counts the
-  priced model's layers: under a ``@full`` projection one run layer stands for ``depth_scale`` real ones, so N
-  real layers are N / ``depth_scale`` of the device time between two of the run's routers (the last such gap,
-  for a token's first layer). With ``evict="lfu_decay"`` and ``initial="prompt"`` it reads what an online
+* ``lead=N``: a copy starts no earlier than N of the run's layers before its router asks (``lead=0``: when it
+  asks; ``math.inf``: anywhere in its token; fractions allowed, each layer's time taken as the last gap between
+  two routers), and never before its token's forward began: the foresight of a perfect pre-gating predictor
+  (layer l's router run on an earlier layer's state), against the bound's unlimited foresight, which starts a copy
+  whenever the link and a slot are free, tokens ahead. Under a ``@full`` projection a run layer's work and its
+  experts' copies are both priced ``depth_scale`` times a real layer's, so N run layers of lead hide what N real
+  layers hide in the real model; but a run token has fewer layers, so the token's start cuts a forecast short
+  more often than it would there. With ``evict="lfu_decay"`` and ``initial="prompt"`` it reads what an online
   schedule with that predictor could reach.
 """
 
@@ -200,7 +201,7 @@ def check_variant(initial: str, evict: str, lead: "float | None" = None) -> None
             raise OptionError(f"{name}={value!r} is not a variant of the bound; use one of {list(choices)} (the "
                               f"first, {choices[0]!r}, is the bound itself).", name, value, choices)
     if lead is not None and (isinstance(lead, bool) or not isinstance(lead, (int, float)) or not lead >= 0):
-        raise OptionError(f"lead={lead!r}: give how many of the priced model's layers ahead a copy may start, a "
+        raise OptionError(f"lead={lead!r}: give how many layers ahead of its router a copy may start, a "
                           "number >= 0 (0: when the router asks; math.inf: anywhere in its token), or None for the "
                           "bound's unlimited foresight.", "lead", lead, ("None", "0, 1, 2.5, …, math.inf"))
 
@@ -228,7 +229,6 @@ class _Problem:
     num_experts: list[int]
     stride: int
     uses: NextUse  # key → request times it is asked at
-    scale: float = 1.0  # layers of the priced model one run layer stands for (the cost shape's depth)
     prompt: list[int] = field(default_factory=list)  # the prefill's experts, most used first (initial="prompt")
 
     @property
@@ -255,7 +255,7 @@ class _Problem:
         return cls(requests, [cost.dense_layer_time(1, p + i) for i in range(seq.decode.shape[0])],
                    cost.head_time(1), cost.copy_time(cost.expert_bytes), {n: cost.expert_time(n) for n in sizes},
                    {n: host_lane_time(cost, n, host_wb) for n in sizes}, L, [l.num_experts for l in info.layers],
-                   stride, NextUse(uses), cost.depth_scale, sorted(asked, key=lambda k: (-asked[k], k)))
+                   stride, NextUse(uses), sorted(asked, key=lambda k: (-asked[k], k)))
 
 
 class _Timed:
@@ -403,9 +403,9 @@ def _simulate(prob: _Problem, slots: int, pool_kind: str, init: str, miss: str, 
     _initial(prob, pools, pool_of, init)
     out = _Outcome()
     compute_t = copy_t = host_t = 0.0
-    # lead: run layers of foresight (a run layer stands for depth_scale layers of the priced model), spent on
-    # the device time between two routers, never reaching before the token's forward began
-    ahead = None if lead is None else lead / prob.scale
+    # lead: run layers of foresight, each as long as the last gap between two routers, never reaching before the
+    # token's forward began
+    ahead = lead
     asked = span = token_start = 0.0  # the last router's time, the last gap between routers, this forward's start
     for t, req in enumerate(prob.requests):
         i, l = divmod(t, L)
