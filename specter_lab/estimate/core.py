@@ -76,6 +76,7 @@ NOT_ESTIMATED = {
     "split_lru": f"{_UNMODELLED} (the per-token split of misses between device and host by lane)",
     "split_lfu": f"{_UNMODELLED} (the per-token split by lane, decayed-LFU eviction)",
     "split_arc": f"{_UNMODELLED} (the per-token split by lane, adaptive-replacement eviction)",
+    "pregate_split": "needs the next layer's router predictions, which a config alone does not give",
     "specter_split": f"{_UNMODELLED} (the forecast's link-bounded copies and the split by lane)",
 }
 

@@ -153,30 +153,68 @@ class BalancedMisses:
     longest-processing-time rule), each where the layer's finish ``max(device end, host end)`` is earlier, after
     crediting the copy with :meth:`MissPolicy.reuse_value` (the expert stays and is a hit at its later uses; the
     victim's later uses go to the host). A tie is copied. The placement is greedy, not optimal; the bound
-    (:mod:`specter_lab.routing.bound`) prices the same two lanes with the future known."""
+    (:mod:`specter_lab.routing.bound`) prices the same two lanes with the future known.
+
+    Pre-gated (``pregated``): one layer ahead, the next layer's forecast is placed the same way with its copies
+    starting now, and only the ones placed on the copy lane are prefetched (a blind prefetch of every forecast
+    expert floods the link where a copy outlasts a layer: 0.41–0.56 of the bound against ``split_lfu``'s
+    0.62–0.72 in ``docs/measured/closer_to_bound.md``'s compiled cells, a perfect forecast, one-off). When the
+    layer comes, a resident whose copy is still landing is placed like a miss without the reuse credit (the copy
+    lands and stays either way): the device waits for it, or the host computes it now."""
 
     policy: MissPolicy
+    # pre-gated prefetch (a ``prefetch="gate"`` row): prefetch ahead only what the placement would copy
+    # (:meth:`copies_ahead`), and place a resident whose copy is still landing too (wait for it, or the host)
+    pregated: bool = False
 
-    def on_host(self, schedule, fwd, layer, missing, counts) -> list[int]:
-        pol, c, clock = self.policy, schedule.cost, schedule.clock
-        pol.observe(layer, fwd.routing[layer])
+    def on_host(self, schedule, fwd, layer, missing, counts, late: "dict[int, float] | None" = None) -> list[int]:
+        self.policy.observe(layer, fwd.routing[layer])
+        return self._place(schedule, layer, missing, counts, _link_backlog(schedule.clock), late or {})
+
+    def copies_ahead(self, schedule, layer: int, predicted: dict[int, int], ahead: float) -> list[int]:
+        """Of a forecast of ``layer``'s routing (expert → tokens), the misses this rule would copy if their copies
+        started now, ``ahead`` seconds before the layer's router asks: what a pre-gated prefetch issues. The rest
+        are left to the layer's own placement when it comes (the bound's ``lead=`` prices this foresight when the
+        forecast is perfect)."""
+        where = schedule.store.slots[layer].where
+        missing = [e for e in predicted if e not in where]
+        if not missing:
+            return []
+        link = _link_backlog(schedule.clock) - ahead
+        on_host = set(self._place(schedule, layer, missing, predicted, link, {}))
+        return [e for e in missing if e not in on_host]
+
+    def _place(self, schedule, layer, missing, counts, link: float, late: dict[int, float]) -> list[int]:
+        """The greedy placement (class docstring): the misses and late residents that run on the host. ``link``:
+        seconds from the router until the copy lane is free (negative: free before it asks)."""
+        pol, c = self.policy, schedule.cost
         victim = _victim(schedule.store, layer, counts)
         saving = schedule.host_time(1) - c.expert_time(1)
         miss_set = set(missing)
-        dev = sum(c.expert_time(n) for e, n in counts.items() if e not in miss_set)
-        link = _link_backlog(clock)
+        dev = sum(c.expert_time(n) for e, n in counts.items() if e not in miss_set and e not in late)
         t_copy = c.copy_time(c.expert_bytes)
         host_end = 0.0
         on_host = []
+        # residents still landing: wait for the copy on the device, or compute on the host now (the copy lands
+        # anyway and stays for later uses, so no reuse is credited either way); the soonest landing first
+        for e in sorted(late, key=lambda x: (late[x], x)):
+            n = counts[e]
+            dev_if_wait = max(dev, late[e]) + c.expert_time(n)
+            host_if = host_end + schedule.host_time(n)
+            if max(dev_if_wait, host_end) <= max(dev, host_if):
+                dev = dev_if_wait
+            else:
+                host_end = host_if
+                on_host.append(e)
         for e in sorted(missing, key=lambda x: (-counts[x], x)):
             n = counts[e]
-            land = link + t_copy
+            land = max(0.0, link + t_copy)
             dev_if_copy = max(dev, land) + c.expert_time(n)
             host_if = host_end + schedule.host_time(n)
             finish_copy = max(dev_if_copy, host_end) - pol.reuse_value(layer, e, victim, saving)
             finish_host = max(dev, host_if)
             if finish_copy <= finish_host:
-                dev, link = dev_if_copy, land
+                dev, link = dev_if_copy, link + t_copy
             else:
                 host_end = host_if
                 on_host.append(e)

@@ -165,11 +165,16 @@ class LayerSchedule:
         self.trace.cache_many(layer, resident, "hit", now)
         self.trace.cache_many(layer, missing, "miss", now)
         # Host execution: issue the host's experts first, so they run while the device computes its own.
-        jobs = self._issue_host(fwd, layer, self._host_misses(fwd, layer, missing, counts), counts, now, math)
+        late = self._late(fwd, layer, resident, now)
+        jobs = self._issue_host(fwd, layer, self._host_misses(fwd, layer, missing, counts, late), counts, now, math)
         missing = [e for e in missing if e not in jobs]
+        resident = [e for e in resident if e not in jobs]
         loaded, deferred = self._issue_demand(layer, set(ids), missing, now)
         if self.gate_lookahead and math is not None and layer + 1 < self.info.num_layers:
-            self._gate_prefetch(layer + 1, math.gate_prediction(layer + 1))
+            predicted = math.gate_prediction(layer + 1)
+            if self._pregated(fwd, now):
+                predicted = self._worth_copying_ahead(fwd, layer + 1, predicted, counts, jobs, now, n_tokens)
+            self._gate_prefetch(layer + 1, predicted)
         outs = {e: self._compute(fwd, layer, e, counts[e], store.lookup(layer, e), math) for e in resident + loaded}
         # Fewer slots than experts: stream the rest through slots whose experts are done.
         pending = set(deferred)  # streamed ones leave it as they are computed
@@ -214,15 +219,50 @@ class LayerSchedule:
             self.store.prefetch(nxt, e, protected=protect)
 
     # ------------------------------------------------------------------ host execution
-    def _host_misses(self, fwd, layer: int, missing: list[int], counts: dict[int, int]) -> list[int]:
+    def _pregated(self, fwd, now) -> bool:
+        """Does this decode forward place its pre-gated prefetches (a split miss rule with ``pregated``, on a clock
+        that can say mid-run when copies land)? Elsewhere gate lookahead prefetches every forecast expert."""
+        return (getattr(self.miss, "pregated", False) and fwd.phase != "prefill" and now is not None
+                and self.clock.readable_midrun)
+
+    def _worth_copying_ahead(self, fwd, nxt: int, predicted: list[tuple[int, int]], counts, jobs, now,
+                             n_tokens: int) -> list[tuple[int, int]]:
+        """The forecast of layer ``nxt`` cut to its residents and the misses the split would copy if their copies
+        started now, ahead of that layer's router by this layer's remaining work (its device experts, or its host
+        experts if they end later) and the next dense part."""
+        device = sum(self.cost.expert_time(counts[e]) for e in counts if e not in jobs)
+        host = max((self.clock.elapsed(now, span.end) for span, _ in jobs.values()), default=0.0)
+        ahead = max(device, host) + self.cost.dense_layer_time(n_tokens, fwd.pos0)
+        keep = set(self.miss.copies_ahead(self, nxt, dict(predicted), ahead))
+        where = self.store.slots[nxt].where
+        return [(e, c) for e, c in predicted if e in keep or e in where]
+
+    def _late(self, fwd, layer: int, resident: list[int], now) -> dict[int, float]:
+        """Residents whose copy (a prefetch still in flight) lands after ``now``: expert → seconds until it lands
+        (only where pre-gated prefetches are placed: :meth:`_pregated`; empty elsewhere)."""
+        if not self._pregated(fwd, now) or layer in self.host_layers:
+            return {}
+        out = {}
+        for e in resident:
+            h = self.store.ready(layer, self.store.slots[layer].where[e])
+            if h is not None:
+                wait = self.clock.elapsed(now, h)
+                if wait > 0:
+                    out[e] = wait
+        return out
+
+    def _host_misses(self, fwd, layer: int, missing: list[int], counts: dict[int, int],
+                     late: "dict[int, float] | None" = None) -> list[int]:
         """The misses this forward computes on the host: every one on a host layer (static split); none in the
         prefill (its many tokens make a copy pay); else what the strategy's miss rule says."""
-        if not missing:
+        if not missing and not late:
             return []
         if layer in self.host_layers:
             return list(missing)
         if fwd.phase == "prefill":
             return []
+        if late:
+            return self.miss.on_host(self, fwd, layer, missing, counts, late=late)
         return self.miss.on_host(self, fwd, layer, missing, counts)
 
     def host_time(self, n: int) -> float:

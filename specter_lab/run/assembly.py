@@ -87,7 +87,10 @@ def miss_rule(st: Strategy, store: ExpertStore) -> MissRule:
     if st.miss in ("auto", "balance"):
         layers = store.info.layers
         policy = MissPolicy([l.num_experts for l in layers], store.slots_per_layer, [l.top_k for l in layers])
-        return CostedMisses(policy) if st.miss == "auto" else BalancedMisses(policy)
+        if st.miss == "auto":
+            return CostedMisses(policy)
+        # with pre-gated prefetch the split also places the prefetches still landing when their layer comes
+        return BalancedMisses(policy, pregated=st.prefetch == "gate")
     return ShareMisses(st.cpu_share) if st.cpu_share else CopyMisses()
 
 

@@ -185,6 +185,10 @@ STRATEGIES: dict[str, Strategy] = {
                  "ends the layer sooner, a copy credited with its expected reuse; LRU cache"),
         Strategy("split_lfu", miss="balance", eviction="lfu_decay", description="split_lru with decayed-LFU "
                  "eviction"),
+        Strategy("pregate_split", prefetch="gate", miss="balance", eviction="lfu_decay", description="split_lfu "
+                 "with pre-gated prefetch (Pre-gated MoE, ProMoE): layer l+1's router on layer l's state forecasts "
+                 "its experts; the split copies ahead only the ones its placement would copy when that layer "
+                 "comes, and a copy still landing then may run on the host instead"),
         Strategy("split_arc", miss="balance", eviction="arc", description="split_lru with adaptive replacement "
                  "(ARC) eviction: recency against repeated use, balanced by which ghost list a returning expert "
                  "comes from"),
