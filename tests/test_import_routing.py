@@ -153,10 +153,8 @@ def test_defaults_are_the_measured_table_and_every_speculative_strategy_replays(
 
 def test_not_recorded_slots_are_no_lookup_on_every_path(model):
     src = _random_routing(model, 40, seed=4, holes=0.3)
-    trace = import_routing(src, model.config, acceptance=0.6)
+    trace = import_routing(src, model.config, acceptance=0.6, gate_recall=0.7)  # gate rows replay too
     for name, st in sl.STRATEGIES.items():
-        if name in ("auto", "gate_lookahead"):
-            continue
         kw = dict(expert_budget=0.5) if st.static else dict(cache_slots=3)
         for k in ((8, "auto") if st.speculative else (None,)):
             res = sl.replay(trace, name, **kw, **({"k": k} if k else {}))[0]
@@ -169,10 +167,11 @@ def test_not_recorded_slots_are_no_lookup_on_every_path(model):
                 assert len(decode) == int((trace.sequences[0].decode >= 0).sum())
 
 
-def test_gate_lookahead_is_refused_on_an_import(model):
+def test_gate_lookahead_is_refused_on_an_import_without_modelled_gates(model):
     trace = import_routing(_random_routing(model, 10), model.config, k_max=0)
-    with pytest.raises(ValueError, match="next layer's router"):
-        sl.replay(trace, "gate_lookahead", cache_slots=3)
+    for name in ("gate_lookahead", "pregate_split"):
+        with pytest.raises(ValueError, match="next layer's router.*gate_recall="):
+            sl.replay(trace, name, cache_slots=3)
     assert trace.draft is None and not trace.speculative and "modeled" not in trace.source
     table = sl.plan(None, None, expert_budget=0.5, trace=trace, progress=False).table.set_index("candidate")
     assert not table.loc["gate_lookahead", "feasible"] and "no gate predictions" in table.loc["gate_lookahead", "why"]
@@ -238,3 +237,31 @@ def test_a_truncated_or_corrupt_npz_and_configs_of_no_moe_model(model, tmp_path)
     (tmp_path / "config.json").write_text("{ not json")
     with pytest.raises(TraceError, match="not valid JSON"):
         import_routing(_random_routing(model, 5), tmp_path / "config.json")
+
+
+@pytest.mark.parametrize("recall", [0.0, 0.6, 1.0])
+def test_modelled_gate_predictions_name_the_next_layer_at_the_recall_asked(model, recall):
+    """gate_recall=r: row l of a token's gate names each of its layer-l+1 experts with probability r (the others
+    are experts the token does not use there), the last layer's row names nothing; the trace says so, and the gate
+    rows replay. A perfect forecast is what gate lookahead would prefetch from the true routing."""
+    src = _random_routing(model, 2000, seed=5)
+    trace = import_routing(src, model.config, k_max=0, gate_recall=recall, seed=3)
+    s = trace.sequences[0]
+    rows = np.concatenate([s.prefill, s.decode])
+    assert s.gate.shape == rows.shape and (s.gate[:, -1] == -1).all()
+    named = [len(set(g) & set(t)) for g, t in zip(s.gate[:, :-1].reshape(-1, rows.shape[2]).tolist(),
+                                                  rows[:, 1:].reshape(-1, rows.shape[2]).tolist())]
+    share = np.sum(named) / (len(named) * rows.shape[2])
+    assert share == pytest.approx(recall, abs=0.03)  # >= 3.8 standard errors: >= 4000 slots
+    assert all(len(set(g)) == len(g) for g in s.gate[:, :-1].reshape(-1, rows.shape[2]).tolist())
+    assert f"gate predictions modeled (recall {recall:g}, seed 3)" in trace.source
+    assert trace.meta["imported"]["gate"] == f"modeled (recall {recall:g}, seed 3)"
+    sl.replay(trace, "gate_lookahead", cache_slots=3)
+    plan = sl.plan(None, None, expert_budget=0.5, trace=trace, progress=False)
+    assert plan.table.set_index("candidate").loc["pregate_split", "feasible"]
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.5, "0.5", True])
+def test_a_bad_gate_recall_is_refused(model, bad):
+    with pytest.raises(ValueError, match="gate_recall="):
+        import_routing(_random_routing(model, 10), model.config, gate_recall=bad)
