@@ -5,7 +5,8 @@ Records the bundled model's greedy routing (4 held-out prompts × 256 tokens for
 issue's own sequences; the planner's 2 calibration prompts × 128 tokens apart), lowers its locality with
 ``sl.less_local`` to the published per-layer LRU hit at half the experts cached (DeepSeek-V2-Lite-Chat 0.72,
 Mixtral-8x7B 0.61) and imports it with a *modelled* draft (``sl.import_routing``: the bundled draft's measured
-recall and acceptance for its bits). Every cell is replayed at DeepSeek-V2-Lite's sizes (``deepseek-v2-lite@full``)
+recall and acceptance for its bits) and modelled gate-lookahead predictions (``gate_recall=``: the bundled model's
+measured predictor, and what-ifs in their own table). Every cell is replayed at DeepSeek-V2-Lite's sizes (``deepseek-v2-lite@full``)
 on the simulated clock. Prints the markdown of ``docs/measured/closer_to_bound.md``.
 
     nice python scripts/closer_to_bound.py > docs/measured/closer_to_bound.md
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import time
 from pathlib import Path
@@ -33,7 +35,7 @@ from specter_lab.pricing.profiles import get_profile
 from specter_lab.routing.bound import trace_bound
 from specter_lab.routing.gap import cell_gaps
 from specter_lab.routing.replay import replay_setup
-from specter_lab.routing.importing import MEASURED_DRAFT
+from specter_lab.routing.importing import MEASURED_DRAFT, MEASURED_GATE_RECALL
 from specter_lab.routing.locality import TARGET_HIT_AT_HALF, lru_hit_curve
 from specter_lab.studies.planner import default_candidates
 from specter_lab.studies.prompts import calibration_prompts
@@ -43,8 +45,11 @@ HW = ["rtx4090-pcie4@eager", "rtx4090-pcie4@compiled", "a100-40g-pcie4@compiled"
 BUDGETS = (0.25, 0.5)
 # the draft each budget holds: int4-g64 is 4.5 bits a weight (0.28 of bf16: more than a quarter), int2-g64 2.5
 BITS = {0.25: 2, 0.5: 4}
-PLAIN = ["lru", "global_lru", "fiddler", "host_lru", "static_split", "lfu_decay", "host_lfu", "split_lru",
-         "split_lfu", "split_arc"]
+PLAIN = ["lru", "global_lru", "gate_lookahead", "fiddler", "host_lru", "static_split", "lfu_decay", "host_lfu",
+         "split_lru", "split_lfu", "split_arc", "pregate_split"]
+# gate-lookahead recall: the bundled model's own predictor (the tables), then what-ifs: FATE's reported next-layer
+# accuracy (arXiv 2502.12224, 78.8 %, as quoted in shared/research/routing_locality.md) and a perfect forecast
+GATE_WHAT_IF = (0.788, 1.0)
 # evaluation decode length (the issue's), the previous run's (the fairness check), the planner's calibration length
 # (long enough that a cache's warm-up from the prompt does not decide the pick: the fairness check's finding)
 TOKENS, SHORT, CAL_TOKENS = 256, 48, 128
@@ -56,6 +61,7 @@ ABLATIONS = [  # (mechanism, from, to)
     ("split by lane instead of by reuse alone", "host_lru", "split_lru"),
     ("split by lane + decayed LFU", "host_lru", "split_lfu"),
     ("split by lane + ARC (adaptive replacement) instead of LRU", "split_lru", "split_arc"),
+    ("pre-gated prefetch placed by the split (split_lfu → pregate_split)", "split_lfu", "pregate_split"),
     ("speculation: window copies by link budget + split (specter_host → specter_split)", "specter_host",
      "specter_split"),
     ("prefetch ranked by stall saved, cancelled at verification (specter_split)", "specter_split",
@@ -76,16 +82,16 @@ def routing_rows(trace) -> tuple[np.ndarray, list[tuple[int, int, str]]]:
     return np.concatenate(rows), segs
 
 
-def imported(recorded, target: float, ne, bits: int, **draft) -> sl.RoutingTrace:
+def imported(recorded, target: float, ne, bits: int, gate_recall: float = MEASURED_GATE_RECALL,
+             **draft) -> sl.RoutingTrace:
     routing, segs = routing_rows(recorded)
     ll = sl.less_local(routing, target, num_experts=ne)
-    return sl.import_routing(ll.routing, recorded.config, segs, draft_bits=bits, **draft)
+    return sl.import_routing(ll.routing, recorded.config, segs, draft_bits=bits, gate_recall=gate_recall, **draft)
 
 
 def candidates(bits: int) -> list:
     """The planner's default candidates a trace with a modelled int``bits`` draft can replay."""
-    return [c for c in default_candidates(32) if c[0] != "gate_lookahead"  # an import holds no gate predictions
-            and (not c[0].startswith("spec") or f" int{bits} " in c[0])]
+    return [c for c in default_candidates(32) if not c[0].startswith("spec") or f" int{bits} " in c[0]]
 
 
 def fmt(x: float) -> str:
@@ -111,7 +117,10 @@ def main() -> None:
     print(f"**Routing.** The bundled model's greedy routing (4 held-out prompts × {TOKENS} tokens; the planner "
           f"calibrates on 2 other prompts × {CAL_TOKENS} tokens), made less local with `sl.less_local` to the "
           "published per-layer LRU hit at half the experts cached, imported with a modelled draft "
-          "(`sl.import_routing`: measured recall and acceptance of the bundled model's RTN draft at that width):\n")
+          "(`sl.import_routing`: measured recall and acceptance of the bundled model's RTN draft at that width) "
+          "and modelled gate-lookahead predictions for `gate_lookahead` and `pregate_split` (`gate_recall=`"
+          f"{MEASURED_GATE_RECALL}: the share of the next layer's experts the bundled model's own predictor names "
+          "while decoding; other recalls in \"Pre-gating\" below):\n")
     for label, key in ROUTINGS.items():
         for bits in set(BITS.values()):
             traces[label, bits] = imported(ev, TARGET_HIT_AT_HALF[key], ne, bits)
@@ -210,6 +219,8 @@ def main() -> None:
                       f"{mr('stall_ms_per_token'):.1f}, {mr('host_experts_per_token'):.1f}, {mr('hit_rate'):.2f} |")
 
     fairness_and_gap(traces)
+    foresight(traces)
+    pregating(ev, cal, ne)
 
     # ----------------------------------------------------------------------------------- Specter's best cell
     best_cell = max(rows, key=lambda r: r["m"].tpot_ms[PLAIN].min() / r["m"].tpot_ms[r["fam_best"]])
@@ -222,6 +233,7 @@ def main() -> None:
           f"**{best_cell['pick']}** ({best_cell['pick_ms']:.1f} ms on the evaluation routing).")
 
     # ----------------------------------------------------------------------------------- regimes
+    locality_and_link(ev, ne)
     regime_table(ev, ne)
     print(f"\n({time.perf_counter() - t0:.0f} s)")
 
@@ -275,9 +287,14 @@ def fairness_and_gap(traces) -> None:
     print("The bound's own schedule re-run with an online eviction policy instead of Belady's, everything else "
           "kept (copies started as early as the link and the slot allow, the greedy copy-or-host, the initial "
           "fill): × of the bound. The step from there down to `split_lfu` is what knowing *which* expert comes "
-          "next, *before* the router asks, is worth; the step from 1.0 down to it is Belady's eviction.\n")
+          "next, *before* the router asks, is worth; the step from 1.0 down to it is Belady's eviction. The timing "
+          "part, split by how far ahead that schedule may start its copies (`sl.bound_gap`'s shares): *across "
+          "tokens* (copies started in earlier tokens; only a draft reaches), *within the token* (before the router "
+          "asks, in the same token: a pre-gating predictor's reach), *initial set* (the prompt's experts instead "
+          "of a set chosen knowing the sequence), *rest* (that fully online schedule against `split_lfu`).\n")
     print("| routing | profile · budget | bound ms | its schedule, decayed-LFU eviction × | LRU eviction × | "
-          "`split_lfu` × | of the gap to `split_lfu`: eviction / timing |")
+          "`split_lfu` × | of the gap to `split_lfu`: eviction / timing (across tokens + within the token + "
+          "initial set + rest) |")
     print("|---|---|---|---|---|---|---|")
     need = []
     for label, h, b in cells:
@@ -291,7 +308,8 @@ def fairness_and_gap(traces) -> None:
         (g,) = cell_gaps(tr, {"split_lfu": (r, float(np.mean([x.metrics["hit_rate"] for x in rs])))}, **kw)
         lru = _mean_tpot(trace_bound(tr, evict="lru", **kw))
         print(f"| {label} | {h} · {b} | {bd:.2f} | {bd / g.online_ms:.3f} | {bd / lru:.3f} | {g.x_of_bound:.3f} | "
-              f"{g.eviction_share:.0%} / {g.schedule_share:.0%} |")
+              f"{g.eviction_share:.0%} / {g.schedule_share:.0%} ({g.across_tokens_share:.0%} + "
+              f"{g.within_token_share:.0%} + {g.initial_set_share:.0%} + {g.rest_share:.0%}) |")
         need.append((label, h, b, kw, tr, bs, bd, rs, r))
 
     print("\n## What would have to be true for an online schedule to reach 0.75 (compiled cells)\n")
@@ -320,6 +338,105 @@ def fairness_and_gap(traces) -> None:
               f"{allowed:.1f} | {hit:.2f} → {1 - allowed / lookups:.2f} ({belady:.2f}) | "
               f"{c.copy_time(c.expert_bytes) * 1e3:.2f} ÷ {layer * 1e3:.2f} = "
               f"{c.copy_time(c.expert_bytes) / layer:.1f} (host {host_lane_time(c, 1) * 1e3:.2f} ms) |")
+
+
+LEADS = (0, 1, 2, math.inf)  # run layers of foresight (inf: anywhere in the token)
+
+
+def foresight(traces) -> None:
+    """What a perfect pre-gating forecast N layers ahead is worth to an online schedule (the bound's lead=)."""
+    print("\n## What foresight is worth (compiled cells)\n")
+    print("The bound's schedule made online: decayed-LFU eviction, starting from the prompt's experts, each copy "
+          "started at most N of the run's 4 layers before its router asks and never before its token's forward "
+          "began (`trace_bound(..., evict=\"lfu_decay\", initial=\"prompt\", lead=N)`): what a perfect pre-gating "
+          "predictor N layers deep would give (N = 0: none; ∞: anywhere in the token). A run layer's copies and work "
+          "are both priced 6.5 real layers', so N run layers hide what N of DeepSeek-V2-Lite's would; but a run "
+          "token has 4 layers, not 26, so its first layer never has a forecast here. Then Belady's eviction with "
+          "the same whole-token foresight: the rest of the distance to 1.0 is foresight across tokens. "
+          "× of the bound.\n")
+    print("| routing | profile · budget | `split_lfu` | "
+          + " | ".join(f"online, lead {'∞' if math.isinf(n) else n}" for n in LEADS)
+          + " | Belady, lead ∞ |")
+    print("|---|---|---|" + "---|" * (len(LEADS) + 1))
+    for label in ROUTINGS:
+        for h in HW[1:]:
+            for b in BUDGETS:
+                kw = dict(expert_budget=b, hardware=h, cost_shape=SHAPE)
+                tr = traces[label, BITS[b]]
+                bd = _mean_tpot(trace_bound(tr, **kw))
+                cells = [bd / _mean_tpot(sl.replay(tr, "split_lfu", **kw))]
+                cells += [bd / _mean_tpot(trace_bound(tr, evict="lfu_decay", initial="prompt", lead=n, **kw))
+                          for n in LEADS]
+                cells.append(bd / _mean_tpot(trace_bound(tr, lead=LEADS[-1], **kw)))
+                print(f"| {label} | {h} · {b} | " + " | ".join(f"{x:.3f}" for x in cells) + " |")
+
+
+def pregating(ev, cal, ne) -> None:
+    """pregate_split, and the planner's pick, at the bundled predictor's recall and at the what-ifs."""
+    recalls = (MEASURED_GATE_RECALL, *GATE_WHAT_IF)
+    print("\n## Pre-gating: what the predictor's recall is worth (compiled cells)\n")
+    print("`pregate_split` (split_lfu with pre-gated prefetch placed by the split) and `auto` (planned on the "
+          "calibration routing imported with the same recall, replayed on the evaluation routing) at the gate "
+          f"recall of the bundled model's own predictor ({MEASURED_GATE_RECALL}), at FATE's reported next-layer "
+          "accuracy (0.788, arXiv 2502.12224, a what-if) and with a perfect forecast (1.0, a what-if); `split_lfu` "
+          "for reference. × of the bound.\n")
+    print("| routing | profile · budget | `split_lfu` | " + " | ".join(f"`pregate_split` at {r:g}" for r in recalls)
+          + " | " + " | ".join(f"`auto` at {r:g} (pick)" for r in GATE_WHAT_IF) + " |")
+    print("|---|---|---|" + "---|" * (len(recalls) + len(GATE_WHAT_IF)))
+    for label, key in ROUTINGS.items():
+        target = TARGET_HIT_AT_HALF[key]
+        for h in HW[1:]:
+            for b in BUDGETS:
+                bits = BITS[b]
+                kw = dict(expert_budget=b, hardware=h, cost_shape=SHAPE)
+                cells, picks = [], []
+                for r in recalls:
+                    tr = imported(ev, target, ne, bits, gate_recall=r)
+                    bd = _mean_tpot(trace_bound(tr, **kw))
+                    if r == recalls[0]:
+                        cells.append(f"{bd / _mean_tpot(sl.replay(tr, 'split_lfu', **kw)):.3f}")
+                    cells.append(f"{bd / _mean_tpot(sl.replay(tr, 'pregate_split', **kw)):.3f}")
+                    if r in GATE_WHAT_IF:
+                        p = sl.plan(None, None, h, b, cost_shape=SHAPE, trace=imported(cal, target, ne, bits,
+                                                                                         gate_recall=r),
+                                    candidates=candidates(bits), progress=False, executor=None)
+                        ms = _mean_tpot(sl.replay(tr, p.strategy, **kw, **p.options))
+                        picks.append(f"{bd / ms:.3f} ({p.label})")
+                print(f"| {label} | {h} · {b} | " + " | ".join(cells + picks) + " |")
+
+
+def locality_and_link(ev, ne) -> None:
+    """The compiled cells' best non-speculative row against the bound, on routing more local than the targets
+    (the bundled model's own) and on faster links: is the 0.75 bar out of reach because of the routing or the
+    machine?"""
+    routings = {"the bundled model's own (no replacement)": None,
+                **{f"{label} (target {TARGET_HIT_AT_HALF[key]})": TARGET_HIT_AT_HALF[key]
+                   for label, key in ROUTINGS.items()}}
+    links = (1, 2, 4)
+    rows = ["lfu_decay", "host_lru", "host_lfu", "split_lru", "split_lfu"]
+    print("\n## Is it the routing or the machine? (compiled cells, the best non-speculative row)\n")
+    print("The same evaluation prompts, routing made less local to each target or left as the bundled model "
+          "routed it (per-layer LRU hit at 50 % cached: 0.89), the link's bandwidth ×1 (PCIe 4), ×2 (PCIe 5) and "
+          "×4, everything else the profile's; each cell the best of "
+          + ", ".join(f"`{r}`" for r in rows) + " against the bound at the same link: × of the bound.\n")
+    print("| routing | profile · budget | " + " | ".join(f"link ×{m}" for m in links) + " |")
+    print("|---|---|" + "---|" * len(links))
+    routing, segs = routing_rows(ev)
+    for name, target in routings.items():
+        derived = routing if target is None else sl.less_local(routing, target, num_experts=ne).routing
+        for h in HW[1:]:
+            base = get_profile(h)
+            for b in BUDGETS:
+                tr = sl.import_routing(derived, ev.config, segs, draft_bits=BITS[b])
+                cells = []
+                for m in links:
+                    prof = dataclasses.replace(base, name=f"{h}, link ×{m}", pcie_bandwidth=base.pcie_bandwidth * m)
+                    kw = dict(expert_budget=b, hardware=prof, cost_shape=SHAPE)
+                    bound = _mean_tpot(trace_bound(tr, **kw))
+                    t = {r: _mean_tpot(sl.replay(tr, r, **kw)) for r in rows}
+                    best = min(t, key=t.get)
+                    cells.append(f"{best} {bound / t[best]:.2f}")
+                print(f"| {name} | {h} · {b} | " + " | ".join(cells) + " |")
 
 
 def regime_table(ev, ne) -> None:
