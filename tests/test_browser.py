@@ -204,30 +204,38 @@ def wait_dashboard_at(page: Page, needle: str, step: int, what: str) -> list[dic
                              f"expected step {step} everywhere") from None
 
 
+# The state the dashboard in the cell with `needle` paints, read at any moment: the step in each figure's title and
+# the token strip's outlined step, joined ("routing cache timeline strip"; "?" where one is missing).
+_JS_PAINTED = """(needle) => {
+  const c = window.jupyterapp.shell.currentWidget.content.widgets
+    .find(c => c.model.type === 'code' && c.model.sharedModel.getSource().includes(needle));
+  const pats = [/^Routing at step (\\d+)/, /^Expert cache .* after step (\\d+)/, /^Timeline · step (\\d+)/];
+  return () => {
+    const titles = Array.from(c.node.querySelectorAll('.js-plotly-plot .gtitle')).map(t => t.textContent);
+    const steps = pats.map(p => { const t = titles.find(t => p.test(t)); return t ? t.match(p)[1] : '?'; });
+    const now = c.node.querySelector('.sl-strip .t.now');
+    const m = now && now.title.match(/step (\\d+)$/);
+    return [...steps, m ? m[1] : '?'].join(' ');
+  };
+}"""
+
+
 # Installed *before* the key is pressed: window.__slT0 := the time of the next keydown event (captured before any
 # handler of the page sees it), and a check in every animation frame from then on. window.__slDone := milliseconds
 # from the keydown to the first frame in which every dashboard title in the cell with `needle` names `step` and its
-# token strip outlines that step's cells (-1 after 10 s). A check started after the key (page.evaluate once the
-# press returned) ran only when the page had finished the tasks queued meanwhile, the kernel's messages included,
-# and so could not see a step that the page drew before them (issue 37).
+# token strip outlines that step's cells (_JS_PAINTED; -1 after 10 s). A check started after the key
+# (page.evaluate once the press returned) ran only when the page had finished the tasks queued meanwhile, the
+# kernel's messages included, and so could not see a step that the page drew before them (issue 37).
 _JS_WATCH_STEP = """([needle, step]) => {
   window.__slT0 = Infinity;
   window.__slDone = null;
   document.addEventListener('keydown', e => { window.__slT0 = e.timeStamp; }, {capture: true, once: true});
-  const c = window.jupyterapp.shell.currentWidget.content.widgets
-    .find(c => c.model.type === 'code' && c.model.sharedModel.getSource().includes(needle));
-  const pats = [/^Routing at step (\\d+)/, /^Expert cache .* after step (\\d+)/, /^Timeline · step (\\d+)/];
-  const at = () => {
-    const titles = Array.from(c.node.querySelectorAll('.js-plotly-plot .gtitle')).map(t => t.textContent);
-    // and the token strip (HTML) outlines the new step's cells
-    const now = c.node.querySelector('.sl-strip .t.now');
-    return pats.every(p => titles.some(t => { const m = t.match(p); return m && +m[1] === step; })) &&
-      !!now && now.title.endsWith('· step ' + step);
-  };
+  const state = (""" + _JS_PAINTED + """)(needle);
+  const want = Array(4).fill(String(step)).join(' ');
   const start = performance.now();
   const tick = () => {
     const t = performance.now();
-    if (window.__slT0 <= t && at()) { window.__slDone = Math.round(t - window.__slT0); return; }
+    if (window.__slT0 <= t && state() === want) { window.__slDone = Math.round(t - window.__slT0); return; }
     if (t - Math.min(window.__slT0, start) > 10000) { window.__slDone = -1; return; }
     requestAnimationFrame(tick);
   };
@@ -235,22 +243,12 @@ _JS_WATCH_STEP = """([needle, step]) => {
 }"""
 
 
-# Installed before keys are pressed: window.__slSeen := every distinct state the dashboard in the cell with `needle`
-# painted, one entry per change, checked at every animation frame for `ms` milliseconds: the step in each figure's
-# title and the token strip's outlined step, joined ("routing cache timeline strip").
+# Installed before keys are pressed: window.__slSeen := every distinct state the dashboard painted (_JS_PAINTED),
+# one entry per change, checked at every animation frame for `ms` milliseconds.
 _JS_RECORD_STEPS = """([needle, ms]) => {
   window.__slSeen = [];
   window.__slSeenDone = false;
-  const c = window.jupyterapp.shell.currentWidget.content.widgets
-    .find(c => c.model.type === 'code' && c.model.sharedModel.getSource().includes(needle));
-  const pats = [/^Routing at step (\\d+)/, /^Expert cache .* after step (\\d+)/, /^Timeline · step (\\d+)/];
-  const state = () => {
-    const titles = Array.from(c.node.querySelectorAll('.js-plotly-plot .gtitle')).map(t => t.textContent);
-    const steps = pats.map(p => { const t = titles.find(t => p.test(t)); return t ? t.match(p)[1] : '?'; });
-    const now = c.node.querySelector('.sl-strip .t.now');
-    const m = now && now.title.match(/step (\\d+)$/);
-    return [...steps, m ? m[1] : '?'].join(' ');
-  };
+  const state = (""" + _JS_PAINTED + """)(needle);
   const start = performance.now();
   const tick = () => {
     const s = state();
