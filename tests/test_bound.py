@@ -155,13 +155,9 @@ def test_the_defaults_are_the_bound(model, random_trace, bundled_trace):
     assert trace_bound(bundled_trace, initial="clairvoyant", evict="belady", **kw) == trace_bound(bundled_trace, **kw)
 
 
-@pytest.mark.parametrize("budget", [0.25, 0.35, 0.5])
-def test_online_variants_never_miss_less_than_the_clairvoyant_schedule(model, random_trace, bundled_trace, budget):
-    """Belady's eviction misses least (MIN) and its initial set (the first experts asked for) is MIN's best start:
-    for every pool kind, with every miss copied, evict="lru"/"lfu_decay" and initial="prompt" miss at least as
-    often, and they do change the schedule somewhere. TPOT is not compared per schedule: an eviction that misses
-    more can free a slot sooner (reported with the option: it is an analysis, not a bound)."""
-    changed = 0
+def _problems(model, random_trace, bundled_trace, budget):
+    """(problem, pool slots, pool kind) of every sequence of both traces at ``budget`` (a100 compiled, DeepSeek-V2-Lite
+    at full depth: copies dominate), for the tests that run the schedule's simulation directly."""
     for trace, m in ((random_trace, model), (bundled_trace, sl.load_model("tiny")[0])):
         eng = sl.Engine(m, None, "lru", expert_budget=budget, hardware="a100-40g-pcie4@compiled",
                         cost_shape="deepseek-v2-lite@full")
@@ -169,14 +165,25 @@ def test_online_variants_never_miss_less_than_the_clairvoyant_schedule(model, ra
         for seq in trace.sequences:
             prob = _Problem.of(seq, eng.info, eng.cost, None)
             for pool in POOLS:
-                best = _simulate(prob, slots, pool, "belady", "copy").misses
-                for evict in ("lru", "lfu_decay"):
-                    online = _simulate(prob, slots, pool, "belady", "copy", evict=evict).misses
-                    assert online >= best, (pool, evict, online, best)
-                    changed += online > best
-                prompt = _simulate(prob, slots, pool, "prompt", "copy").misses
-                assert prompt >= best, (pool, prompt, best)
-                changed += prompt > best
+                yield prob, slots, pool
+
+
+@pytest.mark.parametrize("budget", [0.25, 0.35, 0.5])
+def test_online_variants_never_miss_less_than_the_clairvoyant_schedule(model, random_trace, bundled_trace, budget):
+    """Belady's eviction misses least (MIN) and its initial set (the first experts asked for) is MIN's best start:
+    for every pool kind, with every miss copied, evict="lru"/"lfu_decay" and initial="prompt" miss at least as
+    often, and they do change the schedule somewhere. TPOT is not compared per schedule: an eviction that misses
+    more can free a slot sooner (reported with the option: it is an analysis, not a bound)."""
+    changed = 0
+    for prob, slots, pool in _problems(model, random_trace, bundled_trace, budget):
+        best = _simulate(prob, slots, pool, "belady", "copy").misses
+        for evict in ("lru", "lfu_decay"):
+            online = _simulate(prob, slots, pool, "belady", "copy", evict=evict).misses
+            assert online >= best, (pool, evict, online, best)
+            changed += online > best
+        prompt = _simulate(prob, slots, pool, "prompt", "copy").misses
+        assert prompt >= best, (pool, prompt, best)
+        changed += prompt > best
     assert changed > 0
 
 
@@ -211,18 +218,12 @@ def test_lead_only_delays_copies(model, random_trace, bundled_trace, budget):
     early a copy may start (lead=) changes no miss and can only delay: TPOT(lead=0) >= TPOT(lead=3) >=
     TPOT(lead=math.inf: anywhere within the token) >= the bound's unlimited foresight, and somewhere strictly."""
     strict = 0
-    for trace, m in ((random_trace, model), (bundled_trace, sl.load_model("tiny")[0])):
-        eng = sl.Engine(m, None, "lru", expert_budget=budget, hardware="a100-40g-pcie4@compiled",
-                        cost_shape="deepseek-v2-lite@full")
-        slots = eng.split.budget_bytes // eng.cost.expert_bytes
-        for seq in trace.sequences:
-            prob = _Problem.of(seq, eng.info, eng.cost, None)
-            for pool in POOLS:
-                runs = [_simulate(prob, slots, pool, "belady", "copy", lead=lead) for lead in (0, 3, math.inf, None)]
-                assert len({r.misses for r in runs}) == 1 and len({r.copies for r in runs}) == 1
-                tpots = [r.tpot for r in runs]
-                assert all(a >= b - 1e-12 for a, b in zip(tpots, tpots[1:])), (pool, tpots)
-                strict += tpots[0] > tpots[-1] + 1e-9
+    for prob, slots, pool in _problems(model, random_trace, bundled_trace, budget):
+        runs = [_simulate(prob, slots, pool, "belady", "copy", lead=lead) for lead in (0, 3, math.inf, None)]
+        assert len({r.misses for r in runs}) == 1 and len({r.copies for r in runs}) == 1
+        tpots = [r.tpot for r in runs]
+        assert all(a >= b - 1e-12 for a, b in zip(tpots, tpots[1:])), (pool, tpots)
+        strict += tpots[0] > tpots[-1] + 1e-9
     assert strict > 0
 
 
