@@ -254,7 +254,9 @@ class LayerSchedule:
     def _host_misses(self, fwd, layer: int, missing: list[int], counts: dict[int, int],
                      late: "dict[int, float] | None" = None) -> list[int]:
         """The misses this forward computes on the host: every one on a host layer (static split); none in the
-        prefill (its many tokens make a copy pay); else what the strategy's miss rule says."""
+        prefill (its many tokens make a copy pay); else what the strategy's miss rule says. With ``late`` (a
+        pre-gated split) the rule may also put a resident whose copy is still landing on the host; its lookup was
+        a hit (it is resident) and its compute is a host expert."""
         if not missing and not late:
             return []
         if layer in self.host_layers:
