@@ -172,7 +172,7 @@ class LayerSchedule:
         loaded, deferred = self._issue_demand(layer, set(ids), missing, now)
         if self.gate_lookahead and math is not None and layer + 1 < self.info.num_layers:
             predicted = math.gate_prediction(layer + 1)
-            if self._pregated(fwd, now):
+            if self._pregated(fwd):
                 predicted = self._worth_copying_ahead(fwd, layer + 1, predicted, counts, jobs, now, n_tokens)
             self._gate_prefetch(layer + 1, predicted)
         outs = {e: self._compute(fwd, layer, e, counts[e], store.lookup(layer, e), math) for e in resident + loaded}
@@ -219,11 +219,14 @@ class LayerSchedule:
             self.store.prefetch(nxt, e, protected=protect)
 
     # ------------------------------------------------------------------ host execution
-    def _pregated(self, fwd, now) -> bool:
-        """Does this decode forward place its pre-gated prefetches (a split miss rule with ``pregated``, on a clock
-        that can say mid-run when copies land)? Elsewhere gate lookahead prefetches every forecast expert."""
-        return (getattr(self.miss, "pregated", False) and fwd.phase != "prefill" and now is not None
-                and self.clock.readable_midrun)
+    def _pregated(self, fwd) -> bool:
+        """Does this decode forward place its pre-gated prefetches (a split miss rule with ``pregated``)? Elsewhere
+        gate lookahead prefetches every forecast expert."""
+        return getattr(self.miss, "pregated", False) and fwd.phase != "prefill"
+
+    def _readable(self, now) -> bool:
+        """Can the schedule read copy and host times now, mid-run (the simulated clock; not CUDA's, unsynced)?"""
+        return now is not None and self.clock.readable_midrun
 
     def _worth_copying_ahead(self, fwd, nxt: int, predicted: list[tuple[int, int]], counts, jobs, now,
                              n_tokens: int) -> list[tuple[int, int]]:
@@ -231,7 +234,9 @@ class LayerSchedule:
         started now, ahead of that layer's router by this layer's remaining work (its device experts, or its host
         experts if they end later) and the next dense part."""
         device = sum(self.cost.expert_time(counts[e]) for e in counts if e not in jobs)
-        host = max((self.clock.elapsed(now, span.end) for span, _ in jobs.values()), default=0.0)
+        # where the clock cannot say when the host experts end, the device's own work stands for the layer's
+        host = max((self.clock.elapsed(now, span.end) for span, _ in jobs.values()), default=0.0) \
+            if self._readable(now) else 0.0
         ahead = max(device, host) + self.cost.dense_layer_time(n_tokens, fwd.pos0)
         keep = set(self.miss.copies_ahead(self, nxt, dict(predicted), ahead))
         where = self.store.slots[nxt].where
@@ -239,8 +244,9 @@ class LayerSchedule:
 
     def _late(self, fwd, layer: int, resident: list[int], now) -> dict[int, float]:
         """Residents whose copy (a prefetch still in flight) lands after ``now``: expert → seconds until it lands
-        (only where pre-gated prefetches are placed: :meth:`_pregated`; empty elsewhere)."""
-        if not self._pregated(fwd, now) or layer in self.host_layers:
+        (only where pre-gated prefetches are placed, :meth:`_pregated`, on a clock readable mid-run: empty
+        elsewhere, and there every resident waits for its copy)."""
+        if not self._pregated(fwd) or not self._readable(now) or layer in self.host_layers:
             return {}
         out = {}
         for e in resident:
