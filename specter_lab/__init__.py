@@ -25,7 +25,7 @@ from .pricing.profiles import HOSTS, PROFILES, HardwareProfile, HostCPU
 from .pricing.shapes import COST_SHAPES, CostShape
 from .routing.bound import BoundResult, bound
 from .routing.gap import BoundGap, bound_gap
-from .routing.importing import import_routing
+from .routing.importing import gate_recall, import_routing
 from .routing.locality import less_local, lru_hit_curve
 from .routing.record import record
 from .routing.replay import replay
@@ -50,7 +50,7 @@ __all__ = [
     "compare", "summarize", "fidelity", "plan", "Plan", "regime_map", "heldout_prompts", "BudgetTooSmall", "ConfigError",
     "CopyFault", "NotExact", "viz", "paper", "record", "replay", "RoutingTrace", "load_trace", "TraceError", "bound",
     "BoundResult", "estimate", "Estimate", "HOSTS", "HostCPU", "FORMATS", "WeightPrecision",
-    "import_routing", "lru_hit_curve", "less_local", "bound_gap", "BoundGap",
+    "import_routing", "gate_recall", "lru_hit_curve", "less_local", "bound_gap", "BoundGap",
 ]
 __all__ += ["check_checkpoint", "CheckpointInfo", "plan_memory", "MemoryPlan", "CheckpointError", "NotEnoughMemory",
             "fuse_experts"]

@@ -265,3 +265,19 @@ def test_modelled_gate_predictions_name_the_next_layer_at_the_recall_asked(model
 def test_a_bad_gate_recall_is_refused(model, bad):
     with pytest.raises(ValueError, match="gate_recall="):
         import_routing(_random_routing(model, 10), model.config, gate_recall=bad)
+
+
+def test_gate_recall_measures_what_import_routing_models(model, recorded):
+    """sl.gate_recall reads a recorded trace's gate lookahead against the next layer's routing (the number to pass
+    as gate_recall=), gives back the recall an import modelled, and refuses a trace without gate predictions."""
+    per = sl.gate_recall(recorded, per_layer=True)
+    assert per.shape == (inspect_model(model).num_layers - 1,) and ((0 <= per) & (per <= 1)).all()
+    s = recorded.sequences[0]
+    p = len(s.prefill)
+    by_hand = np.mean([len(set(s.gate[p + i, 0]) & set(s.decode[i, 1])) / len(s.decode[i, 1])
+                       for i in range(len(s.decode))])
+    assert sl.gate_recall(sl.RoutingTrace(recorded.config, [s], 0), per_layer=True)[0] == pytest.approx(by_hand)
+    src = _random_routing(model, 2000, seed=6)
+    assert sl.gate_recall(import_routing(src, model.config, k_max=0, gate_recall=0.6)) == pytest.approx(0.6, abs=0.03)
+    with pytest.raises(ValueError, match="no gate predictions"):
+        sl.gate_recall(import_routing(src, model.config, k_max=0))

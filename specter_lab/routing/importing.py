@@ -17,7 +17,8 @@ What is exact and what is modeled:
   ``r``, the others replaced by experts that token does not use there, drawn at random (no duplicates; seeded).
   The bundled model's own predictor names :data:`MEASURED_GATE_RECALL` of the next layer's experts while
   decoding (0.19, 0.59 and 0.76 for its three layer pairs); a real model's deeper residual stream keeps a next
-  layer's choice more predictable, so give the recall measured on yours.
+  layer's choice more predictable, so give the recall measured on yours (:func:`gate_recall` of a trace
+  ``sl.record`` made of it).
 * **Speculative strategies** get a **modeled draft** (``trace.draft["modeled"]``, also in ``trace.source``, which
   every replayed result states as ``routing_source``), seeded:
 
@@ -54,7 +55,8 @@ from .locality import replace_experts
 from .replay import skeleton
 from .trace_file import RoutedSequence, RoutingTrace, TraceError, TraceSpec, read_npz
 
-__all__ = ["import_routing", "ModeledDraft", "MEASURED_DRAFT", "MEASURED_GATE_RECALL", "DraftFidelity", "PHASES"]
+__all__ = ["import_routing", "gate_recall", "ModeledDraft", "MEASURED_DRAFT", "MEASURED_GATE_RECALL",
+           "DraftFidelity", "PHASES"]
 
 PHASES = ("prefill", "decode")
 
@@ -85,8 +87,29 @@ MEASURED_DRAFT: dict[int, DraftFidelity] = {
 
 # The bundled model's gate lookahead (layer l+1's router on layer l's input, recorded by sl.record): the share of
 # the next layer's experts it names while decoding, 4 held-out prompts × 256 greedy tokens (0.187, 0.594, 0.760
-# for the layer pairs 0→1, 1→2, 2→3).
+# for the layer pairs 0→1, 1→2, 2→3): gate_recall() of that trace.
 MEASURED_GATE_RECALL = 0.514
+
+
+def gate_recall(trace: RoutingTrace, per_layer: bool = False) -> "float | np.ndarray":
+    """The share of each decode token's layer-l+1 experts that its recorded gate lookahead (layer l+1's router on
+    layer l's input, which ``sl.record`` keeps) named: what to pass as ``import_routing(gate_recall=)`` for routing
+    of the same model recorded elsewhere. ``per_layer``: one value per layer pair (l → l+1). Raises a
+    ``ValueError`` where the trace holds no gate predictions (an import without ``gate_recall=``, a model with
+    one MoE layer)."""
+    named = looked = None
+    for i, s in enumerate(trace.sequences):
+        if s.gate is None:
+            raise ValueError(f"trace.sequences[{i}] holds no gate predictions: record the model with sl.record "
+                             "(a model with more than one MoE layer), or give import_routing(gate_recall=).")
+        p = len(s.prefill)
+        true, pred = s.decode[:, 1:], s.gate[p:, :-1]  # decode token i: row p + i of the gate
+        hit = ((pred[..., None, :] == true[..., :, None]) & (true[..., :, None] >= 0)).any(-1).sum((0, 2))
+        n = (true >= 0).sum((0, 2))
+        named, looked = (hit, n) if named is None else (named + hit, looked + n)
+    if looked is None or not looked.sum():
+        raise ValueError("trace has no decode lookups past its first layer: nothing to measure a gate recall on.")
+    return named / np.maximum(looked, 1) if per_layer else float(named.sum() / looked.sum())
 
 
 @dataclass(frozen=True)
