@@ -27,8 +27,9 @@ online):
   row's own rules (negative where the row does better, e.g. by weighing reuse).
 
 A large eviction share says a better cache policy could still help; a large within-token share, a pre-gating
-predictor; a large across-token share, only speculation; a large initial-set share, a placement by popularity
-known ahead (a profile of earlier runs); a large rest, the row's own rules. That is how
+predictor; a large across-token share, only speculation; a large initial-set share, knowing this sequence's most
+used experts before it starts (a profile of other prompts did not supply it on the routing measured in
+``docs/measured/closer_to_bound.md``); a large rest, the row's own rules. That is how
 ``docs/measured/closer_to_bound.md`` reads its cells; this is the same reading for any trace and row.
 
 Simulated on the engine's cost model, like the bound: non-speculative rows only (a speculative row verifies
