@@ -405,7 +405,6 @@ def _simulate(prob: _Problem, slots: int, pool_kind: str, init: str, miss: str, 
     compute_t = copy_t = host_t = 0.0
     # lead: run layers of foresight, each as long as the last gap between two routers, never reaching before the
     # token's forward began
-    ahead = lead
     asked = span = token_start = 0.0  # the last router's time, the last gap between routers, this forward's start
     for t, req in enumerate(prob.requests):
         i, l = divmod(t, L)
@@ -418,10 +417,10 @@ def _simulate(prob: _Problem, slots: int, pool_kind: str, init: str, miss: str, 
         if l > 0:
             span = dense_end - asked
         asked = dense_end
-        if ahead is None:
+        if lead is None:
             earliest = -math.inf
         else:
-            earliest = token_start if math.isinf(ahead) else max(token_start, dense_end - ahead * span)
+            earliest = token_start if math.isinf(lead) else max(token_start, dense_end - lead * span)
         dev: list[tuple[float, float, int]] = []
         host_ends: list[float] = []
         deferred: list[int] = []

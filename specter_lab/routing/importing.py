@@ -97,11 +97,11 @@ def gate_recall(trace: RoutingTrace, per_layer: bool = False) -> "float | np.nda
     of the same model recorded elsewhere. ``per_layer``: one value per layer pair (l → l+1). Raises a
     ``ValueError`` where the trace holds no gate predictions (an import without ``gate_recall=``, a model with
     one MoE layer)."""
+    if not trace.gated:
+        raise ValueError("trace holds no gate predictions: record the model with sl.record (a model with more than "
+                         "one MoE layer), or give import_routing(gate_recall=).")
     named = looked = None
-    for i, s in enumerate(trace.sequences):
-        if s.gate is None:
-            raise ValueError(f"trace.sequences[{i}] holds no gate predictions: record the model with sl.record "
-                             "(a model with more than one MoE layer), or give import_routing(gate_recall=).")
+    for s in trace.sequences:
         p = len(s.prefill)
         true, pred = s.decode[:, 1:], s.gate[p:, :-1]  # decode token i: row p + i of the gate
         hit = ((pred[..., None, :] == true[..., :, None]) & (true[..., :, None] >= 0)).any(-1).sum((0, 2))
@@ -155,10 +155,8 @@ def import_routing(source, config, segments: "Sequence | None" = None, *, recall
     :data:`MEASURED_DRAFT` for ``draft_bits``); ``k_max``: the longest draft window (0: no chains).
     ``gate_recall``: model gate-lookahead predictions with this recall (module docstring; None: none)."""
     draft = _modeled_draft(recall, acceptance, replace_fraction, draft_bits, seed, k_max)  # arguments first
-    if gate_recall is not None and not (isinstance(gate_recall, (int, float)) and not isinstance(gate_recall, bool)
-                                        and 0 <= gate_recall <= 1):
-        raise ValueError(f"gate_recall={gate_recall!r}: a share in [0, 1] (the bundled model's predictor: "
-                         f"{MEASURED_GATE_RECALL}), or None for no gate predictions.")
+    _check_share("gate_recall", gate_recall, f" (the bundled model's predictor: {MEASURED_GATE_RECALL}), or None for "
+                 "no gate predictions")
     cfg = _config_dict(config)
     info = _moe_info(cfg)
     experts, stored, what = _read_source(source, info, format)
@@ -427,13 +425,18 @@ def _modeled_gate(s: RoutedSequence, recall: float, num_experts: list[int], rng:
     return gate
 
 
+def _check_share(name: str, v, more: str = "") -> None:
+    """``name=v`` is None or a share in [0, 1] (``more``: what else the message says)."""
+    if v is not None and not (isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1):
+        raise ValueError(f"{name}={v!r}: a share in [0, 1]{more}.")
+
+
 def _modeled_draft(recall, acceptance, replace_fraction, bits, seed, k_max) -> ModeledDraft:
     if recall is not None and replace_fraction is not None:
         raise ValueError(f"recall={recall!r} and replace_fraction={replace_fraction!r}: they are one knob "
                          "(recall = 1 - replace_fraction); give one of them.")
     for name, v in (("recall", recall), ("acceptance", acceptance), ("replace_fraction", replace_fraction)):
-        if v is not None and not (isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1):
-            raise ValueError(f"{name}={v!r}: a share in [0, 1].")
+        _check_share(name, v)
     if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 0:
         raise ValueError(f"k_max={k_max!r}: use an integer >= 0 (0 models no draft chains).")
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):

@@ -281,7 +281,7 @@ def _check_replayable(setup: RunSetup, info: MoEModelInfo, trace: RoutingTrace) 
 def refusal(setup: RunSetup, trace: RoutingTrace) -> str | None:
     """Why ``trace`` cannot replay ``setup``'s strategy (None: it can)."""
     st = setup.strategy
-    if uses_gate_predictions(st) and any(s.gate is None for s in trace.sequences):
+    if uses_gate_predictions(st) and not trace.gated:
         return (f"strategy={st.name!r} prefetches with the next layer's router, whose predictions this trace does "
                 "not hold: replay another strategy, record the model with sl.record (it keeps them), or model them "
                 "on an import with sl.import_routing(..., gate_recall=r).")

@@ -115,6 +115,11 @@ class RoutingTrace:
         return all(s.speculative for s in self.sequences)
 
     @property
+    def gated(self) -> bool:
+        """True when every sequence holds gate-lookahead predictions (``prefetch="gate"`` strategies can replay)."""
+        return all(s.gate is not None for s in self.sequences)
+
+    @property
     def tokens(self) -> int:
         return sum(len(s.tokens) for s in self.sequences)
 

@@ -142,9 +142,9 @@ GAP_COLUMNS = ("strategy", "x_of_bound", "eviction", "eviction_share", "across_t
 def compare_gaps(df: pd.DataFrame, trace: RoutingTrace, *, cost_shape=None) -> pd.DataFrame:
     """Each non-speculative row of a :func:`compare` table replayed on ``trace``: its distance to the bound per
     cell (hardware × budget), split into Belady's eviction, foresight across tokens, foresight within the token,
-    the initial set and the rest (:func:`specter_lab.routing.gap.cell_gaps`; ``specter-lab bench --trace F --gap``). The rows'
-    TPOT and hit rate are the table's means over its sequences, so the bound and its online-eviction variants are
-    priced once a cell. A speculative row has no such split and is left out."""
+    the initial set and the rest (:func:`specter_lab.routing.gap.cell_gaps`; ``specter-lab bench --trace F
+    --gap``). The rows' TPOT and hit rate are the table's means over its sequences, so the bound and its
+    online-eviction variants are priced once a cell. A speculative row has no such split and is left out."""
     mean = df.groupby(["hardware", "expert_budget", "strategy"], sort=False)[["tpot_ms", "hit_rate"]].mean()
     out = []
     for (hw, budget), cell in mean.groupby(level=[0, 1], sort=False):

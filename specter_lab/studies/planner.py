@@ -132,7 +132,7 @@ def _replayable(cand, trace: RoutingTrace) -> bool:
     """Can ``trace`` replay this candidate? (Its own quantized draft, K up to its chains; speculation needs chains.)"""
     _, strategy, opts = cand
     if uses_gate_predictions(get_strategy(strategy)):
-        return all(s.gate is not None for s in trace.sequences)  # an import holds them only when modelled
+        return trace.gated  # an import holds them only when modelled
     if not get_strategy(strategy).speculative:
         return True
     d, kk = opts.get("draft"), opts.get("k", get_strategy(strategy).k)
@@ -178,8 +178,7 @@ def plan(model, tokenizer, hardware="rtx4090-pcie4", expert_budget=0.5, prompts:
     if trace is not None:  # what this trace cannot replay is a row that says so
         rows += [{"candidate": c[0], "feasible": False, "why": "not replayable from this trace (its draft chains "
                   f"are {trace.draft or 'absent'}, k_max={trace.k_max}"
-                  f"{'; no gate predictions' if any(s.gate is None for s in trace.sequences) else ''}): plan live for "
-                  "it"}
+                  f"{'' if trace.gated else '; no gate predictions'}): plan live for it"}
                  for c in candidates if not _replayable(c, trace)]
         candidates = [c for c in candidates if _replayable(c, trace)]
     cells = [Cell.of(strategy, expert_budget=expert_budget, hardware=hardware, cost_shape=cost_shape, **opts)
