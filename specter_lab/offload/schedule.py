@@ -167,15 +167,18 @@ class LayerSchedule:
         # Host execution: issue the host's experts first, so they run while the device computes its own.
         late = self._late(fwd, layer, resident, now)
         jobs = self._issue_host(fwd, layer, self._host_misses(fwd, layer, missing, counts, late), counts, now, math)
+        for e in late.keys() & jobs.keys():
+            store.host_used(layer, where[e], jobs[e][0].end)
         missing = [e for e in missing if e not in jobs]
         resident = [e for e in resident if e not in jobs]
         loaded, deferred = self._issue_demand(layer, set(ids), missing, now)
+        on_device = self._by_landing(layer, resident + loaded, now)
         if self.gate_lookahead and math is not None and layer + 1 < self.info.num_layers:
             predicted = math.gate_prediction(layer + 1)
             if self._pregated(fwd):
-                predicted = self._worth_copying_ahead(fwd, layer + 1, predicted, counts, jobs, now, n_tokens)
+                predicted = self._worth_copying_ahead(fwd, layer, predicted, counts, on_device, jobs, now, n_tokens)
             self._gate_prefetch(layer + 1, predicted)
-        outs = {e: self._compute(fwd, layer, e, counts[e], store.lookup(layer, e), math) for e in resident + loaded}
+        outs = {e: self._compute(fwd, layer, e, counts[e], store.lookup(layer, e), math) for e in on_device}
         # Fewer slots than experts: stream the rest through slots whose experts are done.
         pending = set(deferred)  # streamed ones leave it as they are computed
         for e in deferred:
@@ -228,19 +231,44 @@ class LayerSchedule:
         """Can the schedule read copy and host times now, mid-run (the simulated clock; not CUDA's, unsynced)?"""
         return now is not None and self.clock.readable_midrun
 
-    def _worth_copying_ahead(self, fwd, nxt: int, predicted: list[tuple[int, int]], counts, jobs, now,
-                             n_tokens: int) -> list[tuple[int, int]]:
-        """The forecast of layer ``nxt`` cut to its residents and the misses the split would copy if their copies
-        started now, ahead of that layer's router by this layer's remaining work (its device experts, or its host
-        experts if they end later) and the next dense part."""
-        device = sum(self.cost.expert_time(counts[e]) for e in counts if e not in jobs)
-        # where the clock cannot say when the host experts end, the device's own work stands for the layer's
-        host = max((self.clock.elapsed(now, span.end) for span, _ in jobs.values()), default=0.0) \
-            if self._readable(now) else 0.0
-        ahead = max(device, host) + self.cost.dense_layer_time(n_tokens, fwd.pos0)
-        keep = set(self.miss.copies_ahead(self, nxt, dict(predicted), ahead))
-        where = self.store.slots[nxt].where
+    def _worth_copying_ahead(self, fwd, layer: int, predicted: list[tuple[int, int]], counts, on_device, jobs,
+                             now, n_tokens: int) -> list[tuple[int, int]]:
+        """The forecast of layer ``layer + 1`` cut to its residents and the misses the split would copy if their
+        copies started now, ahead of that layer's router by this layer's remaining work (:meth:`_layer_left`) and
+        the next dense part."""
+        ahead = self._layer_left(layer, counts, on_device, jobs, now) + self.cost.dense_layer_time(n_tokens, fwd.pos0)
+        keep = set(self.miss.copies_ahead(self, layer + 1, dict(predicted), ahead))
+        where = self.store.slots[layer + 1].where
         return [(e, c) for e, c in predicted if e in keep or e in where]
+
+    def _layer_left(self, layer: int, counts, on_device: list[int], jobs, now) -> float:
+        """Seconds from ``now`` until this layer ends: the device computes ``on_device`` in that order, each after
+        its copy lands, and waits for the host's experts. Where the clock cannot say mid-run, the device's own work
+        stands for it (no copy waits, no host)."""
+        cost, readable = self.cost, self._readable(now)
+        s = self.store.slots[layer]
+        t = 0.0
+        for e in on_device:
+            ready = s.ready[s.where[e]] if readable else None
+            t = max(t, self.clock.elapsed(now, ready) if ready is not None else 0.0) + cost.expert_time(counts[e])
+        if readable:
+            t = max([t] + [self.clock.elapsed(now, span.end) for span, _ in jobs.values()])
+        return t
+
+    def _by_landing(self, layer: int, experts: list[int], now) -> list[int]:
+        """The device's experts in the order their copies land: those landed first (in the given order), then the
+        ones in flight in the order their copies were issued, which is the order they land on the one copy lane.
+        So a prefetch still in flight does not hold up an expert that is ready; asked the same way on every clock
+        (an event query on CUDA, no sync). The outputs are combined by the routing, not in this order."""
+        if now is None and self.clock.readable_midrun:
+            return experts
+        s = self.store.slots[layer]
+
+        def landing(e: int) -> tuple[int, int]:
+            slot = s.where[e]
+            return (0, 0) if self.clock.is_ready(s.ready[slot], now) else (1, s.copy_id[slot])
+
+        return sorted(experts, key=landing)
 
     def _late(self, fwd, layer: int, resident: list[int], now) -> dict[int, float]:
         """Residents whose copy (a prefetch still in flight) lands after ``now``: expert → seconds until it lands

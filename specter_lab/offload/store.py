@@ -382,6 +382,16 @@ class ExpertStore:
             self.trace.cache(layer, s.expert[slot], "prefetch_used", end)
         self.policy.touch(layer, s.expert[slot])
 
+    def host_used(self, layer: int, slot: int, end: Handle) -> None:
+        """A resident expert the host computed (a pre-gated split sends a copy still landing there): its lookup was
+        a use, so the policy counts it as :meth:`mark_used` does (else a late prefetch is the next victim), and the
+        prefetch that brought it served a lookup. The device did not read the slot: its last use stays."""
+        s = self.slots[layer]
+        if s.prefetched[slot]:
+            s.prefetched[slot] = False
+            self.trace.cache(layer, s.expert[slot], "prefetch_used", end)
+        self.policy.touch(layer, s.expert[slot])
+
     def note_read(self, layer: int, slot: int, end: Handle) -> None:
         """The draft read a slot: a later copy into it must wait, but this is not a target use (no LRU touch)."""
         self.slots[layer].last_use[slot] = end
