@@ -35,7 +35,7 @@ from specter_lab.pricing.profiles import get_profile
 from specter_lab.routing.bound import trace_bound
 from specter_lab.routing.gap import cell_gaps
 from specter_lab.routing.replay import replay_setup
-from specter_lab.routing.importing import MEASURED_DRAFT, MEASURED_GATE_RECALL
+from specter_lab.routing.importing import MEASURED_DRAFT, MEASURED_GATE_RECALL, MEASURED_GATE_RECALL_PER_LAYER
 from specter_lab.routing.locality import TARGET_HIT_AT_HALF, lru_hit_curve
 from specter_lab.studies.planner import default_candidates
 from specter_lab.studies.prompts import calibration_prompts
@@ -82,8 +82,15 @@ def routing_rows(trace) -> tuple[np.ndarray, list[tuple[int, int, str]]]:
     return np.concatenate(rows), segs
 
 
-def imported(recorded, target: float, ne, bits: int, gate_recall: float = MEASURED_GATE_RECALL,
-             **draft) -> sl.RoutingTrace:
+# the bundled predictor's recall, per layer pair as it was measured (one mean flatters it: "faithful" below)
+MEASURED = MEASURED_GATE_RECALL_PER_LAYER
+
+
+def recall_label(r) -> str:
+    return "/".join(f"{x:g}" for x in r) if isinstance(r, tuple) else f"{r:g}"
+
+
+def imported(recorded, target: float, ne, bits: int, gate_recall=MEASURED, **draft) -> sl.RoutingTrace:
     routing, segs = routing_rows(recorded)
     ll = sl.less_local(routing, target, num_experts=ne)
     return sl.import_routing(ll.routing, recorded.config, segs, draft_bits=bits, gate_recall=gate_recall, **draft)
@@ -119,8 +126,8 @@ def main() -> None:
           "published per-layer LRU hit at half the experts cached, imported with a modelled draft "
           "(`sl.import_routing`: measured recall and acceptance of the bundled model's RTN draft at that width) "
           "and modelled gate-lookahead predictions for `gate_lookahead` and `pregate_split` (`gate_recall=`"
-          f"{MEASURED_GATE_RECALL}: the share of the next layer's experts the bundled model's own predictor names "
-          "while decoding; other recalls in \"Pre-gating\" below):\n")
+          f"{list(MEASURED)}: the share of the next layer's experts the bundled model's own predictor names while "
+          f"decoding, per layer pair, {MEASURED_GATE_RECALL} in all; other recalls in \"Pre-gating\" below):\n")
     for label, key in ROUTINGS.items():
         for bits in set(BITS.values()):
             traces[label, bits] = imported(ev, TARGET_HIT_AT_HALF[key], ne, bits)
@@ -220,6 +227,7 @@ def main() -> None:
 
     fairness_and_gap(traces)
     foresight(traces)
+    faithful(ev)
     pregating(ev, cal, ne)
 
     # ----------------------------------------------------------------------------------- Specter's best cell
@@ -371,16 +379,42 @@ def foresight(traces) -> None:
                 print(f"| {label} | {h} · {b} | " + " | ".join(f"{x:.3f}" for x in cells) + " |")
 
 
+def faithful(ev) -> None:
+    """The modelled forecast against the recorded one, on the bundled model's own routing (where both exist)."""
+    print("\n## Is the modelled forecast faithful? (the bundled model's own routing)\n")
+    per = tuple(round(float(x), 3) for x in sl.gate_recall(ev, per_layer=True))  # MEASURED, from this recording
+    mean = round(sl.gate_recall(ev), 3)
+    print("The evaluation prompts' routing as the bundled model routed it (not made less local), replayed with "
+          "`pregate_split` using the gate predictions `sl.record` recorded (layer l+1's router on layer l's state), "
+          f"then imported with modelled ones at the recall those have: per layer pair ({recall_label(per)}), at "
+          f"their mean ({mean:g}) for every pair, and perfect (1.0). × of the bound.\n")
+    cols = {"recorded": None, f"modelled, {recall_label(per)}": per, f"modelled, {mean:g} everywhere": mean,
+            "modelled, 1.0": 1.0}
+    print("| profile · budget | `split_lfu` | " + " | ".join(f"`pregate_split`, {c}" for c in cols) + " |")
+    print("|---|---|" + "---|" * len(cols))
+    routing, segs = routing_rows(ev)
+    traces = {c: ev if r is None else sl.import_routing(routing, ev.config, segs, k_max=0, gate_recall=r)
+              for c, r in cols.items()}
+    for h in HW:
+        for b in BUDGETS:
+            kw = dict(expert_budget=b, hardware=h, cost_shape=SHAPE)
+            bd = _mean_tpot(trace_bound(ev, **kw))
+            cells = [bd / _mean_tpot(sl.replay(ev, "split_lfu", **kw))]
+            cells += [bd / _mean_tpot(sl.replay(t, "pregate_split", **kw)) for t in traces.values()]
+            print(f"| {h} · {b} | " + " | ".join(f"{x:.3f}" for x in cells) + " |")
+
+
 def pregating(ev, cal, ne) -> None:
     """pregate_split, and the planner's pick, at the bundled predictor's recall and at the what-ifs."""
-    recalls = (MEASURED_GATE_RECALL, *GATE_WHAT_IF)
+    recalls = (MEASURED, *GATE_WHAT_IF)
     print("\n## Pre-gating: what the predictor's recall is worth (compiled cells)\n")
     print("`pregate_split` (split_lfu with pre-gated prefetch placed by the split) and `auto` (planned on the "
           "calibration routing imported with the same recall, replayed on the evaluation routing) at the gate "
-          f"recall of the bundled model's own predictor ({MEASURED_GATE_RECALL}), at FATE's reported next-layer "
-          "accuracy (0.788, arXiv 2502.12224, a what-if) and with a perfect forecast (1.0, a what-if); `split_lfu` "
-          "for reference. × of the bound.\n")
-    print("| routing | profile · budget | `split_lfu` | " + " | ".join(f"`pregate_split` at {r:g}" for r in recalls)
+          f"recall of the bundled model's own predictor ({recall_label(MEASURED)} per layer pair), at FATE's "
+          "reported next-layer accuracy (0.788, arXiv 2502.12224, a what-if) and with a perfect forecast (1.0, a "
+          "what-if); `split_lfu` for reference. × of the bound.\n")
+    print("| routing | profile · budget | `split_lfu` | "
+          + " | ".join(f"`pregate_split` at {recall_label(r)}" for r in recalls)
           + " | " + " | ".join(f"`auto` at {r:g} (pick)" for r in GATE_WHAT_IF) + " |")
     print("|---|---|---|" + "---|" * (len(recalls) + len(GATE_WHAT_IF)))
     for label, key in ROUTINGS.items():

@@ -281,3 +281,24 @@ def test_gate_recall_measures_what_import_routing_models(model, recorded):
     assert sl.gate_recall(import_routing(src, model.config, k_max=0, gate_recall=0.6)) == pytest.approx(0.6, abs=0.03)
     with pytest.raises(ValueError, match="no gate predictions"):
         sl.gate_recall(import_routing(src, model.config, k_max=0))
+
+
+def test_gate_recall_per_layer_pair(model):
+    """gate_recall=[r0, r1, …]: one recall per layer pair l → l+1 (the bundled predictor's is uneven), read back per
+    pair by sl.gate_recall and named in the trace's source; a list of the wrong length is refused before reading."""
+    info = inspect_model(model)
+    cfg = {k: v for k, v in model.config.to_dict().items() if k != "layer_types"}
+    cfg["num_hidden_layers"] = 4  # three layer pairs
+    rng = np.random.default_rng(7)
+    src = np.argsort(rng.random((3000, 4, info.num_experts)), axis=-1)[..., : info.top_k]
+    want = [0.1, 0.5, 0.9]
+    trace = import_routing(src, cfg, k_max=0, gate_recall=want, seed=2)
+    assert sl.gate_recall(trace, per_layer=True) == pytest.approx(want, abs=0.04)
+    assert "recall 0.1/0.5/0.9 per layer pair" in trace.source
+    flat = import_routing(src, cfg, k_max=0, gate_recall=[0.6] * 3, seed=2)
+    same = import_routing(src, cfg, k_max=0, gate_recall=0.6, seed=2)
+    assert all((a.gate == b.gate).all() for a, b in zip(flat.sequences, same.sequences))  # one draw per slot
+    with pytest.raises(ValueError, match="gate_recall: 2 recalls .* one per layer pair"):
+        import_routing("no-such-file.npz", cfg, gate_recall=[0.5, 0.5])
+    with pytest.raises(ValueError, match="gate_recall="):
+        import_routing(src, cfg, gate_recall=[0.5, 1.5, 0.5])

@@ -15,10 +15,14 @@ What is exact and what is modeled:
   prefetch with: layer l+1's router on layer l's state) are not in an import, so those rows are refused on it,
   unless ``gate_recall=r`` models them: each of layer l+1's experts is predicted at layer l with probability
   ``r``, the others replaced by experts that token does not use there, drawn at random (no duplicates; seeded).
-  The bundled model's own predictor names :data:`MEASURED_GATE_RECALL` of the next layer's experts while
-  decoding (0.19, 0.59 and 0.76 for its three layer pairs); a real model's deeper residual stream keeps a next
-  layer's choice more predictable, so give the recall measured on yours (:func:`gate_recall` of a trace
-  ``sl.record`` made of it).
+  ``r`` is one number, or one per layer pair (l → l+1). The bundled model's own predictor names
+  :data:`MEASURED_GATE_RECALL` of the next layer's experts while decoding, unevenly:
+  :data:`MEASURED_GATE_RECALL_PER_LAYER` for its three layer pairs. Give the uneven one where the layers match:
+  replayed on the bundled model's own routing, ``pregate_split`` with its recorded predictions read 0.713–0.831
+  of the bound in four compiled cells, modelled per layer pair 0.730–0.835, modelled at the one mean 0.747–0.834
+  (``docs/measured/closer_to_bound.md``, "Is the modelled forecast faithful?"). A real model's deeper residual
+  stream keeps a next layer's choice more predictable, so give the recall measured on yours (:func:`gate_recall`
+  of a trace ``sl.record`` made of it, ``per_layer=True``).
 * **Speculative strategies** get a **modeled draft** (``trace.draft["modeled"]``, also in ``trace.source``, which
   every replayed result states as ``routing_source``), seeded:
 
@@ -56,7 +60,7 @@ from .replay import skeleton
 from .trace_file import RoutedSequence, RoutingTrace, TraceError, TraceSpec, read_npz
 
 __all__ = ["import_routing", "gate_recall", "ModeledDraft", "MEASURED_DRAFT", "MEASURED_GATE_RECALL",
-           "DraftFidelity", "PHASES"]
+           "MEASURED_GATE_RECALL_PER_LAYER", "DraftFidelity", "PHASES"]
 
 PHASES = ("prefill", "decode")
 
@@ -89,6 +93,7 @@ MEASURED_DRAFT: dict[int, DraftFidelity] = {
 # the next layer's experts it names while decoding, 4 held-out prompts × 256 greedy tokens (0.187, 0.594, 0.760
 # for the layer pairs 0→1, 1→2, 2→3): gate_recall() of that trace.
 MEASURED_GATE_RECALL = 0.514
+MEASURED_GATE_RECALL_PER_LAYER = (0.187, 0.594, 0.760)
 
 
 def gate_recall(trace: RoutingTrace, per_layer: bool = False) -> "float | np.ndarray":
@@ -139,7 +144,7 @@ class _Segment:
 def import_routing(source, config, segments: "Sequence | None" = None, *, recall: float | None = None,
                    acceptance: float | None = None, replace_fraction: float | None = None, k_max: int = 16,
                    draft_bits: int = 4, seed: int = 0, format: str | None = None,
-                   gate_recall: float | None = None) -> RoutingTrace:
+                   gate_recall: "float | Sequence[float] | None" = None) -> RoutingTrace:
     """A :class:`RoutingTrace` from target routing recorded elsewhere (see the module docstring for what is exact
     and what is modeled).
 
@@ -153,12 +158,15 @@ def import_routing(source, config, segments: "Sequence | None" = None, *, recall
     ``"prefill"`` or ``"decode"`` (default: the whole source, one text decoded token by token). ``recall`` /
     ``replace_fraction`` (one of them) and ``acceptance`` model the draft of speculative strategies (defaults:
     :data:`MEASURED_DRAFT` for ``draft_bits``); ``k_max``: the longest draft window (0: no chains).
-    ``gate_recall``: model gate-lookahead predictions with this recall (module docstring; None: none)."""
+    ``gate_recall``: model gate-lookahead predictions with this recall, one number or one per layer pair (module
+    docstring; None: none)."""
     draft = _modeled_draft(recall, acceptance, replace_fraction, draft_bits, seed, k_max)  # arguments first
-    _check_share("gate_recall", gate_recall, f" (the bundled model's predictor: {MEASURED_GATE_RECALL}), or None for "
-                 "no gate predictions")
+    recalls = _gate_recalls(gate_recall)
     cfg = _config_dict(config)
     info = _moe_info(cfg)
+    if recalls is not None and recalls.size > 1 and recalls.size != info.num_layers - 1:
+        raise ValueError(f"gate_recall: {recalls.size} recalls for a config with {info.num_layers} MoE layers; give "
+                         f"one per layer pair l → l+1 ({info.num_layers - 1}), or one number for all.")
     experts, stored, what = _read_source(source, info, format)
     if isinstance(stored, list):  # an engine's file: its own segments
         if segments is not None:
@@ -179,11 +187,12 @@ def import_routing(source, config, segments: "Sequence | None" = None, *, recall
         for s in seqs:
             _add_chains(s, k_max, draft, text_id, reject_id, num_experts, acc_rng, recall_rng)
     gate = "not recorded"
-    if gate_recall is not None:
+    if recalls is not None:
         gate_rng = np.random.default_rng(np.random.SeedSequence([seed, 1]))  # its own stream: drafts unchanged
         for s in seqs:
-            s.gate = _modeled_gate(s, float(gate_recall), [l.num_experts for l in info.layers], gate_rng)
-        gate = f"modeled (recall {float(gate_recall):g}, seed {seed})"
+            s.gate = _modeled_gate(s, recalls, [l.num_experts for l in info.layers], gate_rng)
+        said = f"{recalls[0]:g}" if recalls.size == 1 else "/".join(f"{r:g}" for r in recalls) + " per layer pair"
+        gate = f"modeled (recall {said}, seed {seed})"
     n_rows = sum(seg.length for seg in segs)
     text = (f"imported: {what}, {n_rows} routed tokens in {len(seqs)} sequence(s), {cfg['model_type']} config; "
             f"token ids are placeholders (id {text_id}, never EOS); "
@@ -413,16 +422,33 @@ def _sequence(experts: np.ndarray, group: list[_Segment], text_id: int) -> Route
                           prefill=rows[:n_prefill].copy(), decode=rows[n_prefill:].copy())
 
 
-def _modeled_gate(s: RoutedSequence, recall: float, num_experts: list[int], rng: np.random.Generator) -> np.ndarray:
+def _modeled_gate(s: RoutedSequence, recall: np.ndarray, num_experts: list[int],
+                  rng: np.random.Generator) -> np.ndarray:
     """Gate-lookahead rows ``[P + N-1, L, k]`` of one sequence: row l holds layer l+1's routing of that token,
-    each expert kept with probability ``recall`` and else replaced by one the token does not use there; the last
-    layer's row predicts nothing (-1), as recorded."""
+    each expert kept with probability ``recall`` (one value, or one per layer pair) and else replaced by one the
+    token does not use there; the last layer's row predicts nothing (-1), as recorded."""
     rows = np.concatenate([s.prefill, s.decode])
     nxt = rows[:, 1:]  # [T, L-1, k]: what layer l's gate should name, layer l+1's experts
-    kept = rng.random(nxt.shape) < recall
+    kept = rng.random(nxt.shape) < recall.reshape(1, -1, 1)
     gate = np.full_like(rows, -1)
     gate[:, :-1] = replace_experts(nxt, ~kept, num_experts[1:], rng)
     return gate
+
+
+def _gate_recalls(gate_recall) -> "np.ndarray | None":
+    """``gate_recall=`` as an array of shares (one, or one per layer pair), checked before anything is read."""
+    if gate_recall is None:
+        return None
+    more = (f" (the bundled model's predictor: {MEASURED_GATE_RECALL}, or per layer pair "
+            f"{list(MEASURED_GATE_RECALL_PER_LAYER)}), or None for no gate predictions")
+    if isinstance(gate_recall, np.ndarray):
+        gate_recall = gate_recall.tolist()  # plain floats (a 0-d array gives one)
+    values = list(gate_recall) if isinstance(gate_recall, (list, tuple)) else [gate_recall]
+    if not values:
+        raise ValueError(f"gate_recall={gate_recall!r}: a share in [0, 1] or one per layer pair{more}.")
+    for v in values:
+        _check_share("gate_recall", v, more)
+    return np.asarray(values, dtype=float)
 
 
 def _check_share(name: str, v, more: str = "") -> None:
