@@ -3,11 +3,14 @@ clock, and deciding copy-or-host from the profile. Losslessness on the six famil
 strategy of ``sl.STRATEGIES``)."""
 
 from dataclasses import replace
+from functools import partial
+from unittest import mock
 
 import numpy as np
 import pytest
 
 import specter_lab as sl
+from specter_lab.offload.hostexec import BalancedMisses, ForecastRecall
 from specter_lab.pricing.profiles import get_profile
 from conftest import hf_greedy
 
@@ -173,3 +176,29 @@ def test_the_pregated_split_prefetches_what_it_would_copy_not_every_forecast():
     assert all(r.metrics["prefetch_waste_bytes"] == 0 for r in got["pregate_split"])
     assert mean["pregate_split"]["tpot_ms"] < mean["split_lfu"]["tpot_ms"] < mean["gate_lookahead"]["tpot_ms"]
     assert mean["pregate_split"]["h2d_bytes_per_token"] < mean["gate_lookahead"]["h2d_bytes_per_token"] / 2
+
+
+def test_a_forecast_that_keeps_missing_stops_moving_bytes():
+    """The pre-gated split measures its forecast's recall as it goes (ForecastRecall) and stops prefetching on a
+    layer whose forecast keeps naming the wrong experts: a forecast that is never right moves a fraction of the
+    bytes it moves when trusted regardless (trust=0), and a right one is trusted throughout."""
+    fr = ForecastRecall()
+    for _ in range(10):
+        fr.observe(1, {0, 1}, [2, 3])
+        fr.observe(2, {0, 1}, [0, 1, -1])
+    assert fr.of(1) < 0.4 < fr.of(2) == 1.0 and fr.of(3) == 1.0  # never seen: trusted
+    model, tok = sl.load_model("tiny")
+    rec = sl.record(model, tok, sl.heldout_prompts(1), max_new_tokens=48, k_max=0, progress=False)
+    (s,) = rec.sequences
+    segs = [(0, len(s.prefill), "prefill"), (len(s.prefill), len(s.decode), "decode")]
+    kw = dict(expert_budget=0.25, hardware="a100-40g-pcie4@compiled", cost_shape="deepseek-v2-lite@full")
+    moved = {}
+    for recall in (0.0, 1.0):
+        trace = sl.import_routing(np.concatenate([s.prefill, s.decode]), rec.config, segs, k_max=0,
+                                  gate_recall=recall)
+        for trust in (0.0, BalancedMisses.trust):
+            with mock.patch("specter_lab.run.assembly.BalancedMisses", partial(BalancedMisses, trust=trust)):
+                (run,) = sl.replay(trace, "pregate_split", **kw)
+            moved[recall, trust] = run.metrics["prefetch_bytes_per_token"]
+    assert moved[0.0, BalancedMisses.trust] < moved[0.0, 0.0] / 3
+    assert moved[1.0, BalancedMisses.trust] == moved[1.0, 0.0] > 0

@@ -119,12 +119,14 @@ class LayerSchedule:
         self.hooks: dict[str, list[Callable]] = {name: [] for name in HOOK_POINTS}
         self._stamp = stamper(clock, trace.full)
         self._protect: dict[int, set[int]] = {}  # gate lookahead: next layer's predicted experts, this forward
+        self._named: dict[int, set[int]] = {}  # pre-gated: every expert the forecast named for a layer, this forward
         self._routed_memo: dict[tuple, list[float]] = {}  # verify_estimate's routed part by (n, distinct curve)
         self._host_times: dict[int, float] = {}  # host_time(n): asked per miss
 
     # ------------------------------------------------------------------ entry
     def begin_forward(self) -> None:
         self._protect = {}
+        self._named = {}
         self.clock.mark_model_work()  # where the first dense span starts (measured clocks)
 
     def routed(self, fwd: ForwardInfo, layer: int, idx: np.ndarray) -> None:
@@ -159,6 +161,8 @@ class LayerSchedule:
         self._dense_span(fwd, layer, n_tokens, fwd.phase)
         now = self._stamp()
         ids = list(counts)
+        if layer in self._named:  # the forecast made one layer ago, against what this layer asks for
+            self.miss.forecast.observe(layer, self._named.pop(layer), ids)
         where = store.slots[layer].where
         resident = [e for e in ids if e in where]
         missing = [e for e in ids if e not in where]
@@ -176,6 +180,7 @@ class LayerSchedule:
         if self.gate_lookahead and math is not None and layer + 1 < self.info.num_layers:
             predicted = math.gate_prediction(layer + 1)
             if self._pregated(fwd):
+                self._named[layer + 1] = {e for e, _ in predicted}
                 predicted = self._worth_copying_ahead(fwd, layer, predicted, counts, on_device, jobs, now, n_tokens)
             self._gate_prefetch(layer + 1, predicted)
         outs = {e: self._compute(fwd, layer, e, counts[e], store.lookup(layer, e), math) for e in on_device}
