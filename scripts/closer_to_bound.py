@@ -61,7 +61,11 @@ ABLATIONS = [  # (mechanism, from, to)
     ("split by lane instead of by reuse alone", "host_lru", "split_lru"),
     ("split by lane + decayed LFU", "host_lru", "split_lfu"),
     ("split by lane + ARC (adaptive replacement) instead of LRU", "split_lru", "split_arc"),
-    ("pre-gated prefetch placed by the split (split_lfu → pregate_split)", "split_lfu", "pregate_split"),
+    ("pre-gated prefetch placed by the split (split_lfu → pregate_split without refresh)", "split_lfu",
+     "pregate_split-refresh"),
+    ("refresh: each layer's most used missing expert copied on an idle link (pregate_split without → with)",
+     "pregate_split-refresh", "pregate_split"),
+    ("the same refresh in split_lfu", "split_lfu", "split_lfu+refresh"),
     ("speculation: window copies by link budget + split (specter_host → specter_split)", "specter_host",
      "specter_split"),
     ("prefetch ranked by stall saved, cancelled at verification (specter_split)", "specter_split",
@@ -160,6 +164,8 @@ def main() -> None:
                 variants = {f"{row}+stall": (sl.STRATEGIES[row].with_options(chunking="stall"), {})
                             for row in ("specter_split", "specter_host")}
                 variants["specter_split k=2"] = ("specter_split", {"k": 2})
+                variants["pregate_split-refresh"] = (sl.STRATEGIES["pregate_split"].with_options(refresh=False), {})
+                variants["split_lfu+refresh"] = (sl.STRATEGIES["split_lfu"].with_options(refresh=True), {})
                 variants["specter_split+forecast"] = (sl.STRATEGIES["specter_split"].with_options(
                     eviction="forecast"), {})
                 for name, (st, opts) in variants.items():

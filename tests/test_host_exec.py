@@ -168,14 +168,17 @@ def test_the_pregated_split_prefetches_what_it_would_copy_not_every_forecast():
         segs += [(n0, len(s.prefill), "prefill"), (n0 + len(s.prefill), len(s.decode), "decode")]
     trace = sl.import_routing(np.concatenate(rows), rec.config, segs, k_max=0, gate_recall=1.0)
     kw = dict(expert_budget=0.25, hardware="a100-40g-pcie4@compiled", cost_shape="deepseek-v2-lite@full")
-    got = {s: sl.replay(trace, s, **kw) for s in ("split_lfu", "pregate_split", "gate_lookahead")}
+    rows = {s: s for s in ("split_lfu", "pregate_split", "gate_lookahead")}
+    rows["pre-gating alone"] = sl.STRATEGIES["pregate_split"].with_options(refresh=False)  # its prefetches only
+    got = {name: sl.replay(trace, s, **kw) for name, s in rows.items()}
     mean = {s: {k: np.mean([r.metrics[k] for r in runs]) for k in ("tpot_ms", "h2d_bytes_per_token",
                                                                       "prefetch_used_fraction")}
             for s, runs in got.items()}
-    assert mean["pregate_split"]["prefetch_used_fraction"] == 1.0
-    assert all(r.metrics["prefetch_waste_bytes"] == 0 for r in got["pregate_split"])
-    assert mean["pregate_split"]["tpot_ms"] < mean["split_lfu"]["tpot_ms"] < mean["gate_lookahead"]["tpot_ms"]
-    assert mean["pregate_split"]["h2d_bytes_per_token"] < mean["gate_lookahead"]["h2d_bytes_per_token"] / 2
+    assert mean["pre-gating alone"]["prefetch_used_fraction"] == 1.0
+    assert all(r.metrics["prefetch_waste_bytes"] == 0 for r in got["pre-gating alone"])
+    for row in ("pregate_split", "pre-gating alone"):
+        assert mean[row]["tpot_ms"] < mean["split_lfu"]["tpot_ms"] < mean["gate_lookahead"]["tpot_ms"]
+        assert mean[row]["h2d_bytes_per_token"] < mean["gate_lookahead"]["h2d_bytes_per_token"] / 2
 
 
 def test_a_forecast_that_keeps_missing_stops_moving_bytes():
@@ -192,13 +195,14 @@ def test_a_forecast_that_keeps_missing_stops_moving_bytes():
     (s,) = rec.sequences
     segs = [(0, len(s.prefill), "prefill"), (len(s.prefill), len(s.decode), "decode")]
     kw = dict(expert_budget=0.25, hardware="a100-40g-pcie4@compiled", cost_shape="deepseek-v2-lite@full")
+    pregating = sl.STRATEGIES["pregate_split"].with_options(refresh=False)  # its gate prefetches only
     moved = {}
     for recall in (0.0, 1.0):
         trace = sl.import_routing(np.concatenate([s.prefill, s.decode]), rec.config, segs, k_max=0,
                                   gate_recall=recall)
         for trust in (0.0, BalancedMisses.trust):
             with mock.patch("specter_lab.run.assembly.BalancedMisses", partial(BalancedMisses, trust=trust)):
-                (run,) = sl.replay(trace, "pregate_split", **kw)
+                (run,) = sl.replay(trace, pregating, **kw)
             moved[recall, trust] = run.metrics["prefetch_bytes_per_token"]
     assert moved[0.0, BalancedMisses.trust] < moved[0.0, 0.0] / 3
     assert moved[1.0, BalancedMisses.trust] == moved[1.0, 0.0] > 0

@@ -11,7 +11,7 @@ from collections import OrderedDict, defaultdict
 from typing import Hashable, Sequence
 
 __all__ = ["EvictionPolicy", "LRU", "LFU", "DecayLFU", "ARC", "ArcLists", "ForecastEviction", "POLICIES",
-           "make_policy"]
+           "make_policy", "victim_of"]
 
 
 class EvictionPolicy:
@@ -275,6 +275,15 @@ class ForecastEviction(EvictionPolicy):
 
 
 POLICIES = {"lru": LRU, "lfu": LFU, "lfu_decay": DecayLFU, "arc": ARC, "forecast": ForecastEviction}
+
+
+def victim_of(policy: EvictionPolicy, layer: int, experts: Sequence[int], protected) -> int | None:
+    """The expert ``policy`` would evict from one layer's slots now (``experts``: each slot's expert, -1 empty),
+    never one in ``protected`` (None: a free slot, or nothing evictable)."""
+    cands = [(j, e) for j, e in enumerate(experts) if e not in protected]
+    if -1 in experts or not cands:
+        return None
+    return experts[policy.victim(layer, cands)]
 
 
 def make_policy(name: str, **options) -> EvictionPolicy:

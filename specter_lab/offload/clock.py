@@ -91,6 +91,9 @@ class Clock(Protocol):
     def copy_free_at(self) -> Handle | None:
         """When the copy lane is free, where that can be read mid-run; None on a real clock."""
 
+    def copy_idle(self, now: Handle) -> bool:
+        """Has every copy issued so far ended by ``now``? (No sync: a comparison or an event query.)"""
+
     def step_seconds(self, start: Handle, end: Handle, wall_s: float) -> float:
         """One draft step's length, usable mid-run: the clock's own where readable, else the host's wall time."""
 
@@ -151,6 +154,9 @@ class SimClock:
 
     def copy_free_at(self) -> Handle | None:
         return self.copy_t
+
+    def copy_idle(self, now: Handle) -> bool:
+        return self.copy_t <= now
 
     def step_seconds(self, start: Handle, end: Handle, wall_s: float) -> float:
         return end - start
@@ -244,6 +250,7 @@ class CudaClock:
         self.label = f"cuda:{torch.cuda.get_device_name(self.device)}"
         self._mark = None  # full trace: the event where the model's own work since the last MoE layer began
         self._disk_stream = None  # the disk tier's events (made on first use)
+        self._last_copy = None  # the last copy's end event (copy_idle)
 
     def _event(self, stream=None, timing: bool = True):
         ev = torch.cuda.Event(enable_timing=timing)
@@ -275,6 +282,9 @@ class CudaClock:
     def copy_free_at(self) -> Handle | None:
         return None
 
+    def copy_idle(self, now: Handle) -> bool:
+        return self._last_copy is None or bool(self._last_copy.query())  # one stream: the last copy ends last
+
     def step_seconds(self, start: Handle, end: Handle, wall_s: float) -> float:
         return wall_s  # eager decoding is host-bound: the host's time is the step's
 
@@ -292,7 +302,7 @@ class CudaClock:
                     self.copy_stream.wait_event(a)
             start = self._event(self.copy_stream) if self.timing else None
             fn()
-            end = self._event(self.copy_stream, self.timing)
+            end = self._last_copy = self._event(self.copy_stream, self.timing)
         return Span(start, end)
 
     def disk(self, duration: float, fn: Callable[[], Any], after: Iterable[Handle] = (),

@@ -34,6 +34,8 @@ from typing import Protocol
 
 import numpy as np
 
+from .cache import victim_of
+
 __all__ = ["MissPolicy", "MissRule", "CopyMisses", "HostMisses", "CostedMisses", "ShareMisses",
            "BalancedMisses", "ForecastRecall"]
 
@@ -134,10 +136,9 @@ class CostedMisses:
 
 
 def _victim(store, layer: int, counts) -> int | None:
-    """The expert a copy into ``layer`` would evict now (None: a free slot, or nothing evictable)."""
-    cands = [(j, e) for j, e in enumerate(store.slots[layer].expert) if e not in counts]
-    victim = None if -1 in store.slots[layer].expert or not cands else store.policy.victim(layer, cands)
-    return store.slots[layer].expert[victim] if victim is not None else None
+    """The expert a copy into ``layer`` would evict now, not one this layer asks for (None: a free slot, or
+    nothing evictable)."""
+    return victim_of(store.policy, layer, store.slots[layer].expert, counts)
 
 
 @dataclass

@@ -21,6 +21,7 @@ import numpy as np
 
 from .clock import Span, stamper
 from .hostexec import MissRule
+from .refresh import Refresh
 
 __all__ = ["ForwardInfo", "LayerSchedule", "ExpertMath", "DraftSource", "HOOK_POINTS", "counts_of", "rank_prediction",
            "host_lane_time"]
@@ -103,7 +104,8 @@ class LayerSchedule:
 
     def __init__(self, info, store, clock, cost, trace, miss: MissRule, draft: DraftSource | None = None,
                  gate_lookahead: bool = False, host_layers: Sequence[int] = (),
-                 host_weights: "list[dict[str, Any]] | None" = None, host_weight_bytes: float | None = None) -> None:
+                 host_weights: "list[dict[str, Any]] | None" = None, host_weight_bytes: float | None = None,
+                 refresh: Refresh | None = None) -> None:
         self.info = info
         self.store = store
         self.clock = clock
@@ -115,6 +117,7 @@ class LayerSchedule:
         self.host_layers = set(host_layers)  # static split: every expert of these layers runs on the host
         self.host_weights = host_weights if host_weights is not None else store.host
         self.host_weight_bytes = host_weight_bytes  # host copies in another precision (Engine(host_dtype=))
+        self.refresh = refresh  # popular experts copied on an idle link (offload/refresh.py)
         self.hybrid_sets: list[set[int]] = [set() for _ in info.layers]  # hybrid draft: experts with low-bit copies
         self.hooks: dict[str, list[Callable]] = {name: [] for name in HOOK_POINTS}
         self._stamp = stamper(clock, trace.full)
@@ -191,7 +194,9 @@ class LayerSchedule:
                 raise RuntimeError(f"layer {layer}: no slot can be freed for expert {e} "
                                    f"(slots={store.slots[layer].size})")
             outs[e] = self._compute(fwd, layer, e, counts[e], slot, math)
-        return outs, self._join_host(fwd, layer, jobs)
+        host_outs = self._join_host(fwd, layer, jobs)
+        self._refresh(fwd, layer, counts)
+        return outs, host_outs
 
     def _compute(self, fwd, layer: int, e: int, n: int, slot: int, math):
         store = self.store
@@ -220,6 +225,20 @@ class LayerSchedule:
         protect = {e for e, _ in chosen}
         for e, _ in chosen:
             self.store.prefetch(nxt, e, protected=protect)
+
+    def _refresh(self, fwd, layer: int, counts) -> None:
+        """After a decode layer: count its routing, and if the link is idle, copy the expert its recent tokens used
+        most that is not resident, when :class:`Refresh` says it pays (:mod:`specter_lab.offload.refresh`)."""
+        if self.refresh is None or fwd.phase != "decode" or layer in self.host_layers:
+            return
+        self.refresh.observe(layer, counts)
+        if not self.clock.copy_idle(self.clock.now()):
+            return
+        s = self.store.slots[layer]
+        full = -1 not in s.expert
+        e = self.refresh.candidate(layer, s.where, self.store.victim(layer, counts) if full else None, full)
+        if e is not None:
+            self.store.prefetch(layer, e, protected=counts)
 
     # ------------------------------------------------------------------ host execution
     def _pregated(self, fwd) -> bool:

@@ -35,7 +35,7 @@ import torch
 from ..errors import CopyFault
 from ..model.memory import CPU_SLOT_COPY_LIMIT
 from ..model.placement import PinnedStaging
-from .cache import EvictionPolicy
+from .cache import EvictionPolicy, victim_of
 from .clock import Handle, stamper
 
 __all__ = ["ExpertStore", "LayerSlots", "CopyFault"]
@@ -174,6 +174,11 @@ class ExpertStore:
     @property
     def slots_per_layer(self) -> list[int]:
         return [s.size for s in self.slots]
+
+    def victim(self, layer: int, protected) -> int | None:
+        """The expert a copy into ``layer`` would evict now, never one in ``protected`` (None: a free slot, or
+        nothing evictable)."""
+        return victim_of(self.policy, layer, self.slots[layer].expert, protected)
 
     def resident(self, layer: int) -> set[int]:
         return set(self.slots[layer].where)

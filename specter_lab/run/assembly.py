@@ -14,6 +14,7 @@ strategy field         part built here
 ``writeback``          the store copies each evicted expert back to the host (``offload/store.py``)
 ``single_stream``      the run's clock puts copies on the compute stream (:func:`run_clock`)
 ``dispatch``           whose counted expert dispatch the cost model prices (:func:`dispatch_implementation`)
+``refresh``            the schedule's popularity copies on an idle link (``offload/refresh.py``)
 =====================  ==============================================================================
 
 Adding a mechanism = one class where its kind lives + its name in the strategy's ``Literal`` + one line here.
@@ -34,6 +35,7 @@ from ..offload.clock import Clock
 from ..offload.hostexec import (BalancedMisses, CopyMisses, CostedMisses, HostMisses, MissPolicy, MissRule,
                                 ShareMisses)
 from ..offload.hostcache import DiskTier, HostExpertCache
+from ..offload.refresh import Refresh
 from ..offload.runtime import OffloadRuntime
 from ..offload.schedule import DraftSource, LayerSchedule
 from ..offload.store import ExpertStore
@@ -125,9 +127,10 @@ def make_schedule(st: Strategy, info, store: ExpertStore, draft: DraftSource | N
     """The per-layer schedule: the miss rule, gate lookahead, the static split's host layers, the draft."""
     host_layers = [l for l, n in enumerate(store.slots_per_layer) if n == 0] if st.static else []
     wb = next(iter(host_weights[0].values())).element_size() if host_weights else None
+    refresh = Refresh([l.num_experts for l in info.layers]) if st.refresh else None
     return LayerSchedule(info, store, store.clock, store.cost, store.trace, miss_rule(st, store), draft=draft,
                          gate_lookahead=st.prefetch == "gate", host_layers=host_layers,
-                         host_weights=host_weights, host_weight_bytes=wb)
+                         host_weights=host_weights, host_weight_bytes=wb, refresh=refresh)
 
 
 def speculation(st: Strategy, store: ExpertStore, governor: KGovernor | None) -> Speculation:

@@ -1,5 +1,5 @@
 """The offloading strategies, as data: each name is a combination of typed mechanism choices (decoding,
-prefetch source, chunking, eviction, slot pool, miss rule).
+prefetch source, chunking, eviction, slot pool, miss rule, refresh).
 
 A :class:`Strategy` is validated when it is built, so a misspelt mechanism fails here, not inside a run. One
 function, :func:`specter_lab.run.assembly.assemble`, turns a strategy into a run's parts; nothing else builds
@@ -79,6 +79,9 @@ class Strategy:
       the prompt), the first ``N`` layers compute every expert on the host (llama.cpp's ``--n-cpu-moe N``).
     * ``writeback``   – every miss that evicts also copies the evicted expert back to the host (device→host),
       as Mixtral-Offloading's cache does: two copies on the link per miss.
+    * ``refresh``     – after each decode layer, if the link is idle, copy the expert that layer's recent tokens
+      used most (device and host uses alike) and the device lacks, in place of the eviction policy's victim if
+      it is used at least twice as often (:mod:`specter_lab.offload.refresh`; non-speculative, per-layer slots).
     * ``single_stream`` – copies run on the compute stream: no copy overlaps any compute.
     * ``dispatch``    – whose expert dispatch the cost model prices (its aten ops and host syncs are counted,
       :mod:`specter_lab.pricing.opcount`): ``specter`` (this runtime: one routing read-back per layer) or
@@ -102,6 +105,7 @@ class Strategy:
     writeback: bool = False  # copy each evicted expert back to the host (Mixtral-Offloading's swap)
     single_stream: bool = False  # copies on the compute stream (no overlap)
     dispatch: Dispatch = "specter"  # whose counted expert dispatch (aten ops, host syncs) prices the run
+    refresh: bool = False  # copy a layer's most used non-resident expert when the link is idle
     description: str = ""
     # What the row is to a comparison (not a mechanism: the assembly never reads it): a baseline the paper's
     # method is compared with, the paper's method or an extension of it, a replica of an artifact's costs, or a
@@ -109,7 +113,8 @@ class Strategy:
     role: Role = "baseline"
 
     def __post_init__(self) -> None:
-        for name in ("speculative", "protect", "keep", "shared_slots", "static", "writeback", "single_stream"):
+        for name in ("speculative", "protect", "keep", "shared_slots", "static", "writeback", "single_stream",
+                     "refresh"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"Strategy {self.name!r}: {name}={getattr(self, name)!r} must be True or False.")
         for name, allowed in (("prefetch", PREFETCH), ("eviction", EVICTION), ("miss", MISS), ("pool", POOL),
@@ -131,6 +136,10 @@ class Strategy:
         if self.cpu_share and self.miss != "copy":
             raise ValueError(f"Strategy {self.name!r}: cpu_share={self.cpu_share} splits copied misses; with "
                              f"miss={self.miss!r} the host already decides: leave cpu_share=0.")
+        if self.refresh and (self.speculative or self.pool != "layer" or self.static or not self.keep):
+            raise ValueError(f"Strategy {self.name!r}: refresh=True copies into a layer's own slots between tokens "
+                             "of plain decoding: use it with speculative=False, pool='layer', static=False and "
+                             "keep=True.")
         if self.pool == "global" and (self.shared_slots or self.static):
             raise ValueError(f"Strategy {self.name!r}: pool='global' already shares one pool across layers: "
                              "leave shared_slots=False and static=False.")
@@ -185,10 +194,11 @@ STRATEGIES: dict[str, Strategy] = {
                  "ends the layer sooner, a copy credited with its expected reuse; LRU cache"),
         Strategy("split_lfu", miss="balance", eviction="lfu_decay", description="split_lru with decayed-LFU "
                  "eviction"),
-        Strategy("pregate_split", prefetch="gate", miss="balance", eviction="lfu_decay", description="split_lfu "
-                 "with pre-gated prefetch (Pre-gated MoE, ProMoE): layer l+1's router on layer l's state forecasts "
-                 "its experts; the split copies ahead only the ones its placement would copy when that layer "
-                 "comes, and a copy still landing then may run on the host instead"),
+        Strategy("pregate_split", prefetch="gate", miss="balance", eviction="lfu_decay", refresh=True,
+                 description="split_lfu with pre-gated prefetch (Pre-gated MoE, ProMoE): layer l+1's router on "
+                 "layer l's state forecasts its experts; the split copies ahead only the ones its placement would "
+                 "copy when that layer comes, and a copy still landing then may run on the host instead; an idle "
+                 "link copies in each layer's most used missing expert (refresh, MoE-Infinity style)"),
         Strategy("split_arc", miss="balance", eviction="arc", description="split_lru with adaptive replacement "
                  "(ARC) eviction: recency against repeated use, balanced by which ghost list a returning expert "
                  "comes from"),
