@@ -18,6 +18,27 @@ def family_models():
     return {f: tiny_random_model(f, seed=1) for f in FAMILIES}
 
 
+# Copy-bound: a copy outlasts two layers (a100 compiled, DeepSeek-V2-Lite at full depth), a quarter of the experts
+COPY_BOUND = dict(expert_budget=0.25, hardware="a100-40g-pcie4@compiled", cost_shape="deepseek-v2-lite@full")
+
+
+def bundled_routing(prompts: int, tokens: int):
+    """The bundled model's greedy routing of ``prompts`` held-out prompts: (rows [T, L, k], config, segments), as
+    ``sl.import_routing`` takes them (each prompt's prefill rows, then its decode rows)."""
+    import numpy as np
+
+    import specter_lab as sl
+
+    model, tok = sl.load_model("tiny")
+    rec = sl.record(model, tok, sl.heldout_prompts(prompts), max_new_tokens=tokens, k_max=0, progress=False)
+    rows, segs = [], []
+    for s in rec.sequences:
+        n0 = sum(len(r) for r in rows)
+        rows += [s.prefill, s.decode]
+        segs += [(n0, len(s.prefill), "prefill"), (n0 + len(s.prefill), len(s.decode), "decode")]
+    return np.concatenate(rows), rec.config, segs
+
+
 def hf_greedy(model, ids, n):
     out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False)
     return out[0, len(ids):].tolist()

@@ -12,7 +12,7 @@ import pytest
 import specter_lab as sl
 from specter_lab.offload.hostexec import BalancedMisses, ForecastRecall
 from specter_lab.pricing.profiles import get_profile
-from conftest import hf_greedy
+from conftest import COPY_BOUND, bundled_routing, hf_greedy
 
 IDS = [17, 3, 99, 42, 42, 7, 200, 11]
 N = 24
@@ -159,15 +159,8 @@ def test_the_pregated_split_prefetches_what_it_would_copy_not_every_forecast():
     prefetch of a perfect forecast serves its lookup, also where the host computed it while its copy landed (that
     use counts for eviction too: before it did not, and 18 % of the prefetched bytes went unused in the
     DeepSeek-V2-Lite-local rtx4090 compiled 0.5 cell of docs/measured/closer_to_bound.md)."""
-    model, tok = sl.load_model("tiny")
-    rec = sl.record(model, tok, sl.heldout_prompts(2), max_new_tokens=48, k_max=0, progress=False)
-    rows, segs = [], []
-    for s in rec.sequences:
-        n0 = sum(len(r) for r in rows)
-        rows += [s.prefill, s.decode]
-        segs += [(n0, len(s.prefill), "prefill"), (n0 + len(s.prefill), len(s.decode), "decode")]
-    trace = sl.import_routing(np.concatenate(rows), rec.config, segs, k_max=0, gate_recall=1.0)
-    kw = dict(expert_budget=0.25, hardware="a100-40g-pcie4@compiled", cost_shape="deepseek-v2-lite@full")
+    trace = sl.import_routing(*bundled_routing(2, 48), k_max=0, gate_recall=1.0)
+    kw = COPY_BOUND
     rows = {s: s for s in ("split_lfu", "pregate_split", "gate_lookahead")}
     rows["pre-gating alone"] = sl.STRATEGIES["pregate_split"].with_options(refresh=False)  # its prefetches only
     got = {name: sl.replay(trace, s, **kw) for name, s in rows.items()}
@@ -190,16 +183,12 @@ def test_a_forecast_that_keeps_missing_stops_moving_bytes():
         fr.observe(1, {0, 1}, [2, 3])
         fr.observe(2, {0, 1}, [0, 1, -1])
     assert fr.of(1) < 0.4 < fr.of(2) == 1.0 and fr.of(3) == 1.0  # never seen: trusted
-    model, tok = sl.load_model("tiny")
-    rec = sl.record(model, tok, sl.heldout_prompts(1), max_new_tokens=48, k_max=0, progress=False)
-    (s,) = rec.sequences
-    segs = [(0, len(s.prefill), "prefill"), (len(s.prefill), len(s.decode), "decode")]
-    kw = dict(expert_budget=0.25, hardware="a100-40g-pcie4@compiled", cost_shape="deepseek-v2-lite@full")
+    routing, config, segs = bundled_routing(1, 48)
+    kw = COPY_BOUND
     pregating = sl.STRATEGIES["pregate_split"].with_options(refresh=False)  # its gate prefetches only
     moved = {}
     for recall in (0.0, 1.0):
-        trace = sl.import_routing(np.concatenate([s.prefill, s.decode]), rec.config, segs, k_max=0,
-                                  gate_recall=recall)
+        trace = sl.import_routing(routing, config, segs, k_max=0, gate_recall=recall)
         for trust in (0.0, BalancedMisses.trust):
             with mock.patch("specter_lab.run.assembly.BalancedMisses", partial(BalancedMisses, trust=trust)):
                 (run,) = sl.replay(trace, pregating, **kw)

@@ -12,6 +12,7 @@ import specter_lab as sl
 from specter_lab.offload.clock import SimClock
 from specter_lab.offload.refresh import Refresh
 from specter_lab.run.strategies import Strategy
+from conftest import COPY_BOUND, bundled_routing
 
 
 def test_the_rule_copies_the_most_used_missing_expert_only_where_it_beats_the_victim():
@@ -31,15 +32,7 @@ def test_the_rule_copies_the_most_used_missing_expert_only_where_it_beats_the_vi
 def copy_bound():
     """The bundled model's routing, imported, where a copy outlasts two layers (a100 compiled, DeepSeek-V2-Lite at
     full depth) and a quarter of the experts fit: a split computes most misses on the host."""
-    model, tok = sl.load_model("tiny")
-    rec = sl.record(model, tok, sl.heldout_prompts(2), max_new_tokens=48, k_max=0, progress=False)
-    rows, segs = [], []
-    for s in rec.sequences:
-        n0 = sum(len(r) for r in rows)
-        rows += [s.prefill, s.decode]
-        segs += [(n0, len(s.prefill), "prefill"), (n0 + len(s.prefill), len(s.decode), "decode")]
-    trace = sl.import_routing(np.concatenate(rows), rec.config, segs, k_max=0)
-    return trace, dict(expert_budget=0.25, hardware="a100-40g-pcie4@compiled", cost_shape="deepseek-v2-lite@full")
+    return sl.import_routing(*bundled_routing(2, 48), k_max=0), COPY_BOUND
 
 
 def _mean(runs, key):
