@@ -182,14 +182,13 @@ class BalancedMisses:
     0.62–0.72 in ``docs/measured/closer_to_bound.md``'s compiled cells, a perfect forecast, one-off). When the
     layer comes, its misses are placed first, then each resident whose copy is still landing, without the reuse
     credit (the copy lands and stays either way): the device waits for it, or the host computes it now. Late
-    residents placed first took the host lane from the misses, which then queued behind the prefetches on the
-    link: with a perfect forecast 0.67–0.78 of the bound in those cells, against 0.70–0.82 misses first.
+    residents go after the misses because, placed first, they take the host lane from the misses, which then
+    queue behind the prefetches on the link.
 
     A forecast is acted on only while its layer's running recall (:class:`ForecastRecall`, measured by the runtime
-    against the routing that followed) is at least ``trust``: the bundled model's predictor names 0.19 of layer
-    1's experts, and prefetching on it cost its cells up to 0.03 of the bound. ``trust`` 0.3, 0.4 and 0.5 read
-    alike there (0.654–0.748 of the bound in the compiled cells, against 0.654–0.739 at 0); 0.4 was chosen on
-    those cells, so read its gain there as an upper estimate."""
+    against the routing that followed) is at least ``trust``: a forecast that is mostly wrong fills the link with
+    copies nobody asks for (the bundled model's predictor names 0.19 of layer 1's experts). 0.4 was chosen on the
+    compiled cells of ``docs/measured/closer_to_bound.md``, where 0.3 to 0.5 read alike."""
 
     policy: MissPolicy
     # pre-gated prefetch (a ``prefetch="gate"`` row): prefetch ahead only what the placement would copy

@@ -18,11 +18,10 @@ What is exact and what is modeled:
   ``r`` is one number, or one per layer pair (l → l+1). The bundled model's own predictor names
   :data:`MEASURED_GATE_RECALL` of the next layer's experts while decoding, unevenly:
   :data:`MEASURED_GATE_RECALL_PER_LAYER` for its three layer pairs. Give the uneven one where the layers match:
-  replayed on the bundled model's own routing, ``pregate_split`` with its recorded predictions read 0.713–0.831
-  of the bound in four compiled cells, modelled per layer pair 0.730–0.835, modelled at the one mean 0.747–0.834
-  (``docs/measured/closer_to_bound.md``, "Is the modelled forecast faithful?"). A real model's deeper residual
-  stream keeps a next layer's choice more predictable, so give the recall measured on yours (:func:`gate_recall`
-  of a trace ``sl.record`` made of it, ``per_layer=True``).
+  one mean flatters a predictor that is poor in early layers (``docs/measured/closer_to_bound.md``, "Is the
+  modelled forecast faithful?", replays the bundled model's recorded predictions beside both models). A real
+  model's deeper residual stream keeps a next layer's choice more predictable, so give the recall measured on
+  yours (:func:`gate_recall` of a trace ``sl.record`` made of it, ``per_layer=True``).
 * **Speculative strategies** get a **modeled draft** (``trace.draft["modeled"]``, also in ``trace.source``, which
   every replayed result states as ``routing_source``), seeded:
 
