@@ -77,15 +77,6 @@ ABLATIONS = [  # (mechanism, from, to)
 ]
 
 
-def routing_rows(trace) -> tuple[np.ndarray, list[tuple[int, int, str]]]:
-    rows, segs, start = [], [], 0
-    for s in trace.sequences:
-        rows += [s.prefill, s.decode]
-        segs += [(start, len(s.prefill), "prefill"), (start + len(s.prefill), len(s.decode), "decode")]
-        start += len(s.prefill) + len(s.decode)
-    return np.concatenate(rows), segs
-
-
 # the bundled predictor's recall, per layer pair as it was measured (one mean flatters it: "faithful" below)
 MEASURED = MEASURED_GATE_RECALL_PER_LAYER
 
@@ -95,7 +86,7 @@ def recall_label(r) -> str:
 
 
 def imported(recorded, target: float, ne, bits: int, gate_recall=MEASURED, **draft) -> sl.RoutingTrace:
-    routing, segs = routing_rows(recorded)
+    routing, segs = recorded.target_rows()
     ll = sl.less_local(routing, target, num_experts=ne)
     return sl.import_routing(ll.routing, recorded.config, segs, draft_bits=bits, gate_recall=gate_recall, **draft)
 
@@ -140,7 +131,7 @@ def main() -> None:
             Path(a.save_traces).mkdir(parents=True, exist_ok=True)
             for bits in set(BITS.values()):
                 traces[label, bits].save(Path(a.save_traces) / f"{label.lower()}-int{bits}.npz")
-        r, _ = routing_rows(traces[label, 4])
+        r, _ = traces[label, 4].target_rows()
         c = lru_hit_curve(r, (0.25, 0.5), num_experts=ne)
         print(f"- {label} (target {TARGET_HIT_AT_HALF[key]}): per-layer LRU hit at 25 % / 50 % cached "
               f"{c[0.25]:.3f} / {c[0.5]:.3f}")
@@ -398,7 +389,7 @@ def faithful(ev) -> None:
             "modelled, 1.0": 1.0}
     print("| profile · budget | `split_lfu` | " + " | ".join(f"`pregate_split`, {c}" for c in cols) + " |")
     print("|---|---|" + "---|" * len(cols))
-    routing, segs = routing_rows(ev)
+    routing, segs = ev.target_rows()
     traces = {c: ev if r is None else sl.import_routing(routing, ev.config, segs, k_max=0, gate_recall=r)
               for c, r in cols.items()}
     for h in HW:
@@ -461,7 +452,7 @@ def locality_and_link(ev, ne) -> None:
           + ", ".join(f"`{r}`" for r in rows) + " against the bound at the same link: × of the bound.\n")
     print("| routing | profile · budget | " + " | ".join(f"link ×{m}" for m in links) + " |")
     print("|---|---|" + "---|" * len(links))
-    routing, segs = routing_rows(ev)
+    routing, segs = ev.target_rows()
     for name, target in routings.items():
         derived = routing if target is None else sl.less_local(routing, target, num_experts=ne).routing
         for h in HW[1:]:

@@ -15,20 +15,10 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
 import torch
 
 import specter_lab as sl
 from specter_lab.routing.locality import TARGET_HIT_AT_HALF, lru_hit_curve
-
-
-def target_routing(trace: sl.RoutingTrace) -> tuple[list[np.ndarray], list[tuple[int, int, str]]]:
-    rows, segs, start = [], [], 0
-    for s in trace.sequences:
-        rows += [s.prefill, s.decode]
-        segs += [(start, len(s.prefill), "prefill"), (start + len(s.prefill), len(s.decode), "decode")]
-        start += len(s.prefill) + len(s.decode)
-    return [np.concatenate(rows)], segs
 
 
 def main() -> None:
@@ -36,7 +26,7 @@ def main() -> None:
     t0 = time.perf_counter()
     model, tok = sl.load_model("tiny")
     recorded = sl.record(model, tok, sl.heldout_prompts(4), max_new_tokens=48, k_max=16, progress=False)
-    (routing,), segs = target_routing(recorded)
+    routing, segs = recorded.target_rows()
     ne = [l.num_experts for l in sl.inspect_model(model).layers]
     traces = {"recorded (real draft)": recorded,
               "recorded routing, modelled draft": sl.import_routing(routing, recorded.config, segs)}
@@ -47,7 +37,7 @@ def main() -> None:
         traces[f"less local like {name} ({target})"] = sl.import_routing(ll.routing, recorded.config, segs)
     print()
     for name, tr in traces.items():
-        (r,), _ = target_routing(tr)
+        r, _ = tr.target_rows()
         curve = lru_hit_curve(r, (0.25, 0.5), num_experts=ne)
         print(f"- {name}: per-layer LRU hit at 25 % / 50 % cached {curve[0.25]:.3f} / {curve[0.5]:.3f}")
     hw = ["rtx4090-pcie4@eager", "rtx4090-pcie4@compiled"]

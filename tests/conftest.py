@@ -25,18 +25,12 @@ COPY_BOUND = dict(expert_budget=0.25, hardware="a100-40g-pcie4@compiled", cost_s
 def bundled_routing(prompts: int, tokens: int):
     """The bundled model's greedy routing of ``prompts`` held-out prompts: (rows [T, L, k], config, segments), as
     ``sl.import_routing`` takes them (each prompt's prefill rows, then its decode rows)."""
-    import numpy as np
-
     import specter_lab as sl
 
     model, tok = sl.load_model("tiny")
     rec = sl.record(model, tok, sl.heldout_prompts(prompts), max_new_tokens=tokens, k_max=0, progress=False)
-    rows, segs = [], []
-    for s in rec.sequences:
-        n0 = sum(len(r) for r in rows)
-        rows += [s.prefill, s.decode]
-        segs += [(n0, len(s.prefill), "prefill"), (n0 + len(s.prefill), len(s.decode), "decode")]
-    return np.concatenate(rows), rec.config, segs
+    rows, segs = rec.target_rows()
+    return rows, rec.config, segs
 
 
 def hf_greedy(model, ids, n):

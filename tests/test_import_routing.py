@@ -26,13 +26,9 @@ def recorded(model):
 
 
 def _as_source(trace):
-    """The recorded target routing as one array with its segments (prefill, then decode, per sequence)."""
-    rows, segs = [], []
-    for s in trace.sequences:
-        n0 = sum(len(r) for r in rows)
-        rows += [s.prefill, s.decode]
-        segs += [(n0, len(s.prefill), "prefill"), (n0 + len(s.prefill), len(s.decode), "decode")]
-    return np.concatenate(rows).astype(np.int64), segs
+    """The recorded target routing as one int64 array with its segments (prefill, then decode, per sequence)."""
+    rows, segs = trace.target_rows()
+    return rows.astype(np.int64), segs
 
 
 def _random_routing(model, T, seed=0, holes=0.0):

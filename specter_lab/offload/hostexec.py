@@ -37,7 +37,16 @@ import numpy as np
 from .cache import victim_of
 
 __all__ = ["MissPolicy", "MissRule", "CopyMisses", "HostMisses", "CostedMisses", "ShareMisses",
-           "BalancedMisses", "ForecastRecall"]
+           "BalancedMisses", "ForecastRecall", "use_rates"]
+
+
+def use_rates(rate: np.ndarray, routed: np.ndarray, decay: float) -> np.ndarray:
+    """One forward's routing at a layer (ids ``[tokens, k]``, or one token's ``[k]``; -1: not recorded) folded into
+    that layer's per-expert use rates: an exponential moving average of routings per token and forward."""
+    ids = routed.reshape(-1)
+    counts = np.bincount(ids[ids >= 0], minlength=len(rate)).astype(float)
+    tokens = max(1, routed.shape[0] if routed.ndim > 1 else 1)
+    return decay * rate + (1 - decay) * counts / tokens
 
 
 @dataclass
@@ -60,10 +69,7 @@ class MissPolicy:
 
     def observe(self, layer: int, routed: np.ndarray) -> None:
         """A forward's routing at ``layer`` (ids of any shape): update the per-expert use rates."""
-        ids = routed.reshape(-1)
-        counts = np.bincount(ids[ids >= 0], minlength=self.num_experts[layer]).astype(float)  # -1: not recorded
-        tokens = max(1, routed.shape[0] if routed.ndim > 1 else 1)
-        self.rate[layer] = self.decay * self.rate[layer] + (1 - self.decay) * counts / tokens
+        self.rate[layer] = use_rates(self.rate[layer], routed, self.decay)
 
     def copy_pays(self, layer: int, expert: int, victim: int | None, now_extra: float, per_use_saving: float) -> bool:
         """True if copying ``expert`` (evicting ``victim``) saves more later than it costs now."""

@@ -20,6 +20,8 @@ from typing import Iterable
 
 import numpy as np
 
+from .hostexec import use_rates
+
 __all__ = ["Refresh"]
 
 
@@ -38,9 +40,7 @@ class Refresh:
 
     def observe(self, layer: int, experts: Iterable[int]) -> None:
         """One decode forward's experts at ``layer`` (ids; -1: not recorded)."""
-        used = np.zeros(self.num_experts[layer])
-        used[[e for e in experts if e >= 0]] = 1.0
-        self.rate[layer] = self.decay * self.rate[layer] + (1 - self.decay) * used
+        self.rate[layer] = use_rates(self.rate[layer], np.fromiter(experts, dtype=np.int64), self.decay)
 
     def candidate(self, layer: int, resident: Iterable[int], victim: "int | None", full: bool) -> "int | None":
         """The non-resident expert to copy into ``layer`` now, or None: the most used one, if a slot is free

@@ -123,6 +123,18 @@ class RoutingTrace:
     def tokens(self) -> int:
         return sum(len(s.tokens) for s in self.sequences)
 
+    def target_rows(self) -> "tuple[np.ndarray, list[tuple[int, int, str]]]":
+        """The target routing of every sequence as one array ``[rows, MoE layers, top_k]`` (each sequence's prefill
+        rows, then its decode rows) and its ``(start, length, phase)`` segments: what :func:`sl.import_routing
+        <specter_lab.routing.importing.import_routing>` takes, e.g. to re-import a recording with a modelled draft
+        or gate predictions, or after :func:`sl.less_local <specter_lab.routing.locality.less_local>`."""
+        rows, segs, start = [], [], 0
+        for s in self.sequences:
+            rows += [s.prefill, s.decode]
+            segs += [(start, len(s.prefill), "prefill"), (start + len(s.prefill), len(s.decode), "decode")]
+            start += len(s.prefill) + len(s.decode)
+        return np.concatenate(rows), segs
+
     def __repr__(self) -> str:
         return (f"RoutingTrace({self.config.get('model_type', '?')}, {len(self.sequences)} sequences, "
                 f"{self.tokens} tokens, {self.num_layers} MoE layers, top-{self.top_k}, k_max={self.k_max}, "
