@@ -248,3 +248,16 @@ def test_the_planner_weighs_the_new_mechanisms_and_small_drafts(less_local):
     for name in NEW_PLAIN + ["spec+split int2 k=auto", "spec+split int2 k=2", "spec+host int2 k=auto"]:
         assert t.loc[name, "feasible"], name  # an int2 draft fits a quarter of the experts and is replayed
     assert not t.loc["spec int4 k=8", "feasible"]
+
+
+def test_a_global_pool_with_pre_gated_prefetch_never_takes_a_slot_the_layer_is_computing(bundled):
+    """A pre-gated prefetch for layer l+1 is issued while layer l's experts are placed but not yet computed; a
+    global pool takes its slot from any layer, so it must skip those (it once moved one away: a crash)."""
+    model, tok = bundled
+    ids = tok("def fib(n):", return_tensors="pt").input_ids[0].tolist()
+    ref = hf_greedy(model, ids, 24)
+    st = sl.STRATEGIES["pregate_split"].with_options(name="pregate_global", pool="global", refresh=False)
+    for slots in (6, 10):
+        r = sl.Engine(model, tok, st, cache_slots=slots).generate(ids, max_new_tokens=24)
+        assert r.token_ids == ref, f"cache_slots={slots}"
+        assert (r.frames()["transfers"].reason == "prefetch").any()

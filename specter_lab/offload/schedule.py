@@ -178,6 +178,7 @@ class LayerSchedule:
         resident = [e for e in resident if e not in jobs]
         loaded, deferred = self._issue_demand(layer, set(ids), missing, now)
         on_device = self._by_landing(layer, resident + loaded, now)
+        store.pinned = {layer: set(on_device)}  # a global pool's prefetch for layer l+1 must not take them
         if self.gate_lookahead and math is not None and layer + 1 < self.info.num_layers:
             predicted = math.gate_prediction(layer + 1)
             if self._pregated(fwd):
@@ -185,6 +186,7 @@ class LayerSchedule:
                 predicted = self._worth_copying_ahead(fwd, layer, predicted, counts, on_device, jobs, now, n_tokens)
             self._gate_prefetch(layer + 1, predicted)
         outs = {e: self._compute(fwd, layer, e, counts[e], store.lookup(layer, e), math) for e in on_device}
+        store.pinned = {}
         # Fewer slots than experts: stream the rest through slots whose experts are done.
         pending = set(deferred)  # streamed ones leave it as they are computed
         for e in deferred:

@@ -134,6 +134,9 @@ class ExpertStore:
         self.device = torch.device(device)
         self.fault_hook: Callable[[int, int], None] | None = None  # test hook: raise to inject a failed copy
         self.pool = pool
+        # layer → experts placed on the device and not yet computed: a global pool's take for another layer (a
+        # pre-gated prefetch of layer l+1 issued during layer l) must not move their slots away
+        self.pinned: dict[int, set[int]] = {}
         self.materialize = materialize
         pin = self.device.type == "cuda"
         # experts left unpinned where they lie (too big to pin): copied through a bounded pinned ring
@@ -256,12 +259,13 @@ class ExpertStore:
         elif self.policy.by_recency:  # walk the recency order: the first resident, allowed entry is the victim
             m, j = next(((m, self.slots[m].where[e]) for (m, e) in self.policy.last_use
                          if self.group[m] == group and e in self.slots[m].where
-                         and not (m == layer and e in protected)), (None, None))
+                         and not (m == layer and e in protected) and e not in self.pinned.get(m, ())), (None, None))
             if m is None:
                 return None
         else:
             cands = [(m, j, e) for m, s in enumerate(self.slots) if self.group[m] == group
-                     for j, e in enumerate(s.expert) if not (m == layer and e in protected)]
+                     for j, e in enumerate(s.expert)
+                     if not (m == layer and e in protected) and e not in self.pinned.get(m, ())]
             if not cands:
                 return None
             m, j, _ = min(cands, key=lambda c: self.policy.score(c[0], c[2]))
