@@ -135,19 +135,22 @@ def test_every_strategy_in_bf16(bf16_models, family):
 
 
 def test_default_verification_departs_only_at_near_ties_and_exact_does_not(wide):
-    """The wide OLMoE in bf16 (eager experts): default verification departs from HF on this prompt (a real
-    divergence, so the near-tie assertion is exercised), verify='exact' does not, and costs more forwards."""
+    """The wide OLMoE in bf16 (eager experts), on a few prompts: default verification equals HF or departs from it
+    only at a near-tie; verify='exact' always equals HF, and costs more forwards. Where a departure happens depends
+    on the CPU's bf16 kernels (the first prompt departed on the machines this suite ran on before; on an AVX2 AMD
+    EPYC it does not and the second does, at token 20), so every prompt is held to the property."""
     model = copy.deepcopy(wide).to(torch.bfloat16)
     model.set_experts_implementation("eager")
-    ids = PROMPT
-    ref, logits = hf_run(model, ids, 24)
-    runs = {v: sl.Engine(model, None, "specter", cache_slots=9, verify=v).generate(ids, max_new_tokens=24)
-            for v in ("batched", "exact")}
-    assert runs["exact"].token_ids == ref
-    i = first_diff(runs["batched"].token_ids, ref)
-    assert i is not None and tie_steps(logits[i]) <= TIE_STEPS
-    assert runs["batched"].token_ids[i] in logits[i].float().topk(2).indices.tolist()
-    assert runs["exact"].metrics["tpot_ms"] > runs["batched"].metrics["tpot_ms"]  # simulated: more forwards
+    for ids in (PROMPT, PROMPT[::-1], [3, 1, 4, 1, 5, 9, 2, 6], [200, 100, 50, 25, 12, 6, 3]):
+        ref, logits = hf_run(model, ids, 24)
+        runs = {v: sl.Engine(model, None, "specter", cache_slots=9, verify=v).generate(ids, max_new_tokens=24)
+                for v in ("batched", "exact")}
+        assert runs["exact"].token_ids == ref, ids
+        i = first_diff(runs["batched"].token_ids, ref)
+        if i is not None:
+            assert tie_steps(logits[i]) <= TIE_STEPS, f"{ids}: departed at {i}, not a near-tie"
+            assert runs["batched"].token_ids[i] in logits[i].float().topk(2).indices.tolist()
+        assert runs["exact"].metrics["tpot_ms"] > runs["batched"].metrics["tpot_ms"]  # simulated: more forwards
 
 
 def test_unreproduced_implementation_is_refused_before_generating(bf16_models):
