@@ -65,3 +65,28 @@ def test_refresh_waits_for_an_idle_link(copy_bound):
 def test_refresh_is_refused_where_it_has_no_slots_of_its_own(fields):
     with pytest.raises((ValueError, TypeError), match="refresh"):
         Strategy("x", refresh=fields.pop("refresh", True), **fields)
+
+
+def test_a_refresh_copy_is_its_own_reason_in_the_frames_metrics_and_timeline(copy_bound):
+    """A user reading a timeline asks why a copy happened: a refresh is drawn as its own kind of copy, beside a
+    forecast's prefetch and a demand copy, and counted apart in the metrics (and within the prefetched bytes,
+    since it is copied ahead of its lookup too)."""
+    from specter_lab import viz
+    from specter_lab.viz import style
+
+    _, kw = copy_bound
+    (run,) = sl.replay(sl.import_routing(*bundled_routing(1, 48), k_max=0, gate_recall=0.6), "pregate_split",
+                       **kw)
+    tr = run.frames()["transfers"]
+    assert {"refresh", "prefetch"} <= set(tr.reason)
+    decode = tr[tr.step >= 1]
+    tokens = run.metrics["new_tokens"] - 1
+    m = run.metrics
+    assert m["refresh_bytes_per_token"] == pytest.approx(decode[decode.reason == "refresh"].bytes.sum() / tokens)
+    assert m["prefetch_bytes_per_token"] == pytest.approx(
+        decode[decode.reason.isin(["prefetch", "refresh"])].bytes.sum() / tokens)
+    step = int(tr[tr.reason == "refresh"].step.iloc[0])
+    fig = viz.timeline_figure(run, step=step)
+    drawn = next(t for t in fig.data if t.name == "copy: refresh")
+    assert len(drawn.x) == int(((tr.step == step) & (tr.reason == "refresh")).sum()) > 0
+    assert drawn.marker.color == style.COPY_COLORS["refresh"] != style.COPY_COLORS["prefetch"]

@@ -37,7 +37,7 @@ from specter_lab.offload.runtime import ForwardInfo, OffloadRuntime
 from specter_lab.offload.schedule import LayerSchedule
 from specter_lab.offload.store import ExpertStore
 from specter_lab.predict import LookaheadPrefetcher, WindowForecast
-from specter_lab.records.trace import Trace
+from specter_lab.records.trace import AHEAD, Trace
 
 E, K, L = 8, 2, 2  # tiny mixtral: experts per layer, top-k, MoE layers
 EPS = 1e-9  # ms
@@ -105,7 +105,7 @@ def check_records(store, trace, flushed):
     """The trace's own records add up (nothing is counted beside the trace)."""
     assert all(t.bytes == store.cost.expert_bytes for t in trace.transfers)
     events = [ev.event for ev in trace.cache_events]
-    prefetches = sum(t.reason == "prefetch" for t in trace.transfers)
+    prefetches = sum(t.reason in AHEAD for t in trace.transfers)  # a forecast's prefetches and refreshes
     assert events.count("prefetch") == prefetches
     used, wasted = events.count("prefetch_used"), events.count("prefetch_wasted")
     assert used + wasted <= prefetches

@@ -240,7 +240,7 @@ class LayerSchedule:
         full = -1 not in s.expert
         e = self.refresh.candidate(layer, s.where, self.store.victim(layer, counts) if full else None, full)
         if e is not None:
-            self.store.prefetch(layer, e, protected=counts)
+            self.store.prefetch(layer, e, protected=counts, reason="refresh")
 
     # ------------------------------------------------------------------ host execution
     def _pregated(self, fwd) -> bool:

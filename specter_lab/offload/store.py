@@ -35,6 +35,7 @@ import torch
 from ..errors import CopyFault
 from ..model.memory import CPU_SLOT_COPY_LIMIT
 from ..model.placement import PinnedStaging
+from ..records.trace import AHEAD
 from .cache import EvictionPolicy, victim_of
 from .clock import Handle, stamper
 
@@ -312,8 +313,8 @@ class ExpertStore:
         s.expert[slot] = expert
         s.where[expert] = slot
         s.ready[slot] = span.end
-        s.prefetched[slot] = reason == "prefetch"
-        if reason == "prefetch":
+        s.prefetched[slot] = reason in AHEAD
+        if reason in AHEAD:  # one accounting for both: a cache "prefetch", later used or wasted
             self.trace.cache(layer, expert, "prefetch", span.start)
         self.policy.loaded(layer, expert)
         s.copy_id[slot] = self.trace.transfer(layer, expert, slot, self._copy_bytes, span.start, span.end, reason)
@@ -377,11 +378,13 @@ class ExpertStore:
                             "writeback")
         return span.end
 
-    def prefetch(self, layer: int, expert: int, protected: Iterable[int] = (), issue_at: Handle | None = None) -> bool:
-        """Start an asynchronous copy unless already resident. False when no slot may be evicted."""
+    def prefetch(self, layer: int, expert: int, protected: Iterable[int] = (), issue_at: Handle | None = None,
+                 reason: str = "prefetch") -> bool:
+        """Start an asynchronous copy unless already resident. False when no slot may be evicted. ``reason``: one of
+        :data:`AHEAD` (a forecast's ``prefetch``, or a ``refresh`` of a popular expert on an idle link)."""
         if expert in self.slots[layer].where:
             return False
-        return self.load(layer, expert, "prefetch", protected, issue_at) is not None
+        return self.load(layer, expert, reason, protected, issue_at) is not None
 
     def mark_used(self, layer: int, slot: int, end: Handle) -> None:
         s = self.slots[layer]

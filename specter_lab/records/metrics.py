@@ -85,7 +85,9 @@ def _link(tally: Tally, decode_tokens: int) -> dict[str, float]:
     return {"h2d_bytes_per_token": float(h2d) / decode_tokens,
             "d2h_bytes_per_token": float(link["writeback"]) / decode_tokens,
             "demand_bytes_per_token": float(link["demand"]) / decode_tokens,
-            "prefetch_bytes_per_token": float(link["prefetch"]) / decode_tokens}
+            # every copy made ahead of its lookup: a forecast's prefetches and refreshes; the refreshes alone
+            "prefetch_bytes_per_token": float(link["prefetch"] + link["refresh"]) / decode_tokens,
+            "refresh_bytes_per_token": float(link["refresh"]) / decode_tokens}
 
 
 def _windows(steps: list[StepRecord], tally: Tally, hit_rate: float) -> dict[str, Any]:

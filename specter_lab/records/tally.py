@@ -54,7 +54,7 @@ class Tally:
     """Counters and sums of one run. Decode-phase quantities skip step 0 (the prefill), as TPOT does.
 
     * ``events[(event, decode)]`` – cache events (hit, miss, host, prefetch, prefetch_used, …);
-    * ``link[reason]`` – bytes copied in decode steps, by reason (demand, prefetch, writeback, …);
+    * ``link[reason]`` – bytes copied in decode steps, by reason (demand, prefetch, refresh, writeback, …);
     * ``disk[(what, decode)]`` – the disk tier's reads: ``reads``, ``bytes`` (priced like the copies) and
       ``file_bytes`` (what was really read from the files), in the prefill and in decode steps;
     * ``time[kind]`` – decode-step durations: ``stall`` (waits on copies), ``draft`` (draft spans), ``host``

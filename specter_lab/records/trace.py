@@ -101,7 +101,12 @@ class Transfer:
     bytes: int
     start: Handle
     end: Handle
-    reason: str  # prefetch | demand | preload (static placement, before the prompt)
+    reason: str  # demand | prefetch (a forecast) | refresh (offload/refresh.py) | preload (static, before the prompt)
+
+
+# Copy reasons that load an expert ahead of its lookup: a forecast's prefetch, or a refresh (offload/refresh.py).
+# Both count as a cache "prefetch", later used or wasted; the views tell them apart.
+AHEAD = ("prefetch", "refresh")
 
 
 @dataclass(slots=True)

@@ -22,6 +22,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from ..records.trace import AHEAD
 from .frames import (as_frames, clock_label, default_routing_step, grid_shape, hit_rates, positions_text,
                      residency, routing_cells, run_meta, step_outlines, timeline_steps, token_rows, token_text)
 from .layout import base_layout, discrete_colorscale, legend_swatch
@@ -124,7 +125,7 @@ def cache_figure(result: Any, step: int | None = None) -> go.Figure:
                    dtype=object)
     for r in res.itertuples():
         if r.layer < n_layers and r.expert < n_experts:
-            code[r.layer, r.expert] = 2 if r.reason == "prefetch" else 1
+            code[r.layer, r.expert] = 2 if r.reason in AHEAD else 1
             text[r.layer, r.expert] = f"s{r.slot}"
             hov[r.layer, r.expert] = (f"layer {r.layer} · expert {r.expert}<br>resident in slot {r.slot}"
                                       f"<br>loaded at step {r.loaded_at_step} by {r.reason}")
@@ -167,7 +168,8 @@ def _span_hover(r) -> str:
 def timeline_figure(result: Any, step: int | None = None, max_steps: int = 24, max_bars: int = 4000) -> go.Figure:
     """Gantt chart of the compute lanes (one per phase: prefill / decode / draft / verify), the host→device
     copy lane and, with a disk tier (``host_budget=``), the disk lane: experts read from the checkpoint files into
-    the host cache. Copies are coloured prefetch vs demand and labelled layer/expert (bytes and reason on hover);
+    the host cache. Copies are coloured by reason (a forecast's prefetch, a refresh on an idle link, a demand copy)
+    and labelled layer/expert (bytes and reason on hover);
     red bars mark stalls, the time a compute op waited on a copy ([start − stall, start] on its lane).
     ``step=None`` draws the whole run, capped to the first ``max_steps`` steps / ``max_bars`` bars."""
     f = as_frames(result)
@@ -201,7 +203,7 @@ def timeline_figure(result: Any, step: int | None = None, max_steps: int = 24, m
             marker=dict(color=PHASE_COLORS.get(p, "#aaa"), line=dict(color="white", width=outline)),
             hovertext=[_span_hover(r) for r in d.itertuples()], hovertemplate="%{hovertext}<extra></extra>",
             width=0.6, legendgroup="compute"))
-    for reason in ("prefetch", "demand"):
+    for reason in COPY_COLORS:  # a forecast's prefetch, a refresh on an idle link, a demand copy
         d = tr[tr.reason == reason]
         hover = [f"H2D copy ({reason}) · layer {r.layer} · expert {r.expert} → slot {r.slot}<br>"
                  f"{int(r.bytes):,} B · {r.start:.4f} – {r.end:.4f} ms (step {r.step})" for r in d.itertuples()]

@@ -57,7 +57,7 @@ PHASE_COLORS = {
 
 HOST_LANE = "host CPU"  # experts computed on the host (host execution): their own lane, beside the device's
 
-COPY_COLORS = {"prefetch": "#2ca02c", "demand": "#ff7f0e"}
+COPY_COLORS = {"prefetch": "#2ca02c", "refresh": "#17becf", "demand": "#ff7f0e"}
 
 STALL_COLOR = "#d62728"
 
