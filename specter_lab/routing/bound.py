@@ -78,14 +78,14 @@ from typing import Any, Sequence
 
 from .cachesim import LRU, Belady, DecayLFU, NextUse  # the cache simulator's policies rank the timed pools
 
-from ..errors import OptionError
+from ..errors import BudgetTooSmall, OptionError
 from ..model import MoEModelInfo
 from ..offload.schedule import counts_of, host_lane_time
 from ..run.setup import RunSetup
 from .replay import replay_setup
 from .trace_file import RoutedSequence, RoutingTrace, TraceError
 
-__all__ = ["BoundResult", "bound", "bound_of", "trace_bound", "x_of_bound", "bound_column", "VARIANTS",
+__all__ = ["BoundResult", "bound", "bound_of", "trace_bound", "bound_tpots", "x_of_bound", "bound_column", "VARIANTS",
            "INITIAL_POOLS", "EVICTIONS"]
 
 POOLS = ("global", "layer")
@@ -192,6 +192,16 @@ def trace_bound(trace: RoutingTrace, strategy="lru", *, sequences: "Sequence[int
     setup, info = replay_setup(trace, strategy, check=False, **options)
     picked = range(len(trace.sequences)) if sequences is None else list(sequences)
     return [bound_of(setup, info, trace.sequences[i], initial=initial, evict=evict, lead=lead) for i in picked]
+
+
+def bound_tpots(trace: RoutingTrace, expert_budget, hardware, cost_shape) -> "list[float] | None":
+    """The bound's TPOT (ms) of each sequence at this memory, profile and cost shape: what ``bench`` and the
+    planner read every row against. None where the budget holds no expert slot (no bound to read against)."""
+    try:
+        return [r.tpot_ms for r in trace_bound(trace, "lru", expert_budget=expert_budget, hardware=hardware,
+                                               cost_shape=cost_shape)]
+    except BudgetTooSmall:
+        return None
 
 
 def check_variant(initial: str, evict: str, lead: "float | None" = None) -> None:

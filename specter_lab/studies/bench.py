@@ -26,9 +26,8 @@ from ..estimate.consumer import consumer_anchors
 from ..pricing.published import published
 from .reproduce import paper_equal_memory, paper_header, paper_prompts, paper_waterfall, reproduce_paper
 from ..run.quant import QuantSpec
-from ..routing.bound import trace_bound, x_of_bound
+from ..routing.bound import bound_tpots, x_of_bound
 from ..routing.gap import cell_gaps
-from ..errors import BudgetTooSmall
 from ..routing.record import record
 from ..routing.trace_file import RoutingTrace
 from .runs import SKIPPED, Cell, DoesNotFit, as_source, run_cells, run_prompts, sweep_executor, workers_of
@@ -127,11 +126,9 @@ def _bounds(source, hws, budgets, cost_shape) -> dict:
         for b in budgets:
             if is_measured(h):
                 continue  # a measured run has no priced bound
-            try:
-                out[(h, b)] = [r.tpot_ms for r in trace_bound(trace, "lru", expert_budget=b, hardware=h,
-                                                              cost_shape=cost_shape)]
-            except BudgetTooSmall:
-                continue
+            tpots = bound_tpots(trace, b, h, cost_shape)
+            if tpots is not None:
+                out[(h, b)] = tpots
     return out
 
 

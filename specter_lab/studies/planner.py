@@ -28,8 +28,7 @@ from ..model import inspect_model
 from .prompts import calibration_prompts
 from ..predict import KGovernor
 from ..run.quant import QuantSpec
-from ..errors import BudgetTooSmall
-from ..routing.bound import trace_bound
+from ..routing.bound import bound_tpots
 from ..routing.replay import skeleton
 from ..routing.trace_file import RoutingTrace
 from .runs import SKIPPED, Cell, PromptRuns, as_source, run_cells, sweep_executor
@@ -203,13 +202,9 @@ def plan(model, tokenizer, hardware="rtx4090-pcie4", expert_budget=0.5, prompts:
 
 
 def _bound_ms(trace: RoutingTrace, expert_budget, hardware, cost_shape) -> float:
-    """The autoregressive bound's mean TPOT over the trace's sequences at this memory, as ``bench`` reads every row
-    against it (:mod:`specter_lab.routing.bound`; NaN where the budget holds no expert slot)."""
-    try:
-        bounds = trace_bound(trace, "lru", expert_budget=expert_budget, hardware=hardware, cost_shape=cost_shape)
-    except BudgetTooSmall:
-        return float("nan")
-    return float(np.mean([b.tpot_ms for b in bounds]))
+    """The autoregressive bound's mean TPOT over the trace's sequences (NaN where the budget holds no slot)."""
+    tpots = bound_tpots(trace, expert_budget, hardware, cost_shape)
+    return float(np.mean(tpots)) if tpots else float("nan")
 
 
 def _choose(ranked: pd.DataFrame, margin: float) -> pd.Series:
