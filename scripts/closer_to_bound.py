@@ -66,6 +66,8 @@ ABLATIONS = [  # (mechanism, from, to)
     ("refresh: each layer's most used missing expert copied on an idle link (pregate_split without → with)",
      "pregate_split-refresh", "pregate_split"),
     ("the same refresh in split_lfu", "split_lfu", "split_lfu+refresh"),
+    ("one pool over every layer (global, decayed LFU across layers) instead of per-layer slots (pregate_split "
+     "without refresh, which needs a layer's own slots)", "pregate_split-refresh", "pregate_split global"),
     ("speculation: window copies by link budget + split (specter_host → specter_split)", "specter_host",
      "specter_split"),
     ("prefetch ranked by stall saved, cancelled at verification (specter_split)", "specter_split",
@@ -157,6 +159,8 @@ def main() -> None:
                 variants["specter_split k=2"] = ("specter_split", {"k": 2})
                 variants["pregate_split-refresh"] = (sl.STRATEGIES["pregate_split"].with_options(refresh=False), {})
                 variants["split_lfu+refresh"] = (sl.STRATEGIES["split_lfu"].with_options(refresh=True), {})
+                variants["pregate_split global"] = (sl.STRATEGIES["pregate_split"].with_options(
+                    refresh=False, pool="global"), {})
                 variants["specter_split+forecast"] = (sl.STRATEGIES["specter_split"].with_options(
                     eviction="forecast"), {})
                 for name, (st, opts) in variants.items():
