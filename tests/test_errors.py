@@ -170,6 +170,15 @@ GENERATE_CASES = [
     (dict(do_sample=True, temperature=0), r"temperature=0.*> 0"),
     (dict(do_sample=True, top_p=0.0), r"top_p=0.0.*\(0, 1\]"),
     (dict(do_sample=True, top_p=1.5), r"top_p=1.5"),
+    # checked in greedy runs too (they ignore the value, not the typo; the fuzz of every argument found these)
+    (dict(temperature="x"), r"temperature='x'.*number > 0"),
+    (dict(temperature=None), r"temperature=None"),
+    (dict(top_p=float("nan")), r"top_p=nan.*\(0, 1\]"),
+    (dict(top_p=[1]), r"top_p=\[1\]"),
+    (dict(do_sample="yes"), r"do_sample='yes'.*True or False"),
+    # past the model's context (512 positions): refused before the run grows a KV cache for 2**31 tokens
+    (dict(max_new_tokens=2**31), r"max_new_tokens=2147483648.*max_position_embeddings=512.*<= 507"),
+    (dict(max_new_tokens=508), r"max_new_tokens=508.*exceed the model's context"),
 ]
 
 

@@ -38,7 +38,8 @@ from .assembly import computes_on_host, looks_at_the_target
 from .budget import BudgetSplit
 from .drafts import DraftSpec, as_draft_spec
 from .quant import DraftExperts, QuantSpec, shared_draft
-from .setup import GenerationResult, Run, RunSetup, as_host_dtype, check_generation, check_options, prepare_run
+from .setup import (GenerationResult, Run, RunSetup, as_host_dtype, check_context, check_generation, check_options,
+                    prepare_run)
 from .setup import resolve
 from .strategies import Strategy
 
@@ -344,7 +345,8 @@ class Engine:
                  top_p: float = 1.0, seed: int | None = 0,
                  callback: Callable[[StepInfo], None] | None = None) -> GenerationResult:
         """Generate up to ``max_new_tokens`` tokens (EOS stops, as HF generate). Greedy output equals HF's
-        ``model.generate(do_sample=False)``; sampling draws from the target's distribution (seeded)."""
+        ``model.generate(do_sample=False)``; sampling draws from the target's distribution (seeded). A prompt plus
+        ``max_new_tokens`` past the model's ``max_position_embeddings`` is refused before anything runs."""
         run = self.prepare(prompt, max_new_tokens, do_sample=do_sample, temperature=temperature, top_p=top_p,
                            seed=seed, callback=callback)
         try:
@@ -361,6 +363,7 @@ class Engine:
             raise ValueError("verify_lossless=True checks greedy decoding; sampled runs match the target's "
                              "distribution, not its tokens (use do_sample=False, or verify_lossless=False).")
         ids = self.encode(prompt)
+        check_context(len(ids), max_new_tokens, self.model.config)
         if self.strategy.k == "auto" and self.governor is None:
             # One governor per engine: what it learns about acceptance by depth and copy exposure carries over
             # from one generate() to the next (a 48-token run is mostly learning otherwise).

@@ -13,6 +13,7 @@ validates; binding is ``fit``.
 
 from __future__ import annotations
 
+import math
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
@@ -343,13 +344,32 @@ class Run:
 
 
 def check_generation(max_new_tokens, do_sample: bool, temperature, top_p) -> None:
-    """One run's own arguments (the set-up's were checked by :func:`resolve`)."""
+    """One run's own arguments (the set-up's were checked by :func:`resolve`). ``temperature`` and ``top_p`` must
+    be numbers even when greedy decoding ignores them: a typo there is still a typo."""
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens!r}: use an integer >= 1.")
-    if do_sample and not (isinstance(temperature, (int, float)) and temperature > 0):
-        raise ValueError(f"temperature={temperature!r}: use a number > 0.")
-    if do_sample and not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
-        raise ValueError(f"top_p={top_p!r}: use a number in (0, 1].")
+    if not isinstance(do_sample, bool):
+        raise ValueError(f"do_sample={do_sample!r}: use True or False.")
+    if not (_finite(temperature) and temperature > 0):
+        raise ValueError(f"temperature={temperature!r}: use a number > 0 (1.0: the model's own distribution).")
+    if not (_finite(top_p) and 0 < top_p <= 1):
+        raise ValueError(f"top_p={top_p!r}: use a number in (0, 1] (1.0: no nucleus cut).")
+
+
+def check_context(prompt_tokens: int, max_new_tokens: int, config) -> None:
+    """Refuse a run longer than the model's context (``max_position_embeddings`` of its text config) before
+    anything is allocated: past it positions are ones the model never saw, and a huge ``max_new_tokens`` would
+    only grow the KV cache and the trace until memory runs out."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    limit = getattr(text, "max_position_embeddings", None)
+    if isinstance(limit, int) and not isinstance(limit, bool) and prompt_tokens + max_new_tokens > limit:
+        raise ValueError(f"max_new_tokens={max_new_tokens}: the prompt's {prompt_tokens} tokens plus {max_new_tokens} "
+                         f"new ones exceed the model's context (config max_position_embeddings={limit}); use "
+                         f"max_new_tokens <= {max(0, limit - prompt_tokens)} or a shorter prompt.")
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def prepare_run(setup: RunSetup, info: MoEModelInfo, prompt_ids: list[int], max_new_tokens: int, *,
