@@ -1,8 +1,8 @@
 """Every strategy the assembly accepts is lossless: a property-based sweep (Hypothesis) over the mechanism fields
 of :class:`~specter_lab.run.strategies.Strategy` (speculation, prefetch source, eviction, pool, miss rule, refresh,
 and one of the other switches). Each combination is either refused where it is built (a ``ValueError`` naming the
-field), refused by the engine before generating, or generates exactly what HF ``generate`` does at a budget that forces evictions, and replays its own
-recording without error.
+field), refused by the engine before generating, or generates exactly what HF ``generate`` does at a budget that
+forces evictions, and replays its own recording without error.
 
 The rows of ``STRATEGIES`` are a few points of this space; a combination nobody named is where a mechanism meets
 another it was not written with (a global pool under pre-gated prefetch once moved a slot the layer was about to
