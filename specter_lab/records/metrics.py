@@ -19,7 +19,7 @@ from collections import Counter
 from typing import Any
 
 from .tally import Tally
-from .trace import StepRecord, TokenRecord, Trace
+from .trace import AHEAD, StepRecord, TokenRecord, Trace
 
 __all__ = ["compute_metrics"]
 
@@ -85,8 +85,8 @@ def _link(tally: Tally, decode_tokens: int) -> dict[str, float]:
     return {"h2d_bytes_per_token": float(h2d) / decode_tokens,
             "d2h_bytes_per_token": float(link["writeback"]) / decode_tokens,
             "demand_bytes_per_token": float(link["demand"]) / decode_tokens,
-            # every copy made ahead of its lookup: a forecast's prefetches and refreshes; the refreshes alone
-            "prefetch_bytes_per_token": float(link["prefetch"] + link["refresh"]) / decode_tokens,
+            # every copy made ahead of its lookup (a forecast's prefetches and refreshes); the refreshes alone
+            "prefetch_bytes_per_token": float(sum(link[r] for r in AHEAD)) / decode_tokens,
             "refresh_bytes_per_token": float(link["refresh"]) / decode_tokens}
 
 

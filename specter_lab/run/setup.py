@@ -13,7 +13,6 @@ validates; binding is ``fit``.
 
 from __future__ import annotations
 
-import math
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
@@ -39,7 +38,7 @@ from .assembly import RunParts, assemble, dispatch_implementation, places_whole_
 from .budget import BudgetSplit, split_budget, split_slots, split_static
 from .drafts import DraftSpec, as_draft_spec, draft_device_experts, draft_expert_bytes
 from .quant import QuantSpec
-from .strategies import Strategy, get_strategy
+from .strategies import Strategy, _is_number, get_strategy
 
 __all__ = ["RunSetup", "resolve", "check_options", "as_host_dtype", "prepare_run", "Run", "GenerationResult"]
 
@@ -350,9 +349,9 @@ def check_generation(max_new_tokens, do_sample: bool, temperature, top_p) -> Non
         raise ValueError(f"max_new_tokens={max_new_tokens!r}: use an integer >= 1.")
     if not isinstance(do_sample, bool):
         raise ValueError(f"do_sample={do_sample!r}: use True or False.")
-    if not (_finite(temperature) and temperature > 0):
+    if not (_is_number(temperature) and temperature > 0):
         raise ValueError(f"temperature={temperature!r}: use a number > 0 (1.0: the model's own distribution).")
-    if not (_finite(top_p) and 0 < top_p <= 1):
+    if not (_is_number(top_p) and 0 < top_p <= 1):
         raise ValueError(f"top_p={top_p!r}: use a number in (0, 1] (1.0: no nucleus cut).")
 
 
@@ -367,9 +366,6 @@ def check_context(prompt_tokens: int, max_new_tokens: int, config) -> None:
                          f"new ones exceed the model's context (config max_position_embeddings={limit}); use "
                          f"max_new_tokens <= {max(0, limit - prompt_tokens)} or a shorter prompt.")
 
-
-def _finite(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def prepare_run(setup: RunSetup, info: MoEModelInfo, prompt_ids: list[int], max_new_tokens: int, *,
