@@ -14,6 +14,9 @@ Why not plotly's own ``FigureWidget`` (issue 37):
 * its synced state is only assigned at construction and display, so a later view (a reload, a second display)
   could draw a stale figure; a panel's ``figure`` trait *is* the figure, so every view draws what Python holds.
 
+A view can also draw figures ahead of time, out of sight (the dashboard's neighbouring steps, asked for by
+:class:`~.step_sync.StepSync`), and swaps one in when its model takes that very figure.
+
 The figure is synced as plain JSON (lists, no numpy arrays), without its template; the template (the same for
 every figure of the views) is synced once per panel in ``template``.
 """
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import math
+import uuid
 from typing import Any
 
 import anywidget
@@ -82,28 +86,88 @@ function whenInPage(el, signal) {
   });
 }
 
+// Figures drawn ahead (step_sync.py): a view draws a figure it is asked to in a div out of sight, and when its
+// model later takes that very figure object it swaps the div in instead of redrawing (a slider step of the
+// dashboard: ~100 ms of plotly.js on a small machine, moved to idle time). Views register here by their panel's
+// _panel_id (anywidget hands a view a proxy of its model, without the model's id).
+const PANELS = "__specter_lab_panels";
+const panels = () => (globalThis[PANELS] = globalThis[PANELS] || new Map());
+// Figures a view keeps drawn ahead (the oldest go first): the dashboard draws up to two steps either side.
+const KEEP_DRAWN = 6;
+
 export default {
   async render({ model, el }) {
     const gone = new AbortController();
-    const gd = document.createElement("div");
-    gd.className = "specter-figure";
+    const newDiv = () => { const d = document.createElement("div"); d.className = "specter-figure"; return d; };
+    let gd = newDiv(), shown = null;  // the div in the page, and the figure object it draws
     el.appendChild(gd);
-    let Plotly = null, drawn = null, width = 0;
+    const ahead = new Map();  // figure object → a div that draws it, out of sight in `holder`
+    let holder = null;
+    let Plotly = null, width = 0;
+    const layoutOf = fig => Object.assign({}, fig.layout || {}, { template: model.get("template") || undefined });
+    // A copy: plotly.js writes into what it draws (trace uids, axis ranges), and the model's figure must stay
+    // what the kernel sent, or the same figure sent again (step_sync.py) would look new and be drawn twice.
+    const react = (div, figure) => {
+      const fig = structuredClone(figure || {});
+      return Plotly.react(div, fig.data || [], layoutOf(fig), model.get("config") || {});
+    };
+    const forget = () => {
+      for (const div of ahead.values()) { Plotly.purge(div); div.remove(); }
+      ahead.clear();
+    };
     const draw = () => {
       if (!Plotly || gone.signal.aborted) return;
-      // A copy: plotly.js writes into what it draws (trace uids, axis ranges), and the model's figure must stay
-      // what the kernel sent, or the same figure sent again (step_sync.py) would look new and be drawn twice.
-      const fig = structuredClone(model.get("figure") || {});
-      const layout = Object.assign({}, fig.layout || {}, { template: model.get("template") || undefined });
-      drawn = Plotly.react(gd, fig.data || [], layout, model.get("config") || {});
+      const figure = model.get("figure");
+      const ready = ahead.get(figure);
+      if (ready && ready !== gd) {  // drawn ahead: swap it in, and keep the one it replaces drawn ahead
+        ahead.delete(figure);
+        el.insertBefore(ready, gd);
+        if (shown) { holder.appendChild(gd); ahead.set(shown, gd); } else { Plotly.purge(gd); gd.remove(); }
+        gd = ready;
+        shown = figure;
+        trim();
+        return;
+      }
+      shown = figure;
+      react(gd, figure);
+    };
+    const trim = () => {
+      while (ahead.size > KEEP_DRAWN) {
+        const [key, div] = ahead.entries().next().value;
+        ahead.delete(key);
+        Plotly.purge(div);
+        div.remove();
+      }
+    };
+    // Draw `figure` out of sight, to be swapped in when the model takes it; true if that took a draw.
+    const drawAhead = figure => {
+      if (!Plotly || gone.signal.aborted || !width || !figure || figure === shown || ahead.has(figure)) return false;
+      if (!holder) {
+        holder = document.createElement("div");
+        holder.style.cssText = "position:absolute;left:-100000px;top:0;visibility:hidden;pointer-events:none;";
+        document.body.appendChild(holder);
+      }
+      holder.style.width = width + "px";
+      const div = newDiv();
+      div.dataset.drawnAhead = "";  // a mark for the browser test: this figure was drawn out of sight
+      holder.appendChild(div);
+      react(div, figure);
+      ahead.set(figure, div);
+      trim();
+      return true;
     };
     const onChange = () => draw();
+    const onConfig = () => { if (Plotly) forget(); draw(); };
     model.on("change:figure", onChange);
-    model.on("change:config", onChange);
+    model.on("change:config", onConfig);
     const resize = new ResizeObserver(entries => {
       const w = Math.round(entries[0].contentRect.width);
-      if (Plotly && w > 0 && w !== width && gd.data) { width = w; Plotly.Plots.resize(gd); }
+      if (Plotly && w > 0 && w !== width && gd.data) { width = w; forget(); Plotly.Plots.resize(gd); }
     });
+    const id = model.get("_panel_id");
+    const mine = panels().get(id) || new Set();
+    panels().set(id, mine);
+    mine.add(drawAhead);
     (async () => {
       [Plotly] = await Promise.all([loadPlotly(model), whenInPage(el, gone.signal)]);
       width = Math.round(el.getBoundingClientRect().width);
@@ -113,9 +177,12 @@ export default {
     return () => {
       gone.abort();
       resize.disconnect();
+      mine.delete(drawAhead);
+      if (!mine.size) panels().delete(id);
       model.off("change:figure", onChange);
-      model.off("change:config", onChange);
-      if (Plotly) Plotly.purge(gd);
+      model.off("change:config", onConfig);
+      if (Plotly) { forget(); Plotly.purge(gd); }
+      if (holder) holder.remove();
     };
   }
 };
@@ -137,11 +204,13 @@ class FigurePanel(anywidget.AnyWidget):
     template = traitlets.Dict().tag(sync=True)
     config = traitlets.Dict().tag(sync=True)
     plotly_js = traitlets.Instance(PlotlyJS).tag(sync=True, **widget_serialization)
+    # Names the panel's views in the page, for the steps drawn ahead of time (step_sync.py).
+    _panel_id = traitlets.Unicode().tag(sync=True)
 
     def __init__(self, fig: "go.Figure | dict", config: "dict | None" = None, **kwargs: Any) -> None:
         template = fig.layout.template.to_plotly_json() if isinstance(fig, go.Figure) else {}
         super().__init__(figure=_as_plain(fig), template=_plain(template), config=dict(config or {}),
-                         plotly_js=plotly_js(), **kwargs)
+                         plotly_js=plotly_js(), _panel_id=uuid.uuid4().hex, **kwargs)
 
     def show(self, fig: "go.Figure | dict") -> bool:
         """Show ``fig``; returns False, sending nothing, when the panel already shows it."""

@@ -11,6 +11,12 @@ already left (keys faster than the kernel: ipywidgets sends the page's next valu
 answered the last) is put back in the same task for a few seconds after the page moved, so a passed step is never
 painted again. A step that is not prepared takes the kernel's path, as before.
 
+Applying a prepared step still redrew three plotly figures, ~90 ms of plotly.js in one task on a small machine
+and 190-210 ms in one CI run, over the 200 ms a step may take. So the page also draws the figures of the prepared
+steps up to two either side of the slider ahead of time, out of sight, one figure per idle callback, and a panel
+whose model then takes such a figure swaps the drawn one in instead of redrawing (:mod:`.panel`): a step takes
+10-60 ms from the key to the frame that shows it.
+
 Values are applied with the target model's ``set_state``, as if the kernel had sent them: nothing is queued to be
 sent back, and the kernel stays the owner of every view's state.
 """
@@ -28,6 +34,8 @@ __all__ = ["StepSync"]
 
 # The page keeps this many prepared steps (the oldest go first); a step of the dashboard is ~100 kB.
 _KEEP = 96
+# The page draws the figures of the prepared steps up to this many steps either side of the slider ahead of time.
+_AROUND = 2
 # How long after moving ahead of the kernel the page keeps a passed step from being drawn again (ms): the kernel's
 # answers for the steps in between come within a few hundred ms; a later change is the kernel's to make.
 _HOLD_MS = 3000
@@ -39,12 +47,39 @@ export default {
   initialize({ model }) {
     const ready = new Map();  // step → {view name: value}
     let targets = null;       // view name → [widget model, trait]
+    let slider = null;
     model.on("msg:custom", msg => {
       if (!msg || msg.step === undefined) return;
       ready.delete(msg.step);
       ready.set(msg.step, msg.values);
       while (ready.size > KEEP) ready.delete(ready.keys().next().value);
+      drawAhead();
     });
+    // The figures of the prepared steps nearest the slider are drawn ahead, out of sight, while the page is idle
+    // (panel.py): moving there then swaps them in instead of redrawing. One figure per idle callback, so a key
+    // pressed meanwhile waits for one figure's draw at most.
+    let queue = [], idle = null;
+    const drawAhead = () => {
+      if (!targets || !slider) return;
+      const at = slider.get("value");
+      const near = [...ready.keys()].filter(s => s !== at && Math.abs(s - at) <= AROUND)
+        .sort((a, b) => Math.abs(a - at) - Math.abs(b - at));
+      queue = [];
+      for (const s of near)
+        for (const [name, value] of Object.entries(ready.get(s))) {
+          const [target, trait] = targets[name] || [];
+          const panels = globalThis.__specter_lab_panels;  // panel.py's views, by _panel_id
+          const views = trait === "figure" && panels && panels.get(target.get("_panel_id"));
+          for (const draw of views || []) queue.push(() => draw(value));
+        }
+      if (queue.length && idle === null) idle = requestIdleCallback(work);
+    };
+    const work = () => {
+      idle = null;
+      // a figure already drawn ahead costs nothing: go on to one that is not
+      while (queue.length && !queue.shift()()) {}
+      if (queue.length) idle = requestIdleCallback(work);
+    };
     // What the page moved to ahead of the kernel: for HOLD ms, a kernel answer that gives a view another value (an
     // answer for a step the slider has already left) is put back at once, in the same task, so it is never
     // painted. Without this, keys faster than the kernel showed a passed step again for a moment. The kernel's
@@ -74,14 +109,14 @@ export default {
       targets = found;
       for (const [name, [target, trait]] of Object.entries(found))
         target.on("change:" + trait, hold(name, target, trait));
-      const slider = await manager.get_model(ref(model.get("slider")));
-      slider.on("change:value", () => apply(slider.get("value")));
+      slider = await manager.get_model(ref(model.get("slider")));
+      slider.on("change:value", () => { apply(slider.get("value")); drawAhead(); });
       model.send({ ready: true });  // a new page (or a reload): the kernel sends the steps it has ready
     })().catch(err => console.warn("specter_lab: step sync", err));
   },
   render() {}
 };
-""".replace("KEEP", str(_KEEP)).replace("HOLD", str(_HOLD_MS))
+""".replace("KEEP", str(_KEEP)).replace("HOLD", str(_HOLD_MS)).replace("AROUND", str(_AROUND))
 
 
 class StepSync(anywidget.AnyWidget):
