@@ -121,6 +121,7 @@ export default {
       const ready = ahead.get(figure);
       if (ready && ready !== gd) {  // drawn ahead: swap it in, and keep the one it replaces drawn ahead
         ahead.delete(figure);
+        ready.dataset.swappedIn = "";  // a mark for the browser test: this view was swapped in, not redrawn
         el.insertBefore(ready, gd);
         if (shown) { holder.appendChild(gd); ahead.set(shown, gd); } else { Plotly.purge(gd); gd.remove(); }
         gd = ready;
@@ -129,6 +130,7 @@ export default {
         return;
       }
       shown = figure;
+      delete gd.dataset.swappedIn;
       react(gd, figure);
     };
     const trim = () => {
@@ -149,7 +151,6 @@ export default {
       }
       holder.style.width = width + "px";
       const div = newDiv();
-      div.dataset.drawnAhead = "";  // a mark for the browser test: this figure was drawn out of sight
       holder.appendChild(div);
       react(div, figure);
       ahead.set(figure, div);

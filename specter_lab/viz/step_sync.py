@@ -59,6 +59,7 @@ export default {
     // (panel.py): moving there then swaps them in instead of redrawing. One figure per idle callback, so a key
     // pressed meanwhile waits for one figure's draw at most.
     let queue = [], idle = null;
+    const left = () => { globalThis.__specter_lab_drawing_ahead = queue.length; };  // 0: done (the browser test)
     const drawAhead = () => {
       if (!targets || !slider) return;
       const at = slider.get("value");
@@ -73,12 +74,14 @@ export default {
           for (const draw of views || []) queue.push(() => draw(value));
         }
       if (queue.length && idle === null) idle = requestIdleCallback(work);
+      left();
     };
     const work = () => {
       idle = null;
       // a figure already drawn ahead costs nothing: go on to one that is not
       while (queue.length && !queue.shift()()) {}
       if (queue.length) idle = requestIdleCallback(work);
+      left();
     };
     // What the page moved to ahead of the kernel: for HOLD ms, a kernel answer that gives a view another value (an
     // answer for a step the slider has already left) is put back at once, in the same task, so it is never
