@@ -59,6 +59,8 @@ export default {
     // (panel.py): moving there then swaps them in instead of redrawing. One figure per idle callback, so a key
     // pressed meanwhile waits for one figure's draw at most.
     let queue = [], idle = null;
+    // Safari has no requestIdleCallback: a short timeout stands in for it there.
+    const whenIdle = globalThis.requestIdleCallback ? fn => requestIdleCallback(fn) : fn => setTimeout(fn, 50);
     const left = () => { globalThis.__specter_lab_drawing_ahead = queue.length; };  // 0: done (the browser test)
     const drawAhead = () => {
       if (!targets || !slider) return;
@@ -73,14 +75,14 @@ export default {
           const views = trait === "figure" && panels && panels.get(target.get("_panel_id"));
           for (const draw of views || []) queue.push(() => draw(value));
         }
-      if (queue.length && idle === null) idle = requestIdleCallback(work);
+      if (queue.length && idle === null) idle = whenIdle(work);
       left();
     };
     const work = () => {
       idle = null;
       // a figure already drawn ahead costs nothing: go on to one that is not
       while (queue.length && !queue.shift()()) {}
-      if (queue.length) idle = requestIdleCallback(work);
+      if (queue.length) idle = whenIdle(work);
       left();
     };
     // What the page moved to ahead of the kernel: for HOLD ms, a kernel answer that gives a view another value (an
