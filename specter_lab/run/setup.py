@@ -367,7 +367,6 @@ def check_context(prompt_tokens: int, max_new_tokens: int, config) -> None:
                          f"max_new_tokens <= {max(0, limit - prompt_tokens)} or a shorter prompt.")
 
 
-
 def prepare_run(setup: RunSetup, info: MoEModelInfo, prompt_ids: list[int], max_new_tokens: int, *,
                 sampling: Sampling = Sampling(), model=None, device: "torch.device | str" = "cpu", host=None,
                 draft: DraftSource | None = None, host_weights=None, governor: KGovernor | None = None,

@@ -111,8 +111,9 @@ export default {
       const fig = structuredClone(figure || {});
       return Plotly.react(div, fig.data || [], layoutOf(fig), model.get("config") || {});
     };
+    const drop = div => { Plotly.purge(div); div.remove(); };
     const forget = () => {
-      for (const div of ahead.values()) { Plotly.purge(div); div.remove(); }
+      for (const div of ahead.values()) drop(div);
       ahead.clear();
     };
     const draw = () => {
@@ -123,7 +124,7 @@ export default {
         ahead.delete(figure);
         ready.dataset.swappedIn = "";  // a mark for the browser test: this view was swapped in, not redrawn
         el.insertBefore(ready, gd);
-        if (shown) { holder.appendChild(gd); ahead.set(shown, gd); } else { Plotly.purge(gd); gd.remove(); }
+        if (shown) { holder.appendChild(gd); ahead.set(shown, gd); } else drop(gd);
         gd = ready;
         shown = figure;
         trim();
@@ -137,8 +138,7 @@ export default {
       while (ahead.size > KEEP_DRAWN) {
         const [key, div] = ahead.entries().next().value;
         ahead.delete(key);
-        Plotly.purge(div);
-        div.remove();
+        drop(div);
       }
     };
     // Draw `figure` out of sight, to be swapped in when the model takes it; true if that took a draw.
