@@ -531,6 +531,21 @@ def test_panels_share_one_plotly_js_and_count_no_views(spec_run):
     assert d.routing.to_figure().layout.template.layout.plot_bgcolor == "white"
 
 
+def test_dashboard_models_name_their_own_id(spec_run):
+    """viz/listening.py: a panel's and the step sync's module find their model in the page by ``_own_id``, which
+    must be the model's id (the comm id the page knows it by), different for each widget; both modules keep the
+    model listening from their ``initialize``, and a panel asks for its state again there."""
+    from specter_lab.viz.panel import _ESM as PANEL_ESM
+    from specter_lab.viz.step_sync import _ESM as SYNC_ESM
+
+    d = viz.dashboard(spec_run)
+    widgets = [*d.views.values(), d._sync]
+    assert all(w._own_id == w.model_id == w.comm.comm_id for w in widgets)
+    assert len({w._own_id for w in widgets}) == len(widgets)
+    assert "initialize({ model })" in PANEL_ESM and "request_state" in PANEL_ESM
+    assert all(esm.count("keepListening(model)") == 2 for esm in (PANEL_ESM, SYNC_ESM))  # defined, then called
+
+
 def test_widgets_config_and_status_text(model):
     from specter_lab.viz.widgets import FIGURE_CONFIG, plain_text
 

@@ -17,6 +17,9 @@ Why not plotly's own ``FigureWidget`` (issue 37):
 A view can also draw figures ahead of time, out of sight (the dashboard's neighbouring steps, asked for by
 :class:`~.step_sync.StepSync`), and swaps one in when its model takes that very figure.
 
+A panel keeps taking the kernel's figures when its module loaded late on a busy page, and then asks for its state
+again (:mod:`.listening`).
+
 The figure is synced as plain JSON (lists, no numpy arrays), without its template; the template (the same for
 every figure of the views) is synced once per panel in ``template``.
 """
@@ -25,7 +28,6 @@ from __future__ import annotations
 
 import base64
 import math
-import uuid
 from typing import Any
 
 import anywidget
@@ -35,6 +37,8 @@ import traitlets
 from ipywidgets import widget_serialization
 from plotly.basedatatypes import BaseFigure
 from plotly.offline import get_plotlyjs
+
+from .listening import KEEP_LISTENING_JS, Listening
 
 __all__ = ["FigurePanel", "PlotlyJS", "plain_figure"]
 
@@ -62,7 +66,7 @@ def plotly_js() -> PlotlyJS:
 # itself as ``globalThis.Plotly``; the first panel of a page does that, the others wait on the same promise (a
 # failed load is forgotten, so the next view tries again). A figure is drawn once the view is in the page
 # (drawn earlier, plotly.js cannot measure the cell and falls back to 700 px) and redrawn when its width changes.
-_ESM = r"""
+_ESM = KEEP_LISTENING_JS + r"""
 const KEY = "__specter_lab_plotly";
 function loadPlotly(model) {
   if (globalThis.Plotly && globalThis.Plotly.react) return Promise.resolve(globalThis.Plotly);
@@ -89,13 +93,19 @@ function whenInPage(el, signal) {
 // Figures drawn ahead (step_sync.py): a view draws a figure it is asked to in a div out of sight, and when its
 // model later takes that very figure object it swaps the div in instead of redrawing (a slider step of the
 // dashboard: ~100 ms of plotly.js on a small machine, moved to idle time). Views register here by their panel's
-// _panel_id (anywidget hands a view a proxy of its model, without the model's id).
+// model id (_own_id, listening.py).
 const PANELS = "__specter_lab_panels";
 const panels = () => (globalThis[PANELS] = globalThis[PANELS] || new Map());
 // Figures a view keeps drawn ahead (the oldest go first): the dashboard draws up to two steps either side.
 const KEEP_DRAWN = 6;
 
 export default {
+  // A model that dropped the kernel's messages while its module loaded (listening.py) asks for its state again.
+  initialize({ model }) {
+    keepListening(model)
+      .then(real => { if (real) real.comm.send({ method: "request_state" }, {}); })
+      .catch(err => console.warn("specter_lab: figure panel", err));
+  },
   async render({ model, el }) {
     const gone = new AbortController();
     const newDiv = () => { const d = document.createElement("div"); d.className = "specter-figure"; return d; };
@@ -165,7 +175,7 @@ export default {
       const w = Math.round(entries[0].contentRect.width);
       if (Plotly && w > 0 && w !== width && gd.data) { width = w; forget(); Plotly.Plots.resize(gd); }
     });
-    const id = model.get("_panel_id");
+    const id = model.get("_own_id");
     const mine = panels().get(id) || new Set();
     panels().set(id, mine);
     mine.add(drawAhead);
@@ -192,7 +202,7 @@ export default {
 _CSS = ".specter-figure { width: 100%; }"
 
 
-class FigurePanel(anywidget.AnyWidget):
+class FigurePanel(Listening):
     """One plotly figure in the page, redrawn whenever :meth:`show` gives it another.
 
     ``figure`` is the figure as plain JSON (:func:`plain_figure`, template apart), ``template`` its plotly
@@ -205,13 +215,11 @@ class FigurePanel(anywidget.AnyWidget):
     template = traitlets.Dict().tag(sync=True)
     config = traitlets.Dict().tag(sync=True)
     plotly_js = traitlets.Instance(PlotlyJS).tag(sync=True, **widget_serialization)
-    # Names the panel's views in the page, for the steps drawn ahead of time (step_sync.py).
-    _panel_id = traitlets.Unicode().tag(sync=True)
 
     def __init__(self, fig: "go.Figure | dict", config: "dict | None" = None, **kwargs: Any) -> None:
         template = fig.layout.template.to_plotly_json() if isinstance(fig, go.Figure) else {}
         super().__init__(figure=_as_plain(fig), template=_plain(template), config=dict(config or {}),
-                         plotly_js=plotly_js(), _panel_id=uuid.uuid4().hex, **kwargs)
+                         plotly_js=plotly_js(), **kwargs)
 
     def show(self, fig: "go.Figure | dict") -> bool:
         """Show ``fig``; returns False, sending nothing, when the panel already shows it."""

@@ -19,16 +19,20 @@ whose model then takes such a figure swaps the drawn one in instead of redrawing
 
 Values are applied with the target model's ``set_state``, as if the kernel had sent them: nothing is queued to be
 sent back, and the kernel stays the owner of every view's state.
+
+A step sync whose module loaded late on a busy page keeps taking the kernel's messages (:mod:`.listening`); the
+prepared steps it may have dropped come again when it tells the kernel it is ready.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-import anywidget
 import ipywidgets as W
 import traitlets
 from ipywidgets import widget_serialization
+
+from .listening import KEEP_LISTENING_JS, Listening
 
 __all__ = ["StepSync"]
 
@@ -40,7 +44,7 @@ _AROUND = 2
 # answers for the steps in between come within a few hundred ms; a later change is the kernel's to make.
 _HOLD_MS = 3000
 
-_ESM = r"""
+_ESM = KEEP_LISTENING_JS + r"""
 const ref = r => String(r || "").replace(/^IPY_MODEL_/, "");
 
 export default {
@@ -71,8 +75,8 @@ export default {
       for (const s of near)
         for (const [name, value] of Object.entries(ready.get(s))) {
           const [target, trait] = targets[name] || [];
-          const panels = globalThis.__specter_lab_panels;  // panel.py's views, by _panel_id
-          const views = trait === "figure" && panels && panels.get(target.get("_panel_id"));
+          const panels = globalThis.__specter_lab_panels;  // panel.py's views, by their model's id
+          const views = trait === "figure" && panels && panels.get(target.get("_own_id"));
           for (const draw of views || []) queue.push(() => draw(value));
         }
       if (queue.length && idle === null) idle = whenIdle(work);
@@ -107,6 +111,7 @@ export default {
       if (now !== want && JSON.stringify(now) !== JSON.stringify(want)) target.set_state({ [trait]: want });
     };
     (async () => {
+      await keepListening(model);  // before asking for the prepared steps (listening.py)
       const manager = model.widget_manager;
       const found = {};
       for (const [name, [r, trait]] of Object.entries(model.get("targets") || {}))
@@ -124,7 +129,7 @@ export default {
 """.replace("KEEP", str(_KEEP)).replace("HOLD", str(_HOLD_MS)).replace("AROUND", str(_AROUND))
 
 
-class StepSync(anywidget.AnyWidget):
+class StepSync(Listening):
     """Prepared steps of ``slider``, applied in the page when the slider moves there.
 
     ``targets`` maps a view's name to ``[widget, trait]`` (a :class:`~.panel.FigurePanel` and ``"figure"``, an
