@@ -1,11 +1,12 @@
 """Widgets whose page side keeps taking the kernel's messages when their module loaded late.
 
-anywidget (0.9 to 0.11 at least) holds a model's messages from the kernel until the widget's module has loaded in
-the page, and gives up two seconds after the model was made: from then on the model drops every message from the
-kernel, for good, without a word in the console. A page busy for longer when a cell displays widgets (plotly.js
-loading, figures drawing, a slow or loaded machine) leaves such a model deaf, and its views never change again. CI
-met it on 2026-12-06: after Run All, 01's dashboard showed step 5 in two figures and the first step in the third,
-and its step sync never heard a prepared step.
+anywidget (0.11.0, and its repository in February 2026) holds a model's messages from the kernel until the
+widget's module has loaded in the page, and gives up two seconds after the model was made: from then on the model
+drops every message from the kernel, for good (anywidget logs "Failed to initialize model" only when no message
+was waiting). A page busy for longer when a cell displays widgets (plotly.js loading, figures drawing, a slow or
+loaded machine) leaves such a model deaf, and its views never change again. CI met it on 2026-12-06: after Run
+All, 01's dashboard showed step 5 in two figures and the first step in the third, and its step sync never heard a
+prepared step.
 
 Once the module runs there is nothing left to wait for, so :data:`KEEP_LISTENING_JS` (a function the module of a
 :class:`Listening` widget calls from its ``initialize``) hands the model's messages straight to ipywidgets, which
