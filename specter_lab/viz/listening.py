@@ -43,7 +43,9 @@ class Listening(anywidget.AnyWidget):
 # model's comm takes its messages again through ipywidgets' own handler, the one anywidget's AnyModel wraps.
 KEEP_LISTENING_JS = r"""
 async function keepListening(model) {
-  const real = await model.widget_manager.get_model(model.get("_own_id"));
+  const id = model.get("_own_id");  // none in a widget state saved by an older version: nothing to do
+  const real = id ? await Promise.resolve(model.widget_manager.get_model(id)).catch(() => null) : null;
+  if (!real) return null;
   const anyModel = Object.getPrototypeOf(real), base = Object.getPrototypeOf(anyModel);
   const wraps = Object.prototype.hasOwnProperty.call(anyModel, "_handle_comm_msg");
   if (!real.comm || !wraps || typeof base._handle_comm_msg !== "function") return null;
