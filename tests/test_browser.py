@@ -183,8 +183,19 @@ def close_clean(page: Page, where: str) -> None:
     CLOSING_ERRORS[where] = [e["text"][:160] for e in page.errors()[before:]]
 
 
+# anywidget's own message when a model's module loaded more than 2 s after the model was made (a busy page, e.g.
+# after Run All on a loaded machine). Our widgets keep hearing the kernel then (viz/listening.py), and every test
+# checks what they drew, so the message alone is not a failure; any other console error is.
+ANYWIDGET_GAVE_UP = "[anywidget] Failed to initialize model"
+
+
+def console_errors(page: Page) -> list[dict]:
+    """The page's console errors, less anywidget's :data:`ANYWIDGET_GAVE_UP`."""
+    return [e for e in page.errors() if ANYWIDGET_GAVE_UP not in e["text"]]
+
+
 def assert_no_console_errors(page: Page) -> None:
-    errors = page.errors()
+    errors = console_errors(page)
     assert not errors, "console errors:\n" + "\n".join(f"  {e['type']}: {e['text'][:300]}" for e in errors)
 
 
@@ -725,9 +736,7 @@ def test_a_panel_made_on_a_busy_page_takes_the_kernels_figures(page: Page, lab: 
     page.wait_for(drawn("sent while the page was busy"), timeout=30, what="the figure sent while the page was busy")
     page.append_and_run("panel.show(fig('sent later'))")
     page.wait_for(drawn("sent later"), timeout=30, what="the figure sent later")
-    # anywidget says in the console that it gave up on the model (its own message, left as it is); nothing else
-    others = [e["text"][:200] for e in page.errors() if "[anywidget] Failed to initialize model" not in e["text"]]
-    assert not others, f"console errors: {others}"
+    assert_no_console_errors(page)  # anywidget says it gave up on the model (ANYWIDGET_GAVE_UP); nothing else
 
 
 def test_closing_a_notebook_leaves_no_console_error() -> None:
