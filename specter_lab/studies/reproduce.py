@@ -79,18 +79,21 @@ class _Bench:
         return inspect_model(self.model if self.trace is None else skeleton(self.trace.config)).num_experts
 
     def measure(self, strategy: "str | Strategy", case: PaperCase, execution: str, **kw) -> dict[str, float]:
-        """Mean metrics of ``strategy`` over the prompts (live) or the trace's sequences (replayed), with its
-        slots, device bytes and budget bytes."""
+        """Mean metrics of ``strategy`` over the prompts, run live or replayed from the trace, with its slots,
+        device bytes and budget bytes."""
+        return _summary(self.runs(strategy, case, execution, **kw))
+
+    def runs(self, strategy: "str | Strategy", case: PaperCase, execution: str, **kw) -> PromptRuns:
+        """Every prompt's metrics: a live run of each (the protocol's fixed length), or a replay of the trace's
+        recorded sequences, the one place where the two differ."""
         if self.trace is None:
-            eng = self.engine(strategy, case, execution, **kw)
-            return {**self.run(eng), "budget_bytes": eng.split.budget_bytes}
+            return run_prompts(self.engine(strategy, case, execution, **kw), self.prompts, self.max_new_tokens,
+                               self.bar)
         results = replay(self.trace, strategy, hardware=f"{PAPER_PROFILE}@{execution}", cost_shape=case.cost_shape,
                          **kw)
         if self.bar is not None:
             self.bar.update(len(results))
-        m = results[0].metrics
-        return {**PromptRuns([r.metrics for r in results]).means(_KEYS), "slots_per_layer": m["slots_per_layer"],
-                "device_bytes": m["device_bytes"], "budget_bytes": m["budget_bytes"]}
+        return PromptRuns([r.metrics for r in results])
 
     def engine(self, strategy: "str | Strategy", case: PaperCase, execution: str, **kw) -> Engine:
         # ignore_eos: the protocol's fixed output length, every run commits max_new_tokens
@@ -98,8 +101,13 @@ class _Bench:
                       cost_shape=case.cost_shape, ignore_eos=True, **kw)
 
     def run(self, eng: Engine) -> dict[str, float]:
-        out = run_prompts(eng, self.prompts, self.max_new_tokens, self.bar).means(_KEYS)
-        return {**out, "slots_per_layer": min(eng.split.slots_per_layer), "device_bytes": eng.split.device_bytes}
+        """:meth:`measure` of an engine already made (live only)."""
+        return _summary(run_prompts(eng, self.prompts, self.max_new_tokens, self.bar))
+
+
+def _summary(runs: PromptRuns) -> dict[str, float]:
+    """The protocol's means over the prompts, and the memory columns every prompt's run shares."""
+    return {**runs.means(_KEYS), **{k: runs.first(k) for k in ("slots_per_layer", "device_bytes", "budget_bytes")}}
 
 
 def _setup(model, tokenizer, prompts, n_prompts, max_new_tokens, total, progress, trace=None) -> _Bench:
