@@ -142,6 +142,19 @@ def test_synthetic_routing_reproduces_the_published_lru_curve(key, shape):
         assert hot_coverage(routing, round(fraction * shape[0])) == pytest.approx(published, abs=0.06)
 
 
+def test_synthetic_routing_is_drawn_once_and_handed_out_as_copies():
+    """The draw is cached per process (an explorer re-estimates the same model for every GPU): a caller that writes
+    into its routing must not change the next caller's, and another seed or locality is another draw."""
+    loc = LOCALITY["qwen3_moe"]
+    first = synthetic_routing(2, 16, 2, 64, loc, seed=5)
+    expected = first.copy()
+    first[:] = 0
+    again = synthetic_routing(2, 16, 2, 64, loc, seed=5)
+    assert np.array_equal(again, expected) and again.flags.writeable
+    assert not np.array_equal(synthetic_routing(2, 16, 2, 64, loc, seed=6), expected)
+    assert not np.array_equal(synthetic_routing(2, 16, 2, 64, LOCALITY["deepseek_v2"], seed=5), expected)
+
+
 def test_cli_estimate_prints_the_command(capsys):
     from specter_lab.cli import main
 

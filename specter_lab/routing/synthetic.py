@@ -16,6 +16,7 @@ Every output that uses it says ``synthetic routing matched to <source>``; a reco
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -101,25 +102,34 @@ def locality_for(model_type: str) -> Locality:
 
 def synthetic_routing(num_layers: int, num_experts: int, top_k: int, tokens: int, loc: Locality,
                       seed: int = 0) -> np.ndarray:
-    """``[tokens, num_layers, top_k]`` expert ids drawn by ``loc``'s process (distinct within a token)."""
+    """``[tokens, num_layers, top_k]`` expert ids drawn by ``loc``'s process (distinct within a token). Drawn once
+    per process for each set of arguments (an estimate explorer asks again for every GPU, VRAM or host it
+    prices, and the draw is a third of an estimate's time); each call gets its own copy."""
+    return _drawn(num_layers, num_experts, top_k, tokens, loc.stick, loc.skew, loc.drift, seed).copy()
+
+
+@functools.lru_cache(maxsize=8)  # a few MB each at the estimate's size (2,048 tokens × 48 layers × top-8)
+def _drawn(num_layers: int, num_experts: int, top_k: int, tokens: int, stick: float, skew: float, drift: float,
+           seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
     out = np.empty((tokens, num_layers, top_k), dtype=np.int64)
-    base = (np.arange(num_experts) + 1.0) ** -loc.skew
+    base = (np.arange(num_experts) + 1.0) ** -skew
     base = base / base.sum()
     for layer in range(num_layers):
         rank = rng.permutation(num_experts)  # rank[e]: popularity rank of expert e
         prev: list[int] = []
         for t in range(tokens):
-            for _ in range(rng.binomial(num_experts, loc.drift)):  # the hot set moves
+            for _ in range(rng.binomial(num_experts, drift)):  # the hot set moves
                 i, j = rng.integers(num_experts, size=2)
                 rank[i], rank[j] = rank[j], rank[i]
-            keep = [e for e in prev if rng.random() < loc.stick]
+            keep = [e for e in prev if rng.random() < stick]
             w = base[rank]
             w[keep] = 0.0
             w = w / w.sum()
             fresh = rng.choice(num_experts, size=top_k - len(keep), replace=False, p=w)
             prev = keep + [int(e) for e in fresh]
             out[t, layer] = prev
+    out.flags.writeable = False  # the cached draw itself: only copies leave this module
     return out
 
 
