@@ -261,6 +261,9 @@ def test_depth_prices_the_kv_cache_and_when_unknown_bands_it():
     ({"gpu": "rtx4060", "vram": "1GiB", "weights": "bf16"}, r"vram=1\.00 GiB is smaller than .*dense weights"),
     ({"host": "ddr5-5700x2"}, r"host='ddr5-5700x2': .*nearest \['ddr5-5600x2'"),
     ({"gpu": "rtx 3060 tie"}, r"gpu='rtx 3060 tie' .*closest \['rtx3060"),
+    ({"gpu": "rtx4070", "vram": 8}, r"vram=8 reads as 8 bytes, less than a MiB: .*unit is bytes.*'8GiB'"),
+    ({"ram": "64"}, r"ram='64' reads as 64 bytes, less than a MiB: .*'64GiB'"),
+    ({"disk": 3.5}, r"disk=3.5 reads as 3.5 bytes/s, less than a MiB: .*'3.5GB/s'"),
 ])
 def test_bad_input_names_the_argument_and_the_nearest_valid_values(kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -331,21 +331,30 @@ def _with_disk(pages: "PageCache | None", counts: replay.Counts, gpu_slots: int)
     return counts if pages is None else pages.with_disk(counts, gpu_slots)
 
 
+_TOO_FEW_BYTES = 2**20  # no machine has less than a MiB of memory (or a MiB/s of disk): a unit was left out
+
+
 def _size(value, name: str, example: str, rate: bool = False) -> float | None:
     """``vram=`` / ``ram=`` / ``disk=``: bytes (``rate``: bytes/s, a trailing "/s" allowed) as a number or a
-    size string; None stays None."""
+    size string; None stays None. A size under a MiB is refused: ``vram=8`` means 8 GiB to its writer, not 8
+    bytes, and priced as bytes it would only say that nothing fits."""
     if value is None:
         return None
     fix = f"{name}={value!r}: give bytes as a positive number or a size such as {example}."
     if isinstance(value, str):
         try:
             text = value.strip()
-            return float(parse_bytes(text.removesuffix("/s") if rate else text, name))
+            n = float(parse_bytes(text.removesuffix("/s") if rate else text, name))
         except ValueError:
             raise ValueError(fix) from None
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value) and value > 0:
-        return float(value)
-    raise ValueError(fix)
+    elif isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value) and value > 0:
+        n = float(value)
+    else:
+        raise ValueError(fix)
+    if n < _TOO_FEW_BYTES:
+        raise ValueError(f"{name}={value!r} reads as {n:g} bytes{'/s' if rate else ''}, less than a MiB: a size "
+                         f"without a unit is bytes. Give the unit, e.g. {example}.")
+    return n
 
 
 def _ram_assumption(geom: ModelGeometry, budget: VramBudget, m: Machine, pages) -> str:
