@@ -224,7 +224,8 @@ def estimate(config, gpu: "str | HardwareProfile" = "rtx4090", vram=None, host=N
     given in a row ``yours`` beside the others. ``ram``: host RAM free for the model's weights (bytes or
     ``"32GB"``; None: assumed to hold them all); where it cannot hold every routed expert beside the embeddings,
     the experts the host reads come from disk through the page cache at ``disk`` bytes/s (or ``"3.5GB/s"``;
-    None: 5 GB/s, banded 2-7), priced per row (:mod:`.page_cache`). Modelled, not measured:
+    None: 5 GB/s, banded 2-7), priced per row (:mod:`.page_cache`). A size under a MiB is taken for a missing unit
+    and refused (``vram=8``: write ``"8GiB"``). Modelled, not measured:
     :attr:`Estimate.assumptions` lists what every number rests on; ``band_tok_s`` what the unknowns allow."""
     if isinstance(context, bool) or not isinstance(context, int) or context < 1:
         raise ValueError(f"context={context!r}: give the tokens the KV cache must hold, an integer >= 1 "
