@@ -80,12 +80,20 @@ def held_queue(thread: bool) -> Iterator[None]:
             self.store.prefetch(layer, e, protected=protect, issue_at=at)
 
     def queue_prefetches(self, nxt: int, predicted) -> None:
-        chosen = predicted[: self.store.slots[nxt].size]
-        for e, c in chosen:
-            self.trace.forecast_count(nxt, e, int(c))
-        protect = {e for e, _ in chosen}
-        self._queued = [(nxt, e, protect) for e, _ in chosen if e not in self.store.slots[nxt].where]
-        self._asked = self.clock.now()
+        # the schedule's own _gate_prefetch picks and counts the forecast; its copies are queued instead of issued
+        store, queued = self.store, []
+
+        def enqueue(layer: int, e: int, protected=(), **_) -> bool:
+            if e not in store.slots[layer].where:
+                queued.append((layer, e, protected))
+            return False
+
+        store.prefetch = enqueue  # shadows the method on this store only, for this call
+        try:
+            gate_prefetch(self, nxt, predicted)
+        finally:
+            del store.prefetch
+        self._queued, self._asked = queued, self.clock.now()
         feed(self)
 
     def settle_then_target(self, fwd, layer, counts, n_tokens, math):
