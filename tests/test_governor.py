@@ -137,3 +137,28 @@ def test_optimism_is_large_where_unmeasured_and_fades_with_evidence():
     for _ in range(30):
         plain.update_acceptance(1, 2)
     assert np.all(plain.depth_acceptance()[3:] < a[3:])
+
+
+def test_copies_still_in_flight_are_uncovered_for_the_governor(monkeypatch):
+    """The governor prices the copies a window still needs. A copy the prefetcher issued while drafting is link
+    time the window pays for until it lands: counting it as resident made every forecast look covered (the
+    copy-bound replay saw nothing uncovered) and priced long windows as if their copies were free."""
+    import specter_lab as sl
+    from conftest import COPY_BOUND, bundled_routing
+
+    rows, config, segs = bundled_routing(1, 24)
+    trace = sl.import_routing(rows, config, segs, draft_bits=4)
+    seen = []
+    keep = KGovernor.keep_drafting
+
+    def spy(self, j, t_draft, t_verify, t_copy, uncovered_now, miss_fraction=1.0):
+        seen.append((uncovered_now, miss_fraction))
+        return keep(self, j, t_draft, t_verify, t_copy, uncovered_now, miss_fraction)
+
+    monkeypatch.setattr(KGovernor, "keep_drafting", spy)
+    sl.replay(trace, "specter_split", **{**COPY_BOUND, "expert_budget": 0.5}, draft=sl.QuantSpec(4, 64))
+    assert len(seen) >= 4
+    # a copy takes more than two layers here: after every draft step some of its copies are still on the link
+    # (counted as resident, half the windows saw none uncovered)
+    assert all(u > 0 for u, _ in seen), seen
+    assert all(0 <= m <= 1 for _, m in seen)

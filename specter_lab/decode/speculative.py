@@ -178,8 +178,10 @@ def _keep_drafting(dec: Decoder, spec: Speculation, w: DraftWindow, j: int, step
     early = spec.governor.early(j)
     if early is not None:  # decided without costs: skip counting what the forecast leaves uncovered
         return early
-    layers = range(rt.info.num_layers)
-    uncovered = sum(len(set(w.forecast.counts[l]) - rt.store.resident(l)) for l in layers)
+    # Uncovered: forecast experts not landed on the device. A copy the prefetcher issued during this window is
+    # still one the window pays for: counted as resident, a window whose forecast was all copied looked free.
+    now, ready = dec.clock.now(), rt.schedule.ready_now
+    uncovered = sum(not ready(l, e, now) for l in range(rt.info.num_layers) for e in w.forecast.counts[l])
     miss = uncovered / max(1, w.forecast.union_size())
     t_draft = prefetcher.step_time_avg if prefetcher is not None and prefetcher.step_time_avg else step_s
     context = w.context

@@ -417,9 +417,9 @@ class LayerSchedule:
         it on the host lane, or None to skip it (the resident, hybrid and host variants; the quantized draft takes
         :meth:`_lowbit_layer`)."""
         variant, store = self.draft.variant, self.store
-        if variant == "hybrid" and e in self.hybrid_sets[layer] and not self._ready_now(layer, e, now):
+        if variant == "hybrid" and e in self.hybrid_sets[layer] and not self.ready_now(layer, e, now):
             return self.draft.weights(layer, e), self._lowbit_time, None
-        if self._ready_now(layer, e, now):
+        if self.ready_now(layer, e, now):
             slot = store.lookup(layer, e)
             return store.weights(layer, slot), self.cost.expert_time, slot
         return "host" if variant == "host" else None
@@ -427,8 +427,9 @@ class LayerSchedule:
     def _lowbit_time(self, n: int) -> float:
         return self.cost.expert_time(n, weight_bytes=self.draft.expert_bytes)
 
-    def _ready_now(self, layer: int, expert: int, now) -> bool:
-        # A prefetch still in flight is not usable by the draft (it would stall): the clock says whether it landed
+    def ready_now(self, layer: int, expert: int, now) -> bool:
+        """Is ``expert`` on the device and its copy landed by ``now``? A prefetch still in flight is not usable
+        without a stall, and it is link time the window is still paying for: the clock says whether it landed."""
         slot = self.store.lookup(layer, expert)
         return slot is not None and self.clock.is_ready(self.store.ready(layer, slot), now)
 
