@@ -93,7 +93,7 @@ def test_depth_acceptance_sees_bursts_that_one_rate_misses():
     assert abs(geometric - true_mean) > 0.8
 
 
-def test_exploring_windows_draft_to_k_max_and_exposure_is_measured():
+def test_every_nth_window_explores_and_exposure_is_measured():
     g = KGovernor(k_max=6, explore_every=3)
     g.observe_routing([np.arange(8).reshape(4, 2)] * 2, committed=4)
     # Every token routes to 2 new experts per layer, each a 100 s copy: the model says "stop at once".
@@ -109,6 +109,28 @@ def test_exploring_windows_draft_to_k_max_and_exposure_is_measured():
     assert g.exposure == pytest.approx(0.7 * 1.0 + 0.3 * 0.35)
     g.observe_exposure(copies=0, stall=1.0, t_copy=1.0)  # nothing copied: nothing learnt
     assert g.exposure == pytest.approx(0.805)
+
+
+def test_exploring_windows_stop_where_the_next_token_is_rarely_reached():
+    """An exploring window measures deep acceptance only if the tokens before were accepted: with a weak draft it
+    stops where the next token is reached with less than ``explore_reach`` chance; with a strong one it goes on to
+    k_max (``explore_reach=0``: always to k_max)."""
+
+    def explored(alpha: float, **kw) -> int:
+        g = KGovernor(k_max=16, explore_every=1, alpha=alpha, **kw)
+        g.observe_routing([np.arange(8).reshape(4, 2)] * 2, committed=4)
+        g.begin_window()
+        assert g.exploring
+        j = 1
+        while g.keep_drafting(j, t_draft=1.0, t_verify=1.0, t_copy=100.0, uncovered_now=0):
+            j += 1
+        return j
+
+    assert explored(0.73) == 5  # 0.73^4 = 0.28 reaches token 5, 0.73^5 = 0.21 not token 6
+    assert explored(0.95) == 16  # 0.95^15 = 0.46
+    assert explored(0.73, explore_reach=0.0) == 16
+    g = KGovernor(alpha=0.5)
+    assert g.reach_chance(1) == 1.0 and g.reach_chance(3) == pytest.approx(0.25)
 
 
 def test_engine_keeps_one_governor_across_generate_calls():

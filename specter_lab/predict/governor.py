@@ -49,8 +49,13 @@ class KGovernor:
       forecast not resident (how likely a newly needed expert is a copy); ``x`` the exposed fraction of copy
       time, measured per window as stall / (copies · t_copy) on the simulated clock (prefetches during
       drafting and copy/compute overlap hide part of it).
-    * Every ``explore_every``-th window drafts to ``k_max`` regardless, so depths the model would never
-      choose still get measured: an estimate learnt only from short windows would keep the governor short.
+    * Every ``explore_every``-th window drafts on regardless of the costs, so depths the model would never
+      choose still get measured: an estimate learnt only from short windows would keep the governor short. It
+      stops (at ``k_max`` at the latest) where the next token's chance of being reached at all, every token
+      before it accepted (Π α_m), falls below ``explore_reach``: a token past that point is rarely verified
+      at a depth anyone learns from, and each costs a draft step and a wider verification. With a 2-bit draft
+      (acceptance ~0.73) that is 5 tokens instead of 16; with a 4-bit one (~0.95) it is still ``k_max``
+      (``docs/measured/closer_to_bound.md`` measured both rules).
       ``optimism`` (off by default) is the textbook alternative, an upper-confidence bonus
       ``optimism / sqrt(reach_m + prior)`` on acceptance at rarely reached depths; it can trap itself at a short
       K after one early rejection (one rejection at depth 1 makes every deeper depth look unreached and
@@ -66,7 +71,8 @@ class KGovernor:
     ema: float = 0.3
     history: int = 64  # committed tokens of routing kept for the distinct-experts curve
     refresh_every: int = 4  # windows between curve recomputations (numpy, but not free on deep models)
-    explore_every: int = 4  # every n-th window drafts to k_max (0: never)
+    explore_every: int = 4  # every n-th window explores (0: never) ...
+    explore_reach: float = 0.25  # ... while the next token is reached with at least this chance (0: to k_max)
     decay: float = 0.97  # per-window decay of the depth counts (routing and text drift)
     prior: float = 2.0  # pseudo-observations of the pooled rate at each depth
     exposure: float = 1.0  # exposed fraction of copy time (EMA over windows)
@@ -141,6 +147,10 @@ class KGovernor:
             a = a + self.optimism / np.sqrt(self._reach + self.prior)
         return np.clip(a, 0.0, 0.995)
 
+    def reach_chance(self, depth: int) -> float:
+        """The chance that draft token ``depth`` is reached in verification: every token before it accepted."""
+        return float(np.prod(self.depth_acceptance()[1:depth]))
+
     def _expected(self) -> np.ndarray:
         """E[tokens](K) for K = 0..k_max: 1 + Σ_{i≤K} Π_{m≤i} α_m."""
         return np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(self.depth_acceptance()[1:]))])
@@ -193,7 +203,7 @@ class KGovernor:
         if j >= self.k_max:
             return False
         if self.exploring:
-            return True
+            return self.reach_chance(j + 1) >= self.explore_reach
         if self._curve is None:  # no routing seen yet (no prompt routing either): the paper's K=8
             return j < min(8, self.k_max)
         return None
