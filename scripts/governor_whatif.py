@@ -1,0 +1,88 @@
+"""The K governor (``k="auto"``) against fixed K, and what its exploring windows cost (issue 36), on the simulated clock.
+
+``specter_split`` and ``specter_plus`` draft with ``k="auto"``: after every draft step the governor prices one more
+token (:class:`specter_lab.predict.KGovernor`), and every ``explore_every``-th window drafts on regardless, so that
+deep acceptance keeps being measured. Each column below replays ``specter_split`` on the evaluation traces of
+``scripts/closer_to_bound.py`` at a fixed K, with the governor as shipped, and with the governor's fields changed
+(``KGovernor(**fields)`` for the length of the replay, by wrapping ``specter_lab.routing.replay.KGovernor``):
+
+* ``explore_reach=0``: exploring windows draft to ``k_max`` (16), the rule before 2026-12-06;
+* ``explore_every=8`` / ``16``: exploring half / a quarter as often (what-ifs: the default stays 4).
+
+Prints a markdown table of × of the bound (the bound's mean TPOT over the row's mean) per cell::
+
+    nice python scripts/closer_to_bound.py --save-traces /tmp/ctb   # the traces are written in the first minute
+    nice python scripts/governor_whatif.py /tmp/ctb   # ~4 minutes
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import time
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+import specter_lab as sl
+from specter_lab.predict import KGovernor
+from specter_lab.routing import replay as replay_module
+from specter_lab.routing.bound import bound_tpots
+
+SHAPE = "deepseek-v2-lite@full"
+ROUTINGS = {"DeepSeek-V2-Lite-local": "deepseek-v2-lite-local", "Mixtral-local": "mixtral-local"}
+BUDGETS = {0.25: 2, 0.5: 4}  # budget → the draft bits its trace was imported with (closer_to_bound.py's BITS)
+PROFILES = ("rtx4090-pcie4@eager", "rtx4090-pcie4@compiled", "a100-40g-pcie4@compiled")
+FIXED_K = (2, 4)
+VARIANTS = {  # column → KGovernor fields
+    "governor, exploring to k_max (before)": dict(explore_reach=0.0),
+    "governor (now)": {},
+    "governor, exploring every 8th window": dict(explore_every=8),
+    "governor, exploring every 16th window": dict(explore_every=16),
+}
+
+
+@contextlib.contextmanager
+def governor(**fields) -> Iterator[None]:
+    """Within the block, a replay's K governor is ``KGovernor(**fields)``."""
+    made = replay_module.KGovernor
+    replay_module.KGovernor = functools.partial(KGovernor, **fields)
+    try:
+        yield
+    finally:
+        replay_module.KGovernor = made
+
+
+def tpot(runs) -> float:
+    return float(np.mean([r.metrics["tpot_ms"] for r in runs]))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("traces", help="the folder closer_to_bound.py --save-traces wrote")
+    ap.add_argument("--row", default="specter_split", help="a speculative strategy with k='auto'")
+    a = ap.parse_args()
+    t0 = time.perf_counter()
+    cols = [f"K={k}" for k in FIXED_K] + list(VARIANTS)
+    print(f"`{a.row}`, × of the bound (simulated clock, {SHAPE}, the evaluation traces of closer_to_bound.py).\n")
+    print("| routing | profile · budget | " + " | ".join(cols) + " |")
+    print("|---|---|" + "---|" * len(cols))
+    for label, stem in ROUTINGS.items():
+        for profile in PROFILES:
+            for budget, bits in BUDGETS.items():
+                trace = sl.load_trace(Path(a.traces) / f"{stem}-int{bits}.npz")
+                kw = dict(expert_budget=budget, hardware=profile, cost_shape=SHAPE, draft=sl.QuantSpec(bits, 64))
+                bound = float(np.mean(bound_tpots(trace, expert_budget=budget, hardware=profile, cost_shape=SHAPE)))
+                cells = [tpot(sl.replay(trace, a.row, k=k, **kw)) for k in FIXED_K]
+                for fields in VARIANTS.values():
+                    with governor(**fields):
+                        cells.append(tpot(sl.replay(trace, a.row, **kw)))
+                print(f"| {label} | {profile} · {budget} | " + " | ".join(f"{bound / c:.3f}" for c in cells) + " |",
+                      flush=True)
+    print(f"\n({time.perf_counter() - t0:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
