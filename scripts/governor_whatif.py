@@ -1,4 +1,4 @@
-"""The K governor (``k="auto"``) against fixed K, and what its exploring windows cost (issue 36), on the simulated clock.
+"""The K governor (``k="auto"``) against fixed K, and what its exploring windows cost (issue 36), simulated.
 
 ``specter_split`` and ``specter_plus`` draft with ``k="auto"``: after every draft step the governor prices one more
 token (:class:`specter_lab.predict.KGovernor`), and every ``explore_every``-th window drafts on regardless, so that
