@@ -163,8 +163,8 @@ def test_optimism_is_large_where_unmeasured_and_fades_with_evidence():
 
 def test_copies_still_in_flight_are_uncovered_for_the_governor(monkeypatch):
     """The governor prices the copies a window still needs. A copy the prefetcher issued while drafting is link
-    time the window pays for until it lands: counting it as resident made every forecast look covered (the
-    copy-bound replay saw nothing uncovered) and priced long windows as if their copies were free."""
+    time the window pays for until it lands: counted as resident, a forecast the prefetcher had copied looked
+    covered (half the windows of this copy-bound replay saw nothing uncovered), its copies free."""
     import specter_lab as sl
     from conftest import COPY_BOUND, bundled_routing
 
