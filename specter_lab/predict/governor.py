@@ -45,10 +45,11 @@ class KGovernor:
       the target's routing of the prompt and the recent committed tokens (a sliding window over a continuous
       history, so it does not depend on the K drafted so far). It prices both the copies (``U``) and the
       verification pass (``t_verify``).
-    * ``U(j)`` is what the forecast says is still missing after j draft steps; ``m`` the fraction of the
-      forecast not resident (how likely a newly needed expert is a copy); ``x`` the exposed fraction of copy
-      time, measured per window as stall / (copies · t_copy) on the simulated clock (prefetches during
-      drafting and copy/compute overlap hide part of it).
+    * ``U(j)`` is what the forecast says is still missing after j draft steps (not landed on the device: a copy
+      still in flight is one the window pays for); ``m`` the fraction of the forecast missing so (how likely a
+      newly needed expert is a copy); ``x`` the exposed fraction of copy time, measured per window as
+      stall / (copies · t_copy) on the simulated clock (prefetches during drafting and copy/compute overlap hide
+      part of it).
     * Every ``explore_every``-th window drafts on regardless of the costs, so depths the model would never
       choose still get measured: an estimate learnt only from short windows would keep the governor short. It
       stops (at ``k_max`` at the latest) where the next token's chance of being reached at all, every token
