@@ -184,3 +184,90 @@ def test_copies_still_in_flight_are_uncovered_for_the_governor(monkeypatch):
     # (counted as resident, half the windows saw none uncovered)
     assert all(u > 0 for u, _ in seen), seen
     assert all(0 <= m <= 1 for _, m in seen)
+
+
+def _timed(g: KGovernor, times: dict[int, list[float]]) -> None:
+    for k, seconds in times.items():
+        for s in seconds:
+            g.observe_time(k, s)
+
+
+def test_measured_rule_drafts_the_k_with_least_time_per_expected_token():
+    """After ``measured_after`` windows each window drafts the measured K with the least window time over
+    E[tokens](K); a K seen in fewer than ``min_arm`` windows is not trusted, however fast it looked."""
+    g = KGovernor(alpha=0.9, prior=1e6, decay=1.0, measured_after=2, explore_every=0)
+    # E = 1.9, 2.71, 4.10 tokens: 5.3, 4.4 and 7.3 s a token
+    _timed(g, {1: [10.0] * 3, 2: [12.0] * 3, 4: [30.0] * 3, 3: [1.0]})
+    targets = []
+    for _ in range(4):
+        g.begin_window()
+        targets.append(g.target)
+    assert targets == [None, None, 2, 2]  # the first two windows are priced
+    assert [g.early(j) for j in (1, 2)] == [True, False]  # the window drafts exactly its K
+    _timed(g, {3: [1.0]})  # now measured twice, and cheapest by far
+    g.begin_window()
+    assert g.target == 3
+
+
+def test_measured_rule_explores_the_neighbours_in_turn_and_follows_a_change():
+    g = KGovernor(alpha=0.9, prior=1e6, decay=0.9, measured_after=1, explore_every=2)
+    _timed(g, {1: [10.0] * 3, 2: [12.0] * 3, 3: [20.0] * 3})
+    targets = []
+    for _ in range(5):
+        g.begin_window()
+        targets.append(g.target)
+    assert targets == [None, 1, 2, 3, 2]  # windows 2 and 4 explore: K - 1, then K + 1
+    # the link got faster for longer windows: K = 3's recent windows are cheap, and decay lets them win
+    _timed(g, {3: [8.0] * 6})
+    g.begin_window()
+    assert g.exploring and g.target == 2  # window 6 explores below K = 3
+    g.begin_window()
+    assert g.target == 3
+
+
+@pytest.mark.parametrize("best, explored", [(1, [2, 2]), (16, [12, 12]), (8, [6, 10])])
+def test_exploring_steps_a_quarter_of_k_and_stays_within_range(best, explored):
+    """At long K a neighbour one token away differs by less than the noise, so an exploring window tries K ± K//4;
+    where one side is out of [k_min, k_max] it tries the other."""
+    g = KGovernor(alpha=0.9, prior=1e6, decay=1.0, measured_after=1, explore_every=2)
+    _timed(g, {best: [1.0] * 3, 4: [50.0] * 3})
+    seen = []
+    for _ in range(5):
+        g.begin_window()
+        if g.exploring:
+            seen.append(g.target)
+        else:
+            assert g._windows == 1 or g.target == best
+    assert seen == explored
+
+
+def test_a_replay_drafts_the_measured_k_and_plans_its_copies_for_it(monkeypatch):
+    """In a run, windows time themselves on the clock; once the measured rule chooses a window's K, the window
+    drafts that many tokens and the prefetcher plans its copies for that many, not for ``k_max``."""
+    import specter_lab as sl
+    from conftest import COPY_BOUND, bundled_routing
+    from specter_lab.predict import LookaheadPrefetcher
+
+    rows, config, segs = bundled_routing(1, 40)
+    trace = sl.import_routing(rows, config, segs, draft_bits=4)
+    planned, windows = [], []
+    plan, observe = LookaheadPrefetcher.begin_window, KGovernor.observe
+
+    def spy_plan(self, k):
+        planned.append(k)
+        return plan(self, k)
+
+    def spy_observe(self, w):
+        windows.append((self.target, w.drafted, w.elapsed))
+        return observe(self, w)
+
+    monkeypatch.setattr(LookaheadPrefetcher, "begin_window", spy_plan)
+    monkeypatch.setattr(KGovernor, "observe", spy_observe)
+    run, = sl.replay(trace, "specter_split", **{**COPY_BOUND, "expert_budget": 0.5}, draft=sl.QuantSpec(4, 64))
+    assert len(windows) == len(planned) > KGovernor().measured_after + 2
+    assert all(e is not None and e > 0 for _, _, e in windows)
+    chosen = [(t, d, k) for (t, d, _), k in zip(windows, planned) if t is not None]
+    assert chosen, "the measured rule never chose a window's K"
+    # the last window may be cut short by max_new_tokens
+    assert all(d == t and k == t for t, d, k in chosen[:-1]), chosen
+    assert run.metrics["new_tokens"] > 0

@@ -116,7 +116,7 @@ def speculative(dec: Decoder, prompt: torch.Tensor, spec: Speculation) -> list[i
     dec.rt.choose_hybrid_sets(info.routing)
     while not dec.done():
         dec.begin_step()
-        t0 = dec.clock.now()
+        t0, wall0 = dec.clock.now(), time.perf_counter()
         marks = (dec.trace.copies, len(dec.trace.tally.stalls))
         window = draft_window(dec, spec)
         rewind(dec, window, window.n)
@@ -127,7 +127,7 @@ def speculative(dec: Decoder, prompt: torch.Tensor, spec: Speculation) -> list[i
         verdict = verify(dec, window, spec.verify)
         commit_window(dec, window, verdict, t0)
         if spec.governor is not None:
-            spec.governor.observe(_outcome(dec, window, verdict, marks))
+            spec.governor.observe(_outcome(dec, window, verdict, marks, (t0, wall0)))
         dec.end_step()
         dec.notify(verdict.new, len(window.drafts), verdict.accepted)
     return dec.out
@@ -148,6 +148,8 @@ def draft_window(dec: Decoder, spec: Speculation) -> DraftWindow:
     rt.store.policy.follow(w.forecast)
     if governor is not None:
         governor.begin_window()
+        if k_fixed is None and governor.target is not None:  # K chosen for the whole window: plan copies for it
+            k_cap = min(k_cap, governor.target)
     if prefetcher is not None:
         prefetcher.begin_window(max(k_cap, 1))
     x = w.last
@@ -276,10 +278,14 @@ def rewind(dec: Decoder, w: DraftWindow, length: int) -> int:
     return redo
 
 
-def _outcome(dec: Decoder, w: DraftWindow, v: Verdict, marks: tuple[int, int]) -> WindowOutcome:
+def _outcome(dec: Decoder, w: DraftWindow, v: Verdict, marks: tuple[int, int], started: tuple) -> WindowOutcome:
+    """What the governor learns from a window; ``started``: the clock's and the wall clock's time at its start."""
     cost, trace = dec.rt.cost, dec.trace
     stall = None
     if dec.clock.readable_midrun:  # CUDA event times are not readable mid-run without a sync
         stall = sum(trace.tally.stalls[marks[1]:])
+        elapsed = dec.clock.now() - started[0]
+    else:  # verification read its logits on the host (a sync): the wall clock has seen the whole window
+        elapsed = time.perf_counter() - started[1]
     return WindowOutcome(v.accepted, len(w.drafts), v.routing, trace.copies - marks[0], stall,
-                         cost.copy_time(cost.expert_bytes))
+                         cost.copy_time(cost.expert_bytes), elapsed)

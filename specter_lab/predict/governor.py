@@ -1,7 +1,9 @@
-"""``k="auto"``: the K governor decides after every draft step whether one more draft token pays.
+"""``k="auto"``: the K governor chooses each window's draft length.
 
-Its model and the choices behind it (exploring windows rather than an optimism bonus, per-depth acceptance
-rather than one rate) are in :class:`KGovernor`'s docstring; ``sl.bench.k_sweep`` measures it against fixed K.
+For its first windows it prices one more draft token after every draft step; from then on it drafts, per window,
+the K whose measured window time per expected committed token is least, trying a neighbouring K on every few
+windows. Its models and the choices behind them are in :class:`KGovernor`'s docstring; ``sl.bench.k_sweep`` and
+``scripts/governor_whatif.py`` measure it against fixed K.
 """
 
 from __future__ import annotations
@@ -25,11 +27,31 @@ class WindowOutcome:
     copies: int = 0
     stall: float | None = None
     t_copy: float = 0.0
+    elapsed: float | None = None  # seconds from the window's first draft step to its commit
 
 
 @dataclass
 class KGovernor:
-    """``k="auto"``: keep drafting while a longer window is expected to lower the time per committed token.
+    """``k="auto"``: draft the window length expected to give the least time per committed token.
+
+    Two rules, one after the other:
+
+    * **Measured** (from window ``measured_after`` on): at each window's start, the K with the least measured
+      window time (decayed mean over the windows that drafted that K: drafting, verification, stalls, host
+      work, everything the clock saw) over E[tokens](K) below. Every ``explore_every``-th window drafts a
+      neighbour of that K instead (K − s and K + s in turn, s = max(1, K // 4): at long K one token more or less
+      is lost in the noise), so the choice can move as the text, the cache or the link change; a K is trusted
+      once it holds ``min_arm`` decayed windows. A window whose K is chosen up front also tells the prefetcher
+      its length, so its copies are planned for the tokens it will verify.
+      This is a hill-climbing bandit over K: it needs no cost model, so costs a model leaves out (misses
+      computed on the host, a draft step's overheads, a prefetch planned too wide) are counted as they
+      happen. ``scripts/governor_whatif.py`` measured it within 0.015 of the best fixed K in each of 12
+      simulated cells, where the priced rule alone fell up to 0.17 behind (``docs/measured/closer_to_bound.md``).
+      Its cost: it needs windows to learn, so a short run (a few prompts of 48 tokens: ~25 windows) ends before
+      it settles.
+    * **Priced** (the first ``measured_after`` windows; every window with ``measured_after=0``): after every
+      draft step, one more token is priced with the model below, so the first windows already adapt and the
+      measured rule starts from several measured K.
 
     Model of a window of K drafted tokens, every term measured on this run rather than assumed:
 
@@ -63,7 +85,8 @@ class KGovernor:
       unlikely), which the fixed exploring window cannot.
 
     After every draft step j we minimise
-    T(K)/E(K) over K ∈ [j, k_max] and draft on iff the minimum lies beyond j.
+    T(K)/E(K) over K ∈ [j, k_max] and draft on iff the minimum lies beyond j. The measured rule uses E(K) from
+    the same per-depth acceptance, and the mean measured window time in place of T(K).
     """
 
     k_max: int = 16
@@ -78,17 +101,25 @@ class KGovernor:
     prior: float = 2.0  # pseudo-observations of the pooled rate at each depth
     exposure: float = 1.0  # exposed fraction of copy time (EMA over windows)
     optimism: float = 0.0  # upper-confidence bonus on acceptance at rarely-reached depths (off: see above)
+    measured_after: int = 8  # windows priced before K is chosen per window from measured times (0: priced only)
+    min_arm: float = 1.5  # decayed windows a K needs before its measured time is trusted
     _hist: list = field(default_factory=list, repr=False)  # per committed token: [layers] arrays of expert ids
     _curve: "np.ndarray | None" = field(default=None, repr=False)  # [k_max + 2, layers]: D_l(n), n = 0..k_max+1
     _curve_sums: list = field(default_factory=list, repr=False)  # Σ_l D_l(n), asked at every draft step
     _reach: "np.ndarray | None" = field(default=None, repr=False)  # [k_max + 1]: depth i drafted, all before accepted
     _acc: "np.ndarray | None" = field(default=None, repr=False)  # [k_max + 1]: depth i accepted
+    _t_sum: "np.ndarray | None" = field(default=None, repr=False)  # [k_max + 1]: decayed Σ window seconds, by K
+    _t_n: "np.ndarray | None" = field(default=None, repr=False)  # [k_max + 1]: decayed window counts, by K
     _windows: int = 0
+    _side: int = 1  # the neighbour the next exploring window tries: K + _side
     exploring: bool = False
+    target: int | None = None  # this window's K, where the measured rule chose it at the window's start
 
     def __post_init__(self) -> None:
         self._reach = np.zeros(self.k_max + 1)
         self._acc = np.zeros(self.k_max + 1)
+        self._t_sum = np.zeros(self.k_max + 1)
+        self._t_n = np.zeros(self.k_max + 1)
 
     # ------------------------------------------------------------------ observations
     def new_sequence(self) -> None:
@@ -100,6 +131,14 @@ class KGovernor:
     def begin_window(self) -> None:
         self._windows += 1
         self.exploring = bool(self.explore_every) and self._windows % self.explore_every == 0
+        self.target = None
+        if self.measured_after and self._windows > self.measured_after and self._t_n.any():
+            k = self.measured_k()
+            if self.exploring:  # a neighbour, alternately below and above; a quarter of K away at long K
+                self._side = -self._side
+                step, lo = max(1, k // 4), max(self.k_min, 1)
+                k = k + self._side * step if lo <= k + self._side * step <= self.k_max else k - self._side * step
+            self.target = int(np.clip(k, max(self.k_min, 1), self.k_max))
 
     def update_acceptance(self, accepted: int, drafted: int) -> None:
         if drafted:
@@ -133,6 +172,27 @@ class KGovernor:
         self.observe_routing(w.routing, w.accepted + 1)  # rows of `last` and the accepted drafts
         if w.stall is not None:
             self.observe_exposure(w.copies, w.stall, w.t_copy)
+        if w.elapsed is not None:
+            self.observe_time(w.drafted, w.elapsed)
+
+    def observe_time(self, drafted: int, seconds: float) -> None:
+        """One window of ``drafted`` draft tokens took ``seconds``, from its first draft step to its commit."""
+        if drafted <= 0:
+            return
+        self._t_sum *= self.decay
+        self._t_n *= self.decay
+        k = min(drafted, self.k_max)
+        self._t_sum[k] += seconds
+        self._t_n[k] += 1
+
+    def measured_k(self) -> int:
+        """The K with the least measured window time per expected committed token, among the K measured in at
+        least ``min_arm`` decayed windows (the most measured K while none is)."""
+        known = np.flatnonzero(self._t_n >= self.min_arm)
+        if not len(known):
+            return int(np.argmax(self._t_n))
+        per_token = self._t_sum[known] / self._t_n[known] / self._expected()[known]
+        return int(known[np.argmin(per_token)])
 
     def observe_exposure(self, copies: int, stall: float, t_copy: float) -> None:
         """One finished window's copies and total stall (seconds): how much of the copy time was exposed."""
@@ -203,6 +263,8 @@ class KGovernor:
             return True
         if j >= self.k_max:
             return False
+        if self.target is not None:
+            return j < self.target
         if self.exploring:
             return self.reach_chance(j + 1) >= self.explore_reach
         if self._curve is None:  # no routing seen yet (no prompt routing either): the paper's K=8
