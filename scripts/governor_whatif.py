@@ -8,6 +8,7 @@ window, the K with the least measured window time per expected committed token, 
 (``KGovernor(**fields)`` for the length of the replay, by wrapping ``specter_lab.routing.replay.KGovernor``):
 
 * ``measured_after=0``: the priced rule alone, the governor before 2026-12-06's second change;
+* ``extrapolate=False``: only K measured in a window count, no longer K priced off the line through them;
 * ``explore_every=8``: the measured rule trying a neighbour half as often (a what-if: the default stays 4).
 
 Prints a markdown table of × of the bound (the bound's mean TPOT over the row's mean) per cell, and how far the
@@ -41,6 +42,7 @@ FIXED_K = (1, 2, 4)
 VARIANTS = {  # column → KGovernor fields
     "governor, priced rule only (before)": dict(measured_after=0),
     "governor (now)": {},
+    "governor, measured K only (no line)": dict(extrapolate=False),
     "governor, a neighbour every 8th window": dict(explore_every=8),
 }
 

@@ -195,7 +195,7 @@ def _timed(g: KGovernor, times: dict[int, list[float]]) -> None:
 def test_measured_rule_drafts_the_k_with_least_time_per_expected_token():
     """After ``measured_after`` windows each window drafts the measured K with the least window time over
     E[tokens](K); a K seen in fewer than ``min_arm`` windows is not trusted, however fast it looked."""
-    g = KGovernor(alpha=0.9, prior=1e6, decay=1.0, measured_after=2, explore_every=0)
+    g = KGovernor(alpha=0.9, prior=1e6, decay=1.0, measured_after=2, explore_every=0, min_arm=1.5, extrapolate=False)
     # E = 1.9, 2.71, 4.10 tokens: 5.3, 4.4 and 7.3 s a token
     _timed(g, {1: [10.0] * 3, 2: [12.0] * 3, 4: [30.0] * 3, 3: [1.0]})
     targets = []
@@ -210,7 +210,7 @@ def test_measured_rule_drafts_the_k_with_least_time_per_expected_token():
 
 
 def test_measured_rule_explores_the_neighbours_in_turn_and_follows_a_change():
-    g = KGovernor(alpha=0.9, prior=1e6, decay=0.9, measured_after=1, explore_every=2)
+    g = KGovernor(alpha=0.9, prior=1e6, decay=0.9, measured_after=1, explore_every=2, extrapolate=False)
     _timed(g, {1: [10.0] * 3, 2: [12.0] * 3, 3: [20.0] * 3})
     targets = []
     for _ in range(5):
@@ -229,7 +229,7 @@ def test_measured_rule_explores_the_neighbours_in_turn_and_follows_a_change():
 def test_exploring_steps_a_quarter_of_k_and_stays_within_range(best, explored):
     """At long K a neighbour one token away differs by less than the noise, so an exploring window tries K ± K//4;
     where one side is out of [k_min, k_max] it tries the other."""
-    g = KGovernor(alpha=0.9, prior=1e6, decay=1.0, measured_after=1, explore_every=2)
+    g = KGovernor(alpha=0.9, prior=1e6, decay=1.0, measured_after=1, explore_every=2, extrapolate=False)
     _timed(g, {best: [1.0] * 3, 4: [50.0] * 3})
     seen = []
     for _ in range(5):
@@ -241,6 +241,24 @@ def test_exploring_steps_a_quarter_of_k_and_stays_within_range(best, explored):
     assert seen == explored
 
 
+def test_extrapolation_jumps_to_the_long_k_the_measured_ones_point_to():
+    """Windows of 2 and 4 drafts took 10 and 12 s (8 s a window plus 1 s a draft token) and the draft is nearly
+    always right: on that line a 16-token window gives the least time per token, so the next window drafts 16,
+    unmeasured, instead of climbing there a neighbour at a time. Without ``extrapolate`` only 2 and 4 count."""
+    times = {2: [10.0] * 2, 4: [12.0] * 2}
+    g = KGovernor(alpha=0.98, prior=1e6, decay=1.0, measured_after=1, explore_every=0)
+    _timed(g, times)
+    ks = np.arange(2, 17)
+    assert g.measured_k() == int(ks[np.argmin((8.0 + ks) / g._expected()[ks])]) == 16
+    plain = KGovernor(alpha=0.98, prior=1e6, decay=1.0, measured_after=1, explore_every=0, extrapolate=False)
+    _timed(plain, times)
+    assert plain.measured_k() == 4
+    # A line falling with K (noise, or a cache warming up) never makes a long window cheaper than the measured ones.
+    falling = KGovernor(alpha=0.5, prior=1e6, decay=1.0, measured_after=1, explore_every=0)
+    _timed(falling, {2: [10.0], 3: [9.0]})
+    assert falling.measured_k() in (2, 3)
+
+
 def test_a_replay_drafts_the_measured_k_and_plans_its_copies_for_it(monkeypatch):
     """In a run, windows time themselves on the clock; once the measured rule chooses a window's K, the window
     drafts that many tokens and the prefetcher plans its copies for that many, not for ``k_max``."""
@@ -248,7 +266,7 @@ def test_a_replay_drafts_the_measured_k_and_plans_its_copies_for_it(monkeypatch)
     from conftest import COPY_BOUND, bundled_routing
     from specter_lab.predict import LookaheadPrefetcher
 
-    rows, config, segs = bundled_routing(1, 40)
+    rows, config, segs = bundled_routing(1, 64)
     trace = sl.import_routing(rows, config, segs, draft_bits=4)
     planned, windows = [], []
     plan, observe = LookaheadPrefetcher.begin_window, KGovernor.observe
@@ -264,7 +282,7 @@ def test_a_replay_drafts_the_measured_k_and_plans_its_copies_for_it(monkeypatch)
     monkeypatch.setattr(LookaheadPrefetcher, "begin_window", spy_plan)
     monkeypatch.setattr(KGovernor, "observe", spy_observe)
     run, = sl.replay(trace, "specter_split", **{**COPY_BOUND, "expert_budget": 0.5}, draft=sl.QuantSpec(4, 64))
-    assert len(windows) == len(planned) > KGovernor().measured_after + 2
+    assert len(windows) == len(planned) > KGovernor().measured_after
     assert all(e is not None and e > 0 for _, _, e in windows)
     chosen = [(t, d, k) for (t, d, _), k in zip(windows, planned) if t is not None]
     assert chosen, "the measured rule never chose a window's K"

@@ -40,15 +40,16 @@ class KGovernor:
       window time (decayed mean over the windows that drafted that K: drafting, verification, stalls, host
       work, everything the clock saw) over E[tokens](K) below. Every ``explore_every``-th window drafts a
       neighbour of that K instead (K − s and K + s in turn, s = max(1, K // 4): at long K one token more or less
-      is lost in the noise), so the choice can move as the text, the cache or the link change; a K is trusted
-      once it holds ``min_arm`` decayed windows. A window whose K is chosen up front also tells the prefetcher
-      its length, so its copies are planned for the tokens it will verify.
+      is lost in the noise), so the choice can move as the text, the cache or the link change. A K counts as
+      measured while it holds ``min_arm`` decayed windows; longer K than those are priced off a line fitted
+      through their times (``extrapolate``), so a run whose best K is long gets there in a jump, not a
+      neighbour at a time. A window whose K is chosen up front also tells the prefetcher its length, so its
+      copies are planned for the tokens it will verify.
       This is a hill-climbing bandit over K: it needs no cost model, so costs a model leaves out (misses
       computed on the host, a draft step's overheads, a prefetch planned too wide) are counted as they
-      happen. ``scripts/governor_whatif.py`` measured it within 0.015 of the best fixed K in each of 12
-      simulated cells, where the priced rule alone fell up to 0.17 behind (``docs/measured/closer_to_bound.md``).
-      Its cost: it needs windows to learn, so a short run (a few prompts of 48 tokens: ~25 windows) ends before
-      it settles.
+      happen. ``scripts/governor_whatif.py`` measures it against fixed K and the priced rule alone
+      (``docs/measured/closer_to_bound.md``). Its cost: it needs windows to learn, so a short run (a few
+      prompts of 48 tokens: ~25 windows) may end before it settles.
     * **Priced** (the first ``measured_after`` windows; every window with ``measured_after=0``): after every
       draft step, one more token is priced with the model below, so the first windows already adapt and the
       measured rule starts from several measured K.
@@ -102,7 +103,8 @@ class KGovernor:
     exposure: float = 1.0  # exposed fraction of copy time (EMA over windows)
     optimism: float = 0.0  # upper-confidence bonus on acceptance at rarely-reached depths (off: see above)
     measured_after: int = 8  # windows priced before K is chosen per window from measured times (0: priced only)
-    min_arm: float = 1.5  # decayed windows a K needs before its measured time is trusted
+    min_arm: float = 0.5  # decayed windows a K needs to count as measured (one window, for ~23 windows)
+    extrapolate: bool = True  # longer K than the measured ones priced off a line through theirs
     _hist: list = field(default_factory=list, repr=False)  # per committed token: [layers] arrays of expert ids
     _curve: "np.ndarray | None" = field(default=None, repr=False)  # [k_max + 2, layers]: D_l(n), n = 0..k_max+1
     _curve_sums: list = field(default_factory=list, repr=False)  # Σ_l D_l(n), asked at every draft step
@@ -111,7 +113,7 @@ class KGovernor:
     _t_sum: "np.ndarray | None" = field(default=None, repr=False)  # [k_max + 1]: decayed Σ window seconds, by K
     _t_n: "np.ndarray | None" = field(default=None, repr=False)  # [k_max + 1]: decayed window counts, by K
     _windows: int = 0
-    _side: int = 1  # the neighbour the next exploring window tries: K + _side
+    _side: int = 1  # the side the last exploring window tried: K + _side · s
     exploring: bool = False
     target: int | None = None  # this window's K, where the measured rule chose it at the window's start
 
@@ -124,7 +126,7 @@ class KGovernor:
     # ------------------------------------------------------------------ observations
     def new_sequence(self) -> None:
         """A new generate(): its prompt's routing replaces the token history (the curve is about consecutive
-        tokens of one text); acceptance-by-depth and exposure carry over."""
+        tokens of one text); acceptance-by-depth, exposure and the measured window times carry over."""
         self._hist.clear()
         self._curve = None
 
@@ -134,11 +136,18 @@ class KGovernor:
         self.target = None
         if self.measured_after and self._windows > self.measured_after and self._t_n.any():
             k = self.measured_k()
-            if self.exploring:  # a neighbour, alternately below and above; a quarter of K away at long K
-                self._side = -self._side
-                step, lo = max(1, k // 4), max(self.k_min, 1)
-                k = k + self._side * step if lo <= k + self._side * step <= self.k_max else k - self._side * step
-            self.target = int(np.clip(k, max(self.k_min, 1), self.k_max))
+            if self.exploring:
+                self.target = self._neighbour(k)
+            else:
+                self.target = int(np.clip(k, max(self.k_min, 1), self.k_max))
+
+    def _neighbour(self, k: int) -> int:
+        """The K an exploring window tries: K − s and K + s in turn (s = max(1, K // 4)); where one falls outside
+        [k_min, k_max], the other."""
+        self._side = -self._side
+        s, lo = max(1, k // 4), max(self.k_min, 1)
+        pick = k + self._side * s if lo <= k + self._side * s <= self.k_max else k - self._side * s
+        return int(np.clip(pick, lo, self.k_max))
 
     def update_acceptance(self, accepted: int, drafted: int) -> None:
         if drafted:
@@ -186,13 +195,22 @@ class KGovernor:
         self._t_n[k] += 1
 
     def measured_k(self) -> int:
-        """The K with the least measured window time per expected committed token, among the K measured in at
-        least ``min_arm`` decayed windows (the most measured K while none is)."""
+        """The K with the least measured window time per expected committed token. A K measured in at least
+        ``min_arm`` decayed windows counts by its mean; with ``extrapolate`` and two or more such K, every longer
+        K too, its time read off a line fitted through theirs, so the choice can jump to a long K that the
+        measured ones point to instead of climbing there a neighbour at a time. (The most measured K while no K
+        is trusted yet.)"""
         known = np.flatnonzero(self._t_n >= self.min_arm)
         if not len(known):
             return int(np.argmax(self._t_n))
-        per_token = self._t_sum[known] / self._t_n[known] / self._expected()[known]
-        return int(known[np.argmin(per_token)])
+        mean = self._t_sum[known] / self._t_n[known]
+        ks, t = known, mean
+        if self.extrapolate and len(known) >= 2:
+            slope, icpt = np.polyfit(known, mean, 1, w=np.sqrt(self._t_n[known]))
+            ks = np.arange(known[0], self.k_max + 1)  # not below the shortest measured K: a line says little there
+            t = icpt + max(slope, 0.0) * ks  # a longer window never takes less time
+            t[known - known[0]] = mean
+        return int(ks[np.argmin(t / self._expected()[ks])])
 
     def observe_exposure(self, copies: int, stall: float, t_copy: float) -> None:
         """One finished window's copies and total stall (seconds): how much of the copy time was exposed."""
