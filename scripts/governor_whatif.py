@@ -16,6 +16,10 @@ governor is from the best fixed K of the columns::
 
     nice python scripts/closer_to_bound.py --save-traces /tmp/ctb   # the traces are written in the first minute
     nice python scripts/governor_whatif.py /tmp/ctb   # ~2 minutes
+
+``--long-k`` instead replays four rows of ``closer_to_bound.py``'s regimes table where K = 16 is best (Mixtral-8x7B's
+cost shape, rtx4090 compiled) at K = 2, 4, 8, 16 and with the governor's variants, in ms (~2 minutes; it records
+the routing itself, so the traces folder is not read).
 """
 
 from __future__ import annotations
@@ -62,12 +66,50 @@ def tpot(runs) -> float:
     return float(np.mean([r.metrics["tpot_ms"] for r in runs]))
 
 
+def long_k(row: str) -> None:
+    """The regimes table's Mixtral-8x7B-shaped rows where K = 16 is best: ms per token, fixed K and the variants."""
+    import dataclasses
+
+    import closer_to_bound as cb  # this folder's: the same routing, targets and imports as the regimes table
+    from specter_lab.pricing.profiles import get_profile
+
+    model, tok = sl.load_model("tiny")
+    ne = [layer.num_experts for layer in sl.inspect_model(model).layers]
+    ev = sl.record(model, tok, sl.heldout_prompts(4), max_new_tokens=cb.TOKENS, k_max=0, progress=False)
+    target = cb.TARGET_HIT_AT_HALF["deepseek-v2-lite-chat"]
+    base = get_profile("rtx4090-pcie4@compiled")
+    pcie3 = dataclasses.replace(base, name="rtx4090 compiled, link /2", pcie_bandwidth=base.pcie_bandwidth / 2)
+    rows = {"0.25 · int2, as good as int4": (0.25, 2, dict(acceptance=0.945, recall=0.983), base),
+            "0.5 · int4, link ×½": (0.5, 4, {}, pcie3), "0.5 · int4": (0.5, 4, {}, base),
+            "0.5 · int4, near-exact (acc. 0.99)": (0.5, 4, dict(acceptance=0.99, recall=1.0), base)}
+    ks = (2, 4, 8, 16)
+    cols = [f"K={k}" for k in ks] + list(VARIANTS)
+    print(f"`{row}` on mixtral-8x7b@full, rtx4090-pcie4@compiled, ms per token (simulated clock).\n")
+    print("| row | " + " | ".join(cols) + " |")
+    print("|---|" + "---|" * len(cols))
+    for name, (budget, bits, draft, profile) in rows.items():
+        trace = cb.imported(ev, target, ne, bits, **draft)
+        kw = dict(expert_budget=budget, hardware=profile, cost_shape="mixtral-8x7b@full", draft=sl.QuantSpec(bits, 64))
+        cells = [tpot(sl.replay(trace, row, k=k, **kw)) for k in ks]
+        for fields in VARIANTS.values():
+            with governor(**fields):
+                cells.append(tpot(sl.replay(trace, row, **kw)))
+        print(f"| {name} | " + " | ".join(f"{c:.1f}" for c in cells) + " |", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("traces", help="the folder closer_to_bound.py --save-traces wrote")
+    ap.add_argument("traces", nargs="?", help="the folder closer_to_bound.py --save-traces wrote")
     ap.add_argument("--row", default="specter_split", help="a speculative strategy with k='auto'")
+    ap.add_argument("--long-k", action="store_true", help="the regimes rows where K = 16 is best instead")
     a = ap.parse_args()
     t0 = time.perf_counter()
+    if a.long_k:
+        long_k(a.row)
+        print(f"\n({time.perf_counter() - t0:.0f} s)")
+        return
+    if a.traces is None:
+        ap.error("the traces folder is needed (or --long-k)")
     cols = [f"K={k}" for k in FIXED_K] + list(VARIANTS) + ["governor (now) − best fixed K"]
     print(f"`{a.row}`, × of the bound (simulated clock, {SHAPE}, the evaluation traces of closer_to_bound.py).\n")
     print("| routing | profile · budget | " + " | ".join(cols) + " |")
