@@ -196,10 +196,10 @@ class KGovernor:
 
     def measured_k(self) -> int:
         """The K with the least measured window time per expected committed token. A K measured in at least
-        ``min_arm`` decayed windows counts by its mean; with ``extrapolate`` and two or more such K, every longer
-        K too, its time read off a line fitted through theirs, so the choice can jump to a long K that the
-        measured ones point to instead of climbing there a neighbour at a time. (The most measured K while no K
-        is trusted yet.)"""
+        ``min_arm`` decayed windows counts by its mean. With ``extrapolate`` and two or more such K, every other
+        K from the shortest measured one up to ``k_max`` counts too, its time read off a line fitted through
+        theirs, so the choice can jump to a long K that the measured ones point to instead of climbing there a
+        neighbour at a time. (The most measured K while none has ``min_arm`` windows.)"""
         known = np.flatnonzero(self._t_n >= self.min_arm)
         if not len(known):
             return int(np.argmax(self._t_n))
