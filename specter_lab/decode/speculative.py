@@ -284,8 +284,7 @@ def _outcome(dec: Decoder, w: DraftWindow, v: Verdict, marks: tuple[int, int], s
     stall = None
     if dec.clock.readable_midrun:  # CUDA event times are not readable mid-run without a sync
         stall = sum(trace.tally.stalls[marks[1]:])
-        elapsed = dec.clock.now() - started[0]
-    else:  # verification read its logits on the host (a sync): the wall clock has seen the whole window
-        elapsed = time.perf_counter() - started[1]
+    # On CUDA the wall time: verification read its logits on the host (a sync), so it has seen the whole window.
+    elapsed = dec.clock.step_seconds(started[0], dec.clock.now(), time.perf_counter() - started[1])
     return WindowOutcome(v.accepted, len(w.drafts), v.routing, trace.copies - marks[0], stall,
                          cost.copy_time(cost.expert_bytes), elapsed)

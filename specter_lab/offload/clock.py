@@ -95,7 +95,8 @@ class Clock(Protocol):
         """Has every copy issued so far ended by ``now``? (No sync: a comparison or an event query.)"""
 
     def step_seconds(self, start: Handle, end: Handle, wall_s: float) -> float:
-        """One draft step's length, usable mid-run: the clock's own where readable, else the host's wall time."""
+        """A draft step's or a draft window's length, usable mid-run: the clock's own where readable, else the
+        host's wall time."""
 
     def excluded(self, trace) -> "Iterator[None]":
         """Work done inside this block is cut out of ``trace``'s timeline (the oracle's off-clock look)."""
