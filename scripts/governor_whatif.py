@@ -18,7 +18,7 @@ governor is from the best fixed K of the columns::
     nice python scripts/governor_whatif.py /tmp/ctb   # ~2 minutes
 
 ``--long-k`` instead replays four rows of ``closer_to_bound.py``'s regimes table where K = 16 is best (Mixtral-8x7B's
-cost shape, rtx4090 compiled) at K = 2, 4, 8, 16 and with the governor's variants, in ms (~2 minutes; it records
+cost shape, rtx4090 compiled) at K = 2, 4, 8, 16 and with the governor's variants, in ms (~1 minute; it records
 the routing itself, so the traces folder is not read).
 """
 
