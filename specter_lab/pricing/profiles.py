@@ -24,7 +24,7 @@ __all__ = ["HardwareProfile", "PROFILES", "DEFAULT_PROFILE", "get_profile", "pro
            "gpu_profile", "resolve_gpu", "catalog_profile", "DISK_BANDWIDTH", "DISK_LATENCY"]
 
 EXECUTIONS = ("eager", "compiled")
-# Defaults derived from the published batch-1 table (``sl.bench.published()``, ``specter_lab/published.py`` holds
+# Defaults derived from the published batch-1 table (``sl.bench.published()``, ``specter_lab/pricing/published.py`` holds
 # the rows and the derivation; a test checks these constants still match it):
 #  * HOST_OP_COST: host seconds per aten op in eager PyTorch + transformers = the geometric-mean fit of
 #    published ms/token ÷ counted aten ops per token over the four host-bound rows (Qwen1.5-MoE eager /
