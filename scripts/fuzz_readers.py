@@ -162,9 +162,9 @@ def config_case(configs: dict, rng: np.random.Generator) -> tuple[str, dict]:
 
 
 def import_case(seed_trace, tmp: Path, rng: np.random.Generator) -> tuple[str, Path]:
-    """A corrupted engine routing file (vLLM npz, llama.cpp CSV, JSONL) written from the seed trace."""
-    fmt = str(rng.choice(["vllm", "llama_csv", "jsonl"]))
-    suffix = {"vllm": ".npz", "llama_csv": ".csv", "jsonl": ".jsonl"}[fmt]
+    """A corrupted engine routing file (vLLM npz, llama.cpp CSV, JSONL, SGLang JSON) written from the seed trace."""
+    fmt = str(rng.choice(["vllm", "llama_csv", "jsonl", "sglang"]))
+    suffix = {"vllm": ".npz", "llama_csv": ".csv", "jsonl": ".jsonl", "sglang": ".json"}[fmt]
     path = seed_trace.export(tmp / f"imp{suffix}")
     raw = path.read_bytes()
     how = int(rng.integers(5))
@@ -176,12 +176,12 @@ def import_case(seed_trace, tmp: Path, rng: np.random.Generator) -> tuple[str, P
             i = int(rng.integers(0, len(b)))
             b[i] = int(rng.choice(list(b"0123456789-,{}[]\"\n x\xff")))
         raw = bytes(b)
-    elif how == 2 and fmt != "vllm":
+    elif how == 2 and fmt not in ("vllm", "sglang"):  # a JSON response is one line
         lines = raw.split(b"\n")
         i = int(rng.integers(1, max(2, len(lines))))
         lines.insert(i, lines[min(i, len(lines) - 1)])  # a duplicated row
         raw = b"\n".join(lines)
-    elif how == 3 and fmt != "vllm":
+    elif how == 3 and fmt not in ("vllm", "sglang"):
         lines = raw.split(b"\n")
         del lines[int(rng.integers(1, max(2, len(lines))))]
         raw = b"\n".join(lines)
@@ -191,6 +191,12 @@ def import_case(seed_trace, tmp: Path, rng: np.random.Generator) -> tuple[str, P
             k = str(rng.choice(sorted(arrays)))
             arrays[k] = arrays[k].astype(np.int64) + int(rng.choice([32, 10**6, -3]))
             raw = _npz_bytes(arrays)
+        elif fmt == "sglang":
+            body = json.loads(raw)
+            meta = (body[int(rng.integers(len(body)))] if isinstance(body, list) else body)["meta_info"]
+            field = str(rng.choice(sorted(meta)))
+            meta[field] = _replacement(meta[field], rng)
+            raw = json.dumps(body).encode()
         else:
             raw = raw.replace(b"decode", b"decodx", 1) if rng.random() < 0.5 else raw.replace(b",3,", b",999,", 1)
     out = tmp / f"case{suffix}"

@@ -1,7 +1,9 @@
 """Routing from the engines users run, in and out: vLLM's routed_experts arrays, llama.cpp's moe-trace CSV (long
-and wide forms) and JSONL. A recorded trace written in each and imported back holds the same routing and replays
-the same schedule; each malformed file is refused at load naming the line or array."""
+and wide forms), JSONL and SGLang's base64 routed_experts responses. A recorded trace written in each and imported
+back holds the same routing and replays the same schedule; each malformed file is refused at load naming the line
+or array."""
 
+import base64
 import json
 
 import numpy as np
@@ -15,7 +17,7 @@ from same_run import assert_same_run
 
 PROMPTS = [[5, 6, 7, 8, 9, 10], [17, 3, 99, 42]]
 N = 8
-SUFFIX = {"vllm": ".npz", "llama_csv": ".csv", "jsonl": ".jsonl"}
+SUFFIX = {"vllm": ".npz", "llama_csv": ".csv", "jsonl": ".jsonl", "sglang": ".json"}
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +72,41 @@ def test_a_vllm_npy_of_generated_routing_alone(model, tmp_path):
     assert len(s.prompt) == 1 and np.array_equal(np.concatenate([s.prefill, s.decode]), gen)
 
 
+def _sglang(ids: np.ndarray, prompt: int, completion: int) -> dict:
+    """A /generate response as SGLang writes it with return_routed_experts=True."""
+    b64 = base64.b64encode(np.ascontiguousarray(ids, dtype="<i4").tobytes()).decode()
+    meta = {"routed_experts": b64, "prompt_tokens": prompt, "completion_tokens": completion}
+    return {"text": "...", "meta_info": meta}
+
+
+def test_sglang_responses_number_every_decoder_layer_and_a_dense_ones_rows_are_dropped(model, tmp_path):
+    """SGLang sizes its buffer by num_hidden_layers: with decoder layer 0 dense (``mlp_only_layers``), the file has
+    3 layers a row, and the import keeps layers 1 and 2. Rows: P prompt forwards, then C - 1 decode forwards."""
+    cfg = model.config.to_dict()
+    cfg.update(num_hidden_layers=3, mlp_only_layers=[0], layer_types=["full_attention"] * 3)
+    rng = np.random.default_rng(0)
+    p, c = 3, 5
+    ids = np.argsort(rng.random((p + c - 1, 3, 8)), axis=-1)[..., :2]
+    ids[:, 0] = 0  # a dense layer's rows: never written
+    other = np.argsort(rng.random((2 + 4 - 1, 3, 8)), axis=-1)[..., :2]
+    path = tmp_path / "sglang.json"
+    path.write_text(json.dumps([_sglang(ids, p, c), _sglang(other, 2, 4)]))
+    trace = sl.import_routing(path, cfg, k_max=0)
+    a, b = trace.sequences
+    assert a.prefill.tolist() == ids[:p, 1:].tolist() and a.decode.tolist() == ids[p:, 1:].tolist()
+    assert len(b.prefill) == 2 and b.decode.tolist() == other[2:, 1:].tolist()
+    assert "SGLang" in trace.source
+
+
+def test_one_sglang_response_is_written_as_an_object_and_several_as_a_list(model, recorded, tmp_path):
+    one = sl.RoutingTrace(recorded.config, recorded.sequences[:1], 0, None, "one", {})
+    body = json.loads(one.export(tmp_path / "one.json").read_text())
+    s = one.sequences[0]
+    assert body["meta_info"]["prompt_tokens"] == len(s.prefill)
+    assert body["meta_info"]["completion_tokens"] == len(s.decode) + 1
+    assert len(json.loads(recorded.export(tmp_path / "all.json").read_text())) == len(recorded.sequences)
+
+
 def _write(path, text):
     path.write_text(text)
     return path
@@ -96,6 +133,32 @@ def _write(path, text):
 def test_a_malformed_engine_file_is_refused_naming_the_field(model, tmp_path, name, text, match):
     with pytest.raises(TraceError, match=match):
         sl.import_routing(_write(tmp_path / name, text), model.config, k_max=0)
+
+
+GOOD = np.tile(np.array([0, 1]), (4, 2, 1))  # 2 prompt + 3 completion tokens: 4 rows, 2 MoE layers, top-2
+
+
+@pytest.mark.parametrize("body, match", [
+    ({"text": "x"}, "no 'meta_info'"),
+    ({"meta_info": {"routed_experts": [1, 2], "prompt_tokens": 2, "completion_tokens": 3}}, "'routed_experts' is list"),
+    ({"meta_info": {**_sglang(GOOD, 2, 3)["meta_info"], "prompt_tokens": 0}}, "'prompt_tokens' is 0"),
+    ({"meta_info": {**_sglang(GOOD, 2, 3)["meta_info"], "completion_tokens": True}}, "'completion_tokens' is True"),
+    (_sglang(GOOD[1:], 2, 3), "routed_experts_start_len 0"),
+    ({"meta_info": {**_sglang(GOOD, 2, 3)["meta_info"],
+                    "routed_experts": "!" + _sglang(GOOD, 2, 3)["meta_info"]["routed_experts"][1:]}}, "not base64"),
+    ({"meta_info": {**_sglang(GOOD, 2, 3)["meta_info"], "routed_experts": "abc"}}, "not a multiple of 4"),
+    (_sglang(np.where(GOOD == 1, -7, GOOD), 2, 3), "expert id -7"),
+    (_sglang(np.where(GOOD == 1, 8, GOOD), 2, 3), "8"),
+    ([], "empty list"),
+])
+def test_a_malformed_sglang_response_is_refused_naming_the_field(model, tmp_path, body, match):
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(body))
+    with pytest.raises(TraceError, match=match):
+        sl.import_routing(path, model.config, k_max=0)
+    path.write_text('{"meta_info": ')
+    with pytest.raises(TraceError, match="not JSON"):
+        sl.import_routing(path, model.config, k_max=0)
 
 
 def test_vllm_arrays_that_do_not_fit_the_config(model, tmp_path):

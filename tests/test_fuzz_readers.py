@@ -122,8 +122,8 @@ def test_load_trace_refuses_at_load_or_replays(seed_file, tmp_path):
 
 @st.composite
 def engine_file(draw, trace, tmp_path):
-    fmt = draw(st.sampled_from(["vllm", "llama_csv", "jsonl"]))
-    path = trace.export(tmp_path / {"vllm": "e.npz", "llama_csv": "e.csv", "jsonl": "e.jsonl"}[fmt])
+    fmt = draw(st.sampled_from(["vllm", "llama_csv", "jsonl", "sglang"]))
+    path = trace.export(tmp_path / {"vllm": "e.npz", "llama_csv": "e.csv", "jsonl": "e.jsonl", "sglang": "e.json"}[fmt])
     raw = path.read_bytes()
     how = draw(st.sampled_from(["truncate", "bytes", "lines"]))
     if how == "truncate":

@@ -13,6 +13,11 @@ from other engines"):
   without a header ``pos,layer,id0,id1,...`` (one row per token and layer; prompt rows have negative ``pos``).
 * ``"jsonl"``: one JSON object per line and per (token, layer): ``{"t": 5, "layer": 3, "experts": [12, 40],
   "phase": "decode"}`` (optional ``"seq"`` for several sequences).
+* ``"sglang"``: SGLang's ``--enable-return-routed-experts`` responses saved as ``.json`` (one ``/generate``
+  response, or a list of them): ``meta_info["routed_experts"]`` is base64 of int32 ids ``[prompt_tokens +
+  completion_tokens - 1, layers, top_k]``, a row per forward (the last generated token is never forwarded), layers
+  being every decoder layer (``num_hidden_layers``: a dense layer's rows hold no routing and are dropped) or the
+  MoE layers alone.
 
 Layer numbers are the engine's (llama.cpp numbers decoder layers, so a model whose first layer is dense starts at
 1): the distinct values, in order, are the config's MoE layers. Token numbers within a sequence must run 0, 1, ...
@@ -22,6 +27,8 @@ before allocating the ``[tokens, layers, top_k]`` array, and sizes it from the r
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,8 +40,8 @@ from .npz import NpzArchive
 
 __all__ = ["FORMATS", "detect_format", "read_routing", "write_routing", "Routed", "MAX_TEXT_BYTES"]
 
-FORMATS = ("vllm", "llama_csv", "jsonl")
-MAX_TEXT_BYTES = 2 * 2**30  # a CSV or JSONL source: ~100 M routed experts; larger is refused before reading
+FORMATS = ("vllm", "llama_csv", "jsonl", "sglang")
+MAX_TEXT_BYTES = 2 * 2**30  # a CSV, JSONL or JSON source: ~100 M routed experts; larger is refused before reading
 _PHASES = ("prefill", "decode")
 
 
@@ -55,6 +62,8 @@ def detect_format(path: Path) -> str | None:
         return "jsonl"
     if suffix == ".csv":
         return "llama_csv"
+    if suffix == ".json":
+        return "sglang"
     if suffix == ".npy":
         return "vllm"
     if suffix == ".npz":
@@ -65,9 +74,12 @@ def detect_format(path: Path) -> str | None:
     return None
 
 
-def read_routing(path: "str | Path", num_layers: int, top_k: int, fmt: str | None = None) -> Routed:
+def read_routing(path: "str | Path", num_layers: int, top_k: int, fmt: str | None = None,
+                 decoder: "tuple[int, list[int]] | None" = None) -> Routed:
     """Read ``path`` in ``fmt`` (default: by its suffix) for a model of ``num_layers`` MoE layers routing at most
-    ``top_k`` experts; a :class:`TraceError` naming the line or array and the field otherwise."""
+    ``top_k`` experts; a :class:`TraceError` naming the line or array and the field otherwise. ``decoder``: the
+    model's decoder-layer count and its MoE layers' indices among them, for an SGLang file, which numbers every
+    decoder layer (default: every decoder layer is an MoE layer)."""
     path = Path(path)
     fmt = fmt or detect_format(path)
     if fmt not in FORMATS:
@@ -78,6 +90,8 @@ def read_routing(path: "str | Path", num_layers: int, top_k: int, fmt: str | Non
     if size > MAX_TEXT_BYTES:
         raise TraceError(f"source {str(path)!r}: {size} bytes; a {fmt} source is read up to {MAX_TEXT_BYTES} bytes. "
                          "Split it, or save the routing as an .npz of expert ids.")
+    if fmt == "sglang":
+        return _read_sglang(path, num_layers, top_k, decoder or (num_layers, list(range(num_layers))))
     rows = _read_jsonl(path) if fmt == "jsonl" else _read_csv(path)
     return _assemble(rows, num_layers, top_k, f"{str(path)!r}", fmt)
 
@@ -133,6 +147,74 @@ def _vllm_shape(where: str, shape: tuple, dtype, num_layers: int, top_k: int) ->
     if len(shape) != 3 or shape[1] != num_layers or not 1 <= shape[2] <= top_k:
         raise TraceError(f"{where}: shape {shape}; expected [tokens, {num_layers} MoE layers, top_k <= {top_k}] "
                          "(the config's model). Give the config of the model vLLM ran.")
+
+
+# ---------------------------------------------------------------------------------------------------- SGLang
+
+_SGLANG_FIX = ('save the /generate response(s) with json.dump: {"meta_info": {"routed_experts": "<base64>", '
+               '"prompt_tokens": P, "completion_tokens": C}}, or a list of them (docs/traces.md)')
+
+
+def _read_sglang(path: Path, num_layers: int, top_k: int, decoder: tuple[int, list[int]]) -> Routed:
+    """SGLang responses → rows: per response, its P prompt forwards (prefill) then its C - 1 decode forwards."""
+    where = repr(str(path))
+    try:
+        with open(path, "rb") as f:
+            data = json.load(f)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise TraceError(f"{where}: not JSON ({type(exc).__name__}); {_SGLANG_FIX}.") from None
+    responses = data if isinstance(data, list) else [data]
+    if not responses:
+        raise TraceError(f"{where}: an empty list: nothing to import.")
+    rows, segments, start = [], [], 0
+    for i, r in enumerate(responses):
+        here = f"{where} response {i}" if isinstance(data, list) else where
+        ids, n_prompt = _sglang_response(r, here, num_layers, top_k, decoder)
+        segments.append((start, n_prompt, "prefill"))
+        if len(ids) > n_prompt:
+            segments.append((start + n_prompt, len(ids) - n_prompt, "decode"))
+        rows.append(ids)
+        start += len(ids)
+    return Routed(_padded(np.concatenate(rows), top_k), segments, f"SGLang routed_experts {where}")
+
+
+def _sglang_response(r, where: str, num_layers: int, top_k: int, decoder: tuple[int, list[int]]
+                     ) -> tuple[np.ndarray, int]:
+    """One response's ids ``[rows, MoE layers, top_k]`` and its prompt length, every field and the payload's size
+    checked before the ids are decoded."""
+    meta = r.get("meta_info") if isinstance(r, dict) else None
+    if not isinstance(meta, dict):
+        raise TraceError(f"{where}: no 'meta_info' object; {_SGLANG_FIX}.")
+    b64, p, c = meta.get("routed_experts"), meta.get("prompt_tokens"), meta.get("completion_tokens")
+    if not isinstance(b64, str):
+        raise TraceError(f"{where}: meta_info field 'routed_experts' is {type(b64).__name__}; the base64 string "
+                         "SGLang returns with --enable-return-routed-experts and return_routed_experts=True.")
+    for name, v in (("prompt_tokens", p), ("completion_tokens", c)):
+        if not _nonneg_int(v) or v < 1:
+            raise TraceError(f"{where}: meta_info field {name!r} is {v!r:.40}; an integer >= 1 (SGLang's own count).")
+    if len(b64) % 4:
+        raise TraceError(f"{where}: meta_info field 'routed_experts' is not base64 (length {len(b64)}, not a "
+                         "multiple of 4).")
+    n_decoder, moe_index = decoder
+    rows, n_bytes = p + c - 1, len(b64) // 4 * 3 - b64[-2:].count("=")
+    widths = [n_decoder] + ([num_layers] if num_layers != n_decoder else [])  # every decoder layer, or MoE alone
+    layers = next((n for n in widths if n_bytes == rows * n * top_k * 4), None)
+    if layers is None:
+        sizes = " or ".join(f"{rows * n * top_k * 4} ({n} layers)" for n in widths)
+        raise TraceError(f"{where}: routed_experts holds {n_bytes} bytes; {rows} rows (prompt_tokens {p} + "
+                         f"completion_tokens {c} - 1) x top-{top_k} int32 ids would be {sizes}. Request the whole "
+                         "history (routed_experts_start_len 0) and give the config of the model SGLang ran.")
+    try:
+        raw = base64.b64decode(b64, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise TraceError(f"{where}: meta_info field 'routed_experts' is not base64 ({exc}).") from None
+    ids = np.frombuffer(raw, dtype="<i4").reshape(rows, layers, top_k)
+    if layers != num_layers:
+        ids = ids[:, moe_index]  # a dense layer's rows hold no routing (SGLang never writes them)
+    bad = (ids < -1) | (ids >= 2**15)
+    if bad.any():
+        raise TraceError(f"{where}: expert id {int(ids[bad][0])}; ids are in [0, num_experts) (-1: not recorded).")
+    return ids.astype(np.int32), p
 
 
 # ---------------------------------------------------------------------------------------------------- text
@@ -332,13 +414,14 @@ def _padded(a: np.ndarray, top_k: int) -> np.ndarray:
 
 def write_routing(trace, path: "str | Path", fmt: str | None = None) -> Path:
     """Write ``trace``'s target routing (each sequence's prefill and decode rows) in ``fmt`` (default: by the
-    suffix: ``.npz``/``.npy`` vllm, ``.csv`` llama_csv, ``.jsonl`` jsonl). Slots not recorded (-1) are left out
-    of the CSV and JSONL; vLLM arrays keep them as -1."""
+    suffix: ``.npz``/``.npy`` vllm, ``.csv`` llama_csv, ``.jsonl`` jsonl, ``.json`` sglang). Slots not recorded
+    (-1) are left out of the CSV and JSONL; vLLM arrays and SGLang's ids keep them as -1."""
     path = Path(path)
-    fmt = fmt or {".npz": "vllm", ".csv": "llama_csv", ".jsonl": "jsonl", ".ndjson": "jsonl"}.get(path.suffix.lower())
+    fmt = fmt or {".npz": "vllm", ".csv": "llama_csv", ".jsonl": "jsonl", ".ndjson": "jsonl",
+                  ".json": "sglang"}.get(path.suffix.lower())
     if fmt not in FORMATS:
-        raise ValueError(f"format={fmt!r} (path {str(path)!r}): use one of {FORMATS}, or a path ending .npz, .csv or "
-                         ".jsonl.")
+        raise ValueError(f"format={fmt!r} (path {str(path)!r}): use one of {FORMATS}, or a path ending .npz, .csv, "
+                         ".jsonl or .json.")
     trace.validate()
     seqs = trace.sequences
     if fmt == "vllm":
@@ -351,6 +434,10 @@ def write_routing(trace, path: "str | Path", fmt: str | None = None) -> Path:
             arrays[f"routed_experts{tail}"] = s.decode.astype(np.int16)
         with open(path, "wb") as f:
             np.savez_compressed(f, **arrays)
+        return path
+    if fmt == "sglang":
+        out = [_sglang_of(s) for s in seqs]
+        path.write_text(json.dumps(out[0] if len(out) == 1 else out), encoding="utf-8")
         return path
     with open(path, "w", encoding="utf-8") as f:
         if fmt == "llama_csv":
@@ -370,3 +457,11 @@ def write_routing(trace, path: "str | Path", fmt: str | None = None) -> Path:
                         lead = f"{i}," if len(seqs) > 1 else ""
                         f.writelines(f"{lead}{phase},{t},{layer},{r},{int(e)}\n" for r, e in enumerate(ids) if e >= 0)
     return path
+
+
+def _sglang_of(seq) -> dict:
+    """One sequence as an SGLang ``/generate`` response's ``meta_info`` (its MoE layers only; -1 kept)."""
+    rows = np.concatenate([seq.prefill, seq.decode]).astype("<i4")
+    b64 = base64.b64encode(np.ascontiguousarray(rows).tobytes()).decode("ascii")
+    return {"meta_info": {"routed_experts": b64, "prompt_tokens": len(seq.prefill),
+                          "completion_tokens": len(seq.decode) + 1}}

@@ -150,8 +150,9 @@ def import_routing(source, config, segments: "Sequence | None" = None, *, recall
     ``source``: an int array ``[tokens, MoE layers, top_k]`` of expert ids (-1 = not recorded: no lookup), or an
     ``.npz`` path holding ``experts`` (optional ``num_experts``, ``top_k``, ``segment_starts``,
     ``segment_lengths``, ``segment_phases``), or a file an engine wrote (:mod:`.formats`: vLLM's
-    ``routed_experts`` ``.npz``/``.npy``, llama.cpp's moe-trace ``.csv``, a ``.jsonl`` line per token and layer;
-    ``format=`` names it where the suffix does not; these carry their own segments). ``config``: a
+    ``routed_experts`` ``.npz``/``.npy``, llama.cpp's moe-trace ``.csv``, a ``.jsonl`` line per token and layer,
+    SGLang's ``/generate`` responses as ``.json``; ``format=`` names it where the suffix does not; these carry
+    their own segments). ``config``: a
     transformers config, a dict or a ``config.json``
     path; it sizes and prices the replay. ``segments``: ``(start, length, phase)`` triples over the rows, phase
     ``"prefill"`` or ``"decode"`` (default: the whole source, one text decoded token by token). ``recall`` /
@@ -268,7 +269,9 @@ def _read_source(source, info, fmt: str | None):
                                     "[tokens, layers, top_k], an engine's routing file, or the array itself.")
         fmt = fmt or detect_format(path)
         if fmt is not None:
-            routed = read_routing(path, info.num_layers, info.top_k, fmt)
+            n_decoder = len(info.decoder_layers) if info.decoder_layers is not None else info.num_layers
+            routed = read_routing(path, info.num_layers, info.top_k, fmt,
+                                  decoder=(n_decoder, [layer.decoder_index for layer in info.layers]))
             return routed.experts, routed.segments, routed.label
         data = read_npz(path, "is not a readable .npz",
                         "Save it again with np.savez(path, experts=ids) and, for phases, a string array "

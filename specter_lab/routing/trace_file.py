@@ -184,7 +184,8 @@ class RoutingTrace:
     def export(self, path: "str | Path", format: str | None = None) -> Path:
         """Write the target routing (prefill and decode of every sequence) in an engine's format: ``"vllm"``
         (``.npz`` of ``prompt_routed_experts`` / ``routed_experts`` per sequence), ``"llama_csv"`` (the moe-trace
-        CSV) or ``"jsonl"`` (a line per token and layer); default from the suffix (``docs/traces.md``)."""
+        CSV), ``"jsonl"`` (a line per token and layer) or ``"sglang"`` (``.json``: a ``/generate`` response's
+        ``meta_info`` per sequence); default from the suffix (``docs/traces.md``)."""
         from .formats import write_routing
 
         return write_routing(self, path, format)
