@@ -653,10 +653,13 @@ def test_live_pause_holds_between_steps_and_reports_an_eta(model):
     while len(steps) < 3:
         time.sleep(0.01)
     run.pause()
-    time.sleep(0.3)
+    deadline = time.perf_counter() + 30  # the step in progress finishes first, however slow the machine
+    while run.held_step is None and time.perf_counter() < deadline:
+        time.sleep(0.01)
     held = len(steps)
     time.sleep(0.3)
-    assert len(steps) == held and run.phase == "paused" and run.status_text.startswith("paused after step")
+    assert len(steps) == held and run.phase == "paused" and steps[-1] == run.held_step
+    assert run.status_text.startswith(f"paused after step {run.held_step} ")
     run.resume()
     run.join(60)
     assert len(run.result.token_ids) == 20 and not run.result.metrics["stopped"]

@@ -366,6 +366,7 @@ class LiveRun:
         self.views: dict[str, FigurePanel] = {}
         self.live_step: int | None = None  # the step the live views last drew
         self.live_tokens = 0  # the tokens the live views last drew
+        self.held_step: int | None = None  # while paused: the step after which the generating thread waits
         self.redraws = 0
         self.phase = "starting"  # running, paused, stopping, finishing, done, stopped, failed
         self._latest: dict | None = None  # the last snapshot: frames of steps and tokens (and of details)
@@ -435,8 +436,20 @@ class LiveRun:
             self._resume.clear()
             self.phase = "paused"
             self.pause_button.description, self.pause_button.icon = "Resume", "play"
-            self.status.value = (f"<b>paused</b> after step {self.live_step} · {self.live_tokens}/"
-                                 f"{self.max_new_tokens} tokens · Resume to go on")
+            # the step in progress finishes first: the line says "paused" once the thread holds (_hold)
+            at = f" {self.live_step}" if self.live_step is not None else ""
+            self.status.value = f"pausing after step{at} …"
+
+    def _hold(self, step: int, tokens: int) -> None:
+        """The generating thread now waits after ``step``: the status line says "paused" and names that step.
+        Pause was clicked while a step was in progress, which finished first, so the click itself only says
+        "pausing"."""
+        with self._status_lock:
+            if self.phase != "paused":
+                return
+            self.held_step = step
+            self.status.value = (f"<b>paused</b> after step {step} · {tokens}/{self.max_new_tokens} tokens · "
+                                 "Resume to go on")
 
     def resume(self) -> None:
         """Go on after :meth:`pause`."""
@@ -510,8 +523,10 @@ class LiveRun:
                 self._stop.wait(wait)  # a Stop click ends the wait
         if not self._resume.is_set():
             held = time.perf_counter()
+            self._hold(info.step, len(info.tokens))
             self._resume.wait()
             self._paused_s += time.perf_counter() - held
+            self.held_step = None
         self._last_step = time.perf_counter()
         if self._stop.is_set():
             raise StopGeneration()
