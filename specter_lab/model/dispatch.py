@@ -26,6 +26,8 @@ def _specter_experts_forward(self, hidden_states, top_k_index, top_k_weights):
     attached itself to this module. Without one (e.g. a stray call), it falls back to HF's eager loop."""
     runtime = self.__dict__.get("_specter_runtime")
     if runtime is None:
+        # transformers wraps the experts class's forward in its implementation dispatcher; __wrapped__ is the
+        # eager loop it wraps, which calling self.forward would dispatch straight back here
         return type(self).__mro__[0].forward.__wrapped__(self, hidden_states, top_k_index, top_k_weights)
     return runtime.experts_forward(self._specter_layer, self, hidden_states, top_k_index, top_k_weights)
 
@@ -45,6 +47,9 @@ def attached(model: nn.Module, info: MoEModelInfo, runtime: Any) -> Iterator[Non
     register_implementation()
     before = model.get_experts_implementation() if hasattr(model, "get_experts_implementation") else None
     for layer in info.layers:
+        # plain instance attributes, set and read (__dict__.get, in the forward above) past nn.Module's
+        # __setattr__ / __getattr__: never a parameter, buffer or submodule, and a module without them (a stray
+        # call after detaching) falls back without nn.Module's AttributeError path on every call
         layer.experts.__dict__["_specter_runtime"] = runtime
         layer.experts.__dict__["_specter_layer"] = layer.index
         # the implementation HF would run: the runtime reproduces its numerics (model/experts.py)

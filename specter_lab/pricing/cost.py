@@ -20,7 +20,7 @@ its real depth (``depth_scale`` real MoE layers per run layer, dense first layer
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from .opcount import OpCounts, op_counts
 from .profiles import HardwareProfile
@@ -77,7 +77,7 @@ class CostModel:
     projection: str = "none"  # none | layers | full, with the shape's label in projection_label
     projection_label: str = "none (the model as it is)"
     # Prices are pure functions of their arguments: memoised, since a replay asks for the same few thousands of
-    # times per second (replace() builds a new model, and a new memo, for another profile)
+    # times per second (dataclasses.replace builds a new model, and a new memo, for another profile)
     _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
@@ -185,9 +185,6 @@ class CostModel:
     def state_copy_time(self, nbytes: float) -> float:
         """A device-to-device copy of ``nbytes`` (a recurrent-state checkpoint or its restore): read + write."""
         return self.profile.launch_overhead + 2 * nbytes / self.profile.hbm_bandwidth
-
-    def with_profile(self, profile: HardwareProfile) -> "CostModel":
-        return replace(self, profile=profile)
 
 
 def build_cost_model(info, profile: HardwareProfile, cost_shape: "str | CostShape | None" = None,

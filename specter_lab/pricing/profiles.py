@@ -24,8 +24,8 @@ __all__ = ["HardwareProfile", "PROFILES", "DEFAULT_PROFILE", "get_profile", "pro
            "gpu_profile", "resolve_gpu", "catalog_profile", "DISK_BANDWIDTH", "DISK_LATENCY"]
 
 EXECUTIONS = ("eager", "compiled")
-# Defaults derived from the published batch-1 table (``sl.bench.published()``, ``specter_lab/pricing/published.py`` holds
-# the rows and the derivation; a test checks these constants still match it):
+# Defaults derived from the published batch-1 table (``sl.bench.published()``; ``specter_lab/pricing/published.py``
+# holds the rows and the derivation; a test checks these constants still match it):
 #  * HOST_OP_COST: host seconds per aten op in eager PyTorch + transformers = the geometric-mean fit of
 #    published ms/token ÷ counted aten ops per token over the four host-bound rows (Qwen1.5-MoE eager /
 #    grouped_mm / batched_mm on A100, DeepSeek-V2-Lite HF on A100).
@@ -116,18 +116,29 @@ class HardwareProfile:
 PROFILES: dict[str, HardwareProfile] = {
     p.name: p
     for p in [
-        HardwareProfile("t4-pcie3", 12 * GB, 10e-6, 260 * GB, 30e12, 7e-6, 6 * GB, 25 * GB, 0.3e12, 16 * GB,
+        HardwareProfile(name="t4-pcie3", pcie_bandwidth=12 * GB, copy_latency=10e-6, hbm_bandwidth=260 * GB,
+                        peak_flops=30e12, launch_overhead=7e-6, pageable_bandwidth=6 * GB,
+                        cpu_mem_bandwidth=25 * GB, cpu_flops=0.3e12, device_memory=16 * GB,
                         notes="T4 16GB: 320 GB/s GDDR6, 65 TFLOPS fp16 tensor, PCIe 3.0 x16"),
-        HardwareProfile("rtx3090-pcie4", 25 * GB, 9e-6, 780 * GB, 60e12, 6e-6, 10 * GB, 40 * GB, 0.6e12, 24 * GB,
+        HardwareProfile(name="rtx3090-pcie4", pcie_bandwidth=25 * GB, copy_latency=9e-6, hbm_bandwidth=780 * GB,
+                        peak_flops=60e12, launch_overhead=6e-6, pageable_bandwidth=10 * GB,
+                        cpu_mem_bandwidth=40 * GB, cpu_flops=0.6e12, device_memory=24 * GB,
                         notes="RTX 3090 24GB: 936 GB/s GDDR6X, 142 TFLOPS fp16 tensor (sparse), PCIe 4.0 x16"),
-        HardwareProfile("rtx4090-pcie4", 25 * GB, 8e-6, 850 * GB, 80e12, 5e-6, 10 * GB, 60 * GB, 1.0e12, 24 * GB,
-                        notes="RTX 4090 24GB: 1008 GB/s GDDR6X, 165 TFLOPS fp16 tensor (fp32 acc.), PCIe 4.0 x16",
-                        hbm_datasheet=1008 * GB),
-        HardwareProfile("a100-40g-pcie4", 25 * GB, 9e-6, 1300 * GB, 150e12, 6e-6, 10 * GB, 80 * GB, 1.2e12, 40 * GB,
+        HardwareProfile(name="rtx4090-pcie4", pcie_bandwidth=25 * GB, copy_latency=8e-6, hbm_bandwidth=850 * GB,
+                        peak_flops=80e12, launch_overhead=5e-6, pageable_bandwidth=10 * GB,
+                        cpu_mem_bandwidth=60 * GB, cpu_flops=1.0e12, device_memory=24 * GB, hbm_datasheet=1008 * GB,
+                        notes="RTX 4090 24GB: 1008 GB/s GDDR6X, 165 TFLOPS fp16 tensor (fp32 acc.), PCIe 4.0 x16"),
+        HardwareProfile(name="a100-40g-pcie4", pcie_bandwidth=25 * GB, copy_latency=9e-6, hbm_bandwidth=1300 * GB,
+                        peak_flops=150e12, launch_overhead=6e-6, pageable_bandwidth=10 * GB,
+                        cpu_mem_bandwidth=80 * GB, cpu_flops=1.2e12, device_memory=40 * GB,
                         notes="A100 40GB PCIe: 1555 GB/s HBM2, 312 TFLOPS fp16 tensor, PCIe 4.0 x16"),
-        HardwareProfile("h100-pcie5", 50 * GB, 8e-6, 1700 * GB, 350e12, 5e-6, 14 * GB, 100 * GB, 2.0e12, 80 * GB,
+        HardwareProfile(name="h100-pcie5", pcie_bandwidth=50 * GB, copy_latency=8e-6, hbm_bandwidth=1700 * GB,
+                        peak_flops=350e12, launch_overhead=5e-6, pageable_bandwidth=14 * GB,
+                        cpu_mem_bandwidth=100 * GB, cpu_flops=2.0e12, device_memory=80 * GB,
                         notes="H100 PCIe 80GB: 2.0 TB/s HBM2e, 756 TFLOPS fp16 tensor, PCIe 5.0 x16"),
-        HardwareProfile("h200-pcie5", 50 * GB, 8e-6, 4000 * GB, 400e12, 5e-6, 14 * GB, 100 * GB, 2.0e12, 141 * GB,
+        HardwareProfile(name="h200-pcie5", pcie_bandwidth=50 * GB, copy_latency=8e-6, hbm_bandwidth=4000 * GB,
+                        peak_flops=400e12, launch_overhead=5e-6, pageable_bandwidth=14 * GB,
+                        cpu_mem_bandwidth=100 * GB, cpu_flops=2.0e12, device_memory=141 * GB,
                         notes="H200 NVL 141GB: 4.8 TB/s HBM3e, 835 TFLOPS fp16 tensor, PCIe 5.0 x16"),
         # Consumer cards of the published offloaded rows (sl.bench.consumer_anchors()). Datasheet VRAM bandwidth
         # and memory from NVIDIA's spec pages; hbm_bandwidth = 0.8 x datasheet as above; the GTX 1060's link is
