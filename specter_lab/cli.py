@@ -26,6 +26,8 @@ from .pricing.calibrate import calibrate
 from .pricing.hostcal import calibrate_host
 from .pricing.profiles import PROFILES
 from .pricing.shapes import get_cost_shape
+from .routing.formats import FORMATS
+from .routing.importing import import_routing
 from .routing.record import record
 from .routing.trace_file import load_trace
 from .run.engine import Engine
@@ -400,6 +402,22 @@ def cmd_trace_record(a) -> int:
     return 0
 
 
+def cmd_trace_import(a) -> int:
+
+    trace = import_routing(a.source, a.config, k_max=a.k_max, draft_bits=a.bits, format=a.format,
+                           gate_recall=a.gate_recall)
+    path = trace.save(a.out)
+    print(f"{trace!r}\nwritten to {path}; replay it with `specter-lab bench --trace {path}`")
+    return 0
+
+
+def cmd_trace_export(a) -> int:
+
+    path = load_trace(a.path).export(a.out, a.format)
+    print(f"written to {path} ({path.stat().st_size / 1e6:.2f} MB)")
+    return 0
+
+
 def cmd_trace_info(a) -> int:
 
     trace = load_trace(a.path)
@@ -524,6 +542,23 @@ def _parser() -> argparse.ArgumentParser:
     tr.add_argument("--method", default="rtn")
     tr.add_argument("--device", default=None, help="cuda to record on the GPU (default: where the model loads)")
     tr.set_defaults(fn=cmd_trace_record)
+    tm = tsub.add_parser("import", help="routing another engine wrote (vLLM, SGLang, llama.cpp moe-trace, JSONL) or "
+                         "an .npz of expert ids, as a trace: sl.import_routing(...).save(--out)")
+    tm.add_argument("source", help="the engine's routing file (docs/traces.md, 'Routing from other engines')")
+    tm.add_argument("--config", required=True, help="the config.json (or its folder) of the model it ran")
+    tm.add_argument("--out", required=True, help="the trace file to write (.npz)")
+    tm.add_argument("--format", default=None, choices=FORMATS, help="when the suffix does not tell")
+    tm.add_argument("--k-max", type=int, default=16, help="modelled draft chain length (0: no speculative rows)")
+    tm.add_argument("--bits", type=int, default=4, help="the modelled draft's bits (its measured recall and "
+                    "acceptance at that width)")
+    tm.add_argument("--gate-recall", type=float, default=None, help="model gate predictions at this recall (the "
+                    "pre-gated rows)")
+    tm.set_defaults(fn=cmd_trace_import)
+    te = tsub.add_parser("export", help="a trace's target routing in an engine's format: trace.export(--out)")
+    te.add_argument("path", help="a trace file (.npz)")
+    te.add_argument("--out", required=True, help="by its suffix: .npz vLLM, .json SGLang, .csv llama.cpp, .jsonl")
+    te.add_argument("--format", default=None, choices=FORMATS, help="when the suffix does not tell")
+    te.set_defaults(fn=cmd_trace_export)
     ti = tsub.add_parser("info", help="what a trace file holds")
     ti.add_argument("path")
     ti.set_defaults(fn=cmd_trace_info)

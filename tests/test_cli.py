@@ -54,3 +54,28 @@ def test_bench_takes_expert_budget_and_sizes(capsys):
     assert "not both" in capsys.readouterr().err
     assert main(args + ["--budgets", "lots"]) == 2
     assert "--budgets='lots' is not a size" in capsys.readouterr().err
+
+
+def test_trace_record_export_import_and_bench_on_it(tmp_path, capsys):
+    """Routing goes out in an engine's format and comes back as a trace the bench replays: record, export as an
+    SGLang response, import with the model's config, bench --trace; a malformed file is a clean error (exit 2)."""
+    import numpy as np
+
+    import specter_lab as sl
+
+    rec, out, back = tmp_path / "rec.npz", tmp_path / "routing.json", tmp_path / "back.npz"
+    assert main(["trace", "record", "--out", str(rec), "--prompts", "1", "--max-new-tokens", "8", "--k-max", "0"]) == 0
+    assert main(["trace", "export", str(rec), "--out", str(out)]) == 0
+    assert "routed_experts" in json.loads(out.read_text())["meta_info"]
+    config = tmp_path / "config.json"
+    sl.load_model("tiny")[0].config.to_json_file(config)
+    assert main(["trace", "import", str(out), "--config", str(config), "--out", str(back)]) == 0
+    a, b = sl.load_trace(rec).sequences[0], sl.load_trace(back).sequences[0]
+    assert np.array_equal(a.prefill, b.prefill) and np.array_equal(a.decode, b.decode)
+    capsys.readouterr()
+    assert main(["bench", "--trace", str(back), "--budgets", "0.5", "--hardware", "rtx4090-pcie4",
+                 "--strategies", "lru,specter"]) == 0
+    assert "specter" in capsys.readouterr().out
+    out.write_text('{"meta_info": {}}')
+    assert main(["trace", "import", str(out), "--config", str(config), "--out", str(back)]) == 2
+    assert "meta_info field 'routed_experts'" in capsys.readouterr().err
