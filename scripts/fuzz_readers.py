@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 import specter_lab as sl  # noqa: E402
 from specter_lab.errors import ConfigError, TraceError  # noqa: E402
 from specter_lab.model.geometry import BUNDLED_CONFIGS, CONFIG_DIR  # noqa: E402
+from specter_lab.routing.formats import FORMATS, SUFFIX  # noqa: E402
 
 PROJECT = (TraceError, ConfigError)
 HANG_S = 20.0  # wall seconds of one case (the issue's bound); the worker runs one torch thread
@@ -163,8 +164,8 @@ def config_case(configs: dict, rng: np.random.Generator) -> tuple[str, dict]:
 
 def import_case(seed_trace, tmp: Path, rng: np.random.Generator) -> tuple[str, Path]:
     """A corrupted engine routing file (vLLM npz, llama.cpp CSV, JSONL, SGLang JSON) written from the seed trace."""
-    fmt = str(rng.choice(["vllm", "llama_csv", "jsonl", "sglang"]))
-    suffix = {"vllm": ".npz", "llama_csv": ".csv", "jsonl": ".jsonl", "sglang": ".json"}[fmt]
+    fmt = str(rng.choice(FORMATS))
+    suffix = SUFFIX[fmt]
     path = seed_trace.export(tmp / f"imp{suffix}")
     raw = path.read_bytes()
     how = int(rng.integers(5))
@@ -379,7 +380,7 @@ def main(argv=None) -> int:
                                                 "config": seed_trace.config})))
                 _progress("imports", i, a.imports, results)
             if a.imports:
-                sections.append(summarize("sl.import_routing (vLLM / llama.cpp CSV / JSONL), then 'lru' replayed",
+                sections.append(summarize("sl.import_routing (vLLM / llama.cpp CSV / JSONL / SGLang JSON), then 'lru' replayed",
                                           results))
             results = []
             for i in range(a.configs):

@@ -10,14 +10,13 @@ import numpy as np
 import pytest
 
 import specter_lab as sl
-from specter_lab.routing.formats import FORMATS, detect_format
+from specter_lab.routing.formats import FORMATS, SUFFIX, detect_format
 from specter_lab.routing.trace_file import TraceError
 
 from same_run import assert_same_run
 
 PROMPTS = [[5, 6, 7, 8, 9, 10], [17, 3, 99, 42]]
 N = 8
-SUFFIX = {"vllm": ".npz", "llama_csv": ".csv", "jsonl": ".jsonl", "sglang": ".json"}
 
 
 @pytest.fixture(scope="module")

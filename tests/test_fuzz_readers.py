@@ -20,6 +20,7 @@ from hypothesis.extra import numpy as hnp
 import specter_lab as sl
 from specter_lab.errors import ConfigError, TraceError
 from specter_lab.model.geometry import BUNDLED_CONFIGS, CONFIG_DIR
+from specter_lab.routing.formats import FORMATS, SUFFIX
 
 LARGE = int(os.environ.get("SPECTER_LAB_FUZZ", "0"))
 BOUND_S = 30.0  # per example, load + replay/estimate; a shared 2-core CPU runs one in well under a second
@@ -122,8 +123,8 @@ def test_load_trace_refuses_at_load_or_replays(seed_file, tmp_path):
 
 @st.composite
 def engine_file(draw, trace, tmp_path):
-    fmt = draw(st.sampled_from(["vllm", "llama_csv", "jsonl", "sglang"]))
-    path = trace.export(tmp_path / {"vllm": "e.npz", "llama_csv": "e.csv", "jsonl": "e.jsonl", "sglang": "e.json"}[fmt])
+    fmt = draw(st.sampled_from(FORMATS))
+    path = trace.export(tmp_path / f"e{SUFFIX[fmt]}")
     raw = path.read_bytes()
     how = draw(st.sampled_from(["truncate", "bytes", "lines"]))
     if how == "truncate":

@@ -38,9 +38,10 @@ import numpy as np
 from ..errors import TraceError
 from .npz import NpzArchive
 
-__all__ = ["FORMATS", "detect_format", "read_routing", "write_routing", "Routed", "MAX_TEXT_BYTES"]
+__all__ = ["FORMATS", "SUFFIX", "detect_format", "read_routing", "write_routing", "Routed", "MAX_TEXT_BYTES"]
 
 FORMATS = ("vllm", "llama_csv", "jsonl", "sglang")
+SUFFIX = {"vllm": ".npz", "llama_csv": ".csv", "jsonl": ".jsonl", "sglang": ".json"}  # what each is written as
 MAX_TEXT_BYTES = 2 * 2**30  # a CSV, JSONL or JSON source: ~100 M routed experts; larger is refused before reading
 _PHASES = ("prefill", "decode")
 
@@ -417,8 +418,7 @@ def write_routing(trace, path: "str | Path", fmt: str | None = None) -> Path:
     suffix: ``.npz``/``.npy`` vllm, ``.csv`` llama_csv, ``.jsonl`` jsonl, ``.json`` sglang). Slots not recorded
     (-1) are left out of the CSV and JSONL; vLLM arrays and SGLang's ids keep them as -1."""
     path = Path(path)
-    fmt = fmt or {".npz": "vllm", ".csv": "llama_csv", ".jsonl": "jsonl", ".ndjson": "jsonl",
-                  ".json": "sglang"}.get(path.suffix.lower())
+    fmt = fmt or {**{v: k for k, v in SUFFIX.items()}, ".ndjson": "jsonl"}.get(path.suffix.lower())
     if fmt not in FORMATS:
         raise ValueError(f"format={fmt!r} (path {str(path)!r}): use one of {FORMATS}, or a path ending .npz, .csv, "
                          ".jsonl or .json.")

@@ -436,9 +436,8 @@ class LiveRun:
             self._resume.clear()
             self.phase = "paused"
             self.pause_button.description, self.pause_button.icon = "Resume", "play"
-            # the step in progress finishes first: the line says "paused" once the thread holds (_hold)
-            at = f" {self.live_step}" if self.live_step is not None else ""
-            self.status.value = f"pausing after step{at} …"
+            # the step in progress finishes first: the line names the step once the thread holds (_hold)
+            self.status.value = "pausing after the step in progress …"
 
     def _hold(self, step: int, tokens: int) -> None:
         """The generating thread now waits after ``step``: the status line says "paused" and names that step.
