@@ -380,8 +380,8 @@ def main(argv=None) -> int:
                                                 "config": seed_trace.config})))
                 _progress("imports", i, a.imports, results)
             if a.imports:
-                sections.append(summarize("sl.import_routing (vLLM / llama.cpp CSV / JSONL / SGLang JSON), then 'lru' replayed",
-                                          results))
+                sections.append(summarize("sl.import_routing (vLLM / llama.cpp CSV / JSONL / SGLang JSON), then 'lru' "
+                                          "replayed", results))
             results = []
             for i in range(a.configs):
                 what, cfg = config_case(configs, rng)
