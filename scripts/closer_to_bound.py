@@ -32,11 +32,11 @@ import torch
 import specter_lab as sl
 from specter_lab.offload.schedule import host_lane_time
 from specter_lab.pricing.profiles import get_profile
-from specter_lab.routing.bound import trace_bound
-from specter_lab.routing.gap import cell_gaps
-from specter_lab.routing.replay import replay_setup
-from specter_lab.routing.importing import MEASURED_DRAFT, MEASURED_GATE_RECALL, MEASURED_GATE_RECALL_PER_LAYER
-from specter_lab.routing.locality import TARGET_HIT_AT_HALF, lru_hit_curve
+from specter_lab.analysis.bound import trace_bound
+from specter_lab.analysis.gap import cell_gaps
+from specter_lab.analysis.replay import replay_setup
+from specter_lab.traces.importing import MEASURED_DRAFT, MEASURED_GATE_RECALL, MEASURED_GATE_RECALL_PER_LAYER
+from specter_lab.traces.locality import TARGET_HIT_AT_HALF, lru_hit_curve
 from specter_lab.studies.planner import default_candidates
 from specter_lab.studies.prompts import calibration_prompts
 
@@ -251,7 +251,7 @@ def main() -> None:
 # Two analyses of the bound (the bound itself is trace_bound's default): its schedule re-run with the initial pool
 # an online run could have (initial="prompt": the prompt's most used experts), and with an online eviction policy
 # in place of Belady's (evict="lfu_decay" / "lru"; the rest of its schedule, copies started as early as the link
-# allows, kept): routing/bound.py's analysis variants.
+# allows, kept): analysis/bound.py's analysis variants.
 
 def prefix(trace: sl.RoutingTrace, n: int) -> sl.RoutingTrace:
     """The trace cut to the first ``n`` decode forwards of every sequence: the same routing, a shorter run."""

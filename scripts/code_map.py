@@ -13,6 +13,7 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parents[1] / "specter_lab"
 # (the folder's line, its folder or its files), lowest floor first, as tests/test_layers.py's LAYERS
 LAYERS = [("*the public entry*", ["errors.py", "units.py"]),
+          ("`caching/`: the eviction policies every cache ranks with, and the cache simulator", "caching"),
           ("`model/`: the model adapter: inspection, the experts interface, geometry from a config, loading, tiny models", "model"),
           ("`records/`: a run's records", "records"),
           ("`pricing/`: what things cost (never imports the runtime)", "pricing"),
@@ -20,7 +21,8 @@ LAYERS = [("*the public entry*", ["errors.py", "units.py"]),
           ("`predict/`: forecasts, prefetch, K", "predict"),
           ("`decode/`: the decode loops", "decode"),
           ("`run/`: one strategy on one model", "run"),
-          ("`routing/`: routing as data", "routing"),
+          ("`traces/`: routing as data", "traces"),
+          ("`analysis/`: record, replay, the bound and the gap (drive the runtime)", "analysis"),
           ("`estimate/`: estimates from a config alone (takes only `run/`'s public names)", "estimate"),
           ("`studies/`: things that run many engines or replays", "studies"),
           ("`viz/`: notebook views", "viz"),

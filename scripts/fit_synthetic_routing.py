@@ -14,7 +14,7 @@ import sys
 
 import numpy as np
 
-from specter_lab.routing.synthetic import LOCALITY, hot_coverage, lru_hit_rate, synthetic_routing
+from specter_lab.traces.synthetic import LOCALITY, hot_coverage, lru_hit_rate, synthetic_routing
 from dataclasses import replace
 
 SHAPES = {"qwen3_moe": (128, 8), "deepseek_v2": (64, 6), "olmoe": (64, 8), "mixtral": (8, 2), "qwen2_moe": (60, 4),

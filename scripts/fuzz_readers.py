@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 import specter_lab as sl  # noqa: E402
 from specter_lab.errors import ConfigError, TraceError  # noqa: E402
 from specter_lab.model.geometry import BUNDLED_CONFIGS, CONFIG_DIR  # noqa: E402
-from specter_lab.routing.formats import FORMATS, SUFFIX  # noqa: E402
+from specter_lab.traces.formats import FORMATS, SUFFIX  # noqa: E402
 
 PROJECT = (TraceError, ConfigError)
 HANG_S = 20.0  # wall seconds of one case (the bound); the worker runs one torch thread

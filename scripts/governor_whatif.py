@@ -5,7 +5,7 @@ prices one more token after every draft step (:class:`specter_lab.predict.KGover
 window, the K with the least measured window time per expected committed token, trying a neighbouring K every
 ``explore_every``-th window. Each column below replays ``specter_split`` on the evaluation traces of
 ``scripts/closer_to_bound.py`` at a fixed K, with the governor as shipped, and with the governor's fields changed
-(``KGovernor(**fields)`` for the length of the replay, by wrapping ``specter_lab.routing.replay.KGovernor``):
+(``KGovernor(**fields)`` for the length of the replay, by wrapping ``specter_lab.analysis.replay.KGovernor``):
 
 * ``measured_after=0``: the priced rule alone, the governor before 2026-12-06's second change;
 * ``extrapolate=False``: only K measured in a window count, no longer K priced off the line through them;
@@ -35,8 +35,8 @@ import numpy as np
 
 import specter_lab as sl
 from specter_lab.predict import KGovernor
-from specter_lab.routing import replay as replay_module
-from specter_lab.routing.bound import bound_tpots
+from specter_lab.analysis import replay as replay_module
+from specter_lab.analysis.bound import bound_tpots
 
 SHAPE = "deepseek-v2-lite@full"
 ROUTINGS = {"DeepSeek-V2-Lite-local": "deepseek-v2-lite-local", "Mixtral-local": "mixtral-local"}

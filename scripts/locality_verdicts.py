@@ -18,7 +18,7 @@ import time
 import torch
 
 import specter_lab as sl
-from specter_lab.routing.locality import TARGET_HIT_AT_HALF, lru_hit_curve
+from specter_lab.traces.locality import TARGET_HIT_AT_HALF, lru_hit_curve
 
 
 def main() -> None:

@@ -5,7 +5,7 @@ Fate and PreScope cancel a prefetch once the router shows it is not needed, so t
 predictor's recall) hold the link until they land. Before building cancellation, this measures its ceiling: the
 same replay with every pre-gated prediction cut to the experts the next layer really routes to (precision 1, the
 same recall), so that a wrong prefetch is never issued at all, which no cancellation can beat. The cut is made by
-wrapping the replay's gate predictions (``specter_lab.routing.replay._GateMath``) for the length of this script.
+wrapping the replay's gate predictions (``specter_lab.analysis.replay._GateMath``) for the length of this script.
 
 Then cancellation itself, two ways (:func:`held_queue`): the schedule keeps a layer's pre-gated copies in a queue of
 its own instead of handing them all to the link at once, and gives the link the next one only when it is idle. When
@@ -33,8 +33,8 @@ import numpy as np
 
 import specter_lab as sl
 from specter_lab.offload import schedule as schedule_module
-from specter_lab.routing import replay as replay_module
-from specter_lab.routing.bound import bound_tpots
+from specter_lab.analysis import replay as replay_module
+from specter_lab.analysis.bound import bound_tpots
 
 SHAPE = "deepseek-v2-lite@full"
 ROUTINGS = {"DeepSeek-V2-Lite-local": "deepseek-v2-lite-local", "Mixtral-local": "mixtral-local"}

@@ -2,6 +2,7 @@
 trace recorded from it (replayed), computed by two versions of the package and compared exactly.
 
     python scripts/same_floats.py --before b82424b        # a git commit; checked out into a temporary worktree
+    python scripts/same_floats.py --before b82424b --keep /tmp/floats   # the commit's JSON kept for the next call
 
 Each version runs in its own interpreter (PYTHONPATH at its tree), writes JSON, and the two are compared key by key
 (NaN equals NaN). Exit status 1 on any difference, with the first few printed.
@@ -67,18 +68,34 @@ def diffs(a, b, path="") -> list[str]:
     return [] if a == b else [f"{path}: before {a!r}, after {b!r}"]
 
 
+def _run_commit(commit: str, tmp: Path) -> dict:
+    """The probe's results at ``commit``, from a temporary worktree of it."""
+    old = tmp / "before"
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(old), commit], check=True,
+                   capture_output=True)
+    try:
+        return run_version(old, tmp / "before.json")
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(old)], check=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--before", required=True, help="a git commit of this repository")
+    ap.add_argument("--keep", default=None, help="a folder where the commit's results are kept (and read back: the "
+                                                 "old version runs once)")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        old = Path(tmp) / "before"
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(old), a.before], check=True,
-                       capture_output=True)
-        try:
-            before = run_version(old, Path(tmp) / "before.json")
-        finally:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(old)], check=True)
+        commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", a.before], check=True, capture_output=True,
+                                text=True).stdout.strip()
+        kept = Path(a.keep) / f"{commit}.json" if a.keep else None
+        if kept is not None and kept.is_file():
+            before = json.loads(kept.read_text())
+        else:
+            before = _run_commit(commit, Path(tmp))
+            if kept is not None:
+                kept.parent.mkdir(parents=True, exist_ok=True)
+                kept.write_text(json.dumps(before))
         after = run_version(ROOT, Path(tmp) / "after.json")
     found = diffs(before, after)
     live, replayed = len(after["live"]), len(after["replay"])

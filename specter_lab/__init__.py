@@ -23,13 +23,13 @@ from .pricing.hostcal import calibrate_host
 from .pricing.precision import FORMATS, WeightPrecision
 from .pricing.profiles import HOSTS, PROFILES, HardwareProfile, HostCPU
 from .pricing.shapes import COST_SHAPES, CostShape
-from .routing.bound import BoundResult, bound
-from .routing.gap import BoundGap, bound_gap
-from .routing.importing import gate_recall, import_routing
-from .routing.locality import less_local, lru_hit_curve
-from .routing.record import record
-from .routing.replay import replay
-from .routing.trace_file import RoutingTrace, TraceError, load_trace
+from .analysis.bound import BoundResult, bound
+from .analysis.gap import BoundGap, bound_gap
+from .traces.importing import gate_recall, import_routing
+from .traces.locality import less_local, lru_hit_curve
+from .analysis.record import record
+from .analysis.replay import replay
+from .traces.trace_file import RoutingTrace, TraceError, load_trace
 from .run.drafts import DRAFT_VARIANTS, DraftSpec
 from .run.engine import Engine, GenerationResult
 from .run.quant import QuantSpec

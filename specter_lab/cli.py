@@ -26,10 +26,10 @@ from .pricing.calibrate import calibrate
 from .pricing.hostcal import calibrate_host
 from .pricing.profiles import PROFILES
 from .pricing.shapes import get_cost_shape
-from .routing.formats import FORMATS
-from .routing.importing import import_routing
-from .routing.record import record
-from .routing.trace_file import load_trace
+from .traces.formats import FORMATS
+from .traces.importing import import_routing
+from .analysis.record import record
+from .traces.trace_file import load_trace
 from .run.engine import Engine
 from .run.quant import QuantSpec
 from .run.strategies import STRATEGIES, get_strategy, strategy_names

@@ -2,7 +2,7 @@
 is never below it."""
 
 import specter_lab as sl
-from specter_lab.routing.cache_bounds import belady_hits, cache_bounds, lru_hits
+from specter_lab.analysis.cache_bounds import belady_hits, cache_bounds, lru_hits
 
 
 def test_belady_beats_lru_on_a_known_sequence():

@@ -167,7 +167,7 @@ def test_global_victim_is_the_least_recent_over_all_layers(model):
     store = make_store(st, info, [1] * info.num_layers, SimClock(PROFILES["rtx4090-pcie4"]), cost, Trace())
     for layer in range(info.num_layers):  # layer 0's expert is the oldest
         store.load(layer, 0, "demand")
-    store.policy.touch(0, 0)  # ... until it is touched: now layer 1's is the oldest
+    store.policy.touch((0, 0))  # ... until it is touched: now layer 1's is the oldest
     store.load(0, 5, "demand")
     assert store.resident(0) == {0, 5} and store.resident(1) == set()
     assert store.slots_per_layer[:2] == [2, 0]

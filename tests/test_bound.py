@@ -10,11 +10,11 @@ import pandas as pd
 import pytest
 
 import specter_lab as sl
-from specter_lab.routing.cache_bounds import belady_hits
+from specter_lab.analysis.cache_bounds import belady_hits
 from specter_lab.errors import OptionError
-from specter_lab.routing.bound import (POOLS, VARIANTS, _Problem, _simulate, bound_column, bound_of, trace_bound,
+from specter_lab.analysis.bound import (POOLS, VARIANTS, _Problem, _simulate, bound_column, bound_of, trace_bound,
                                        x_of_bound)
-from specter_lab.routing.trace_file import RoutedSequence, TraceError
+from specter_lab.traces.trace_file import RoutedSequence, TraceError
 
 NON_SPECULATIVE = ["lru", "on_demand", "gate_lookahead", "global_lru", "fiddler", "host_lru", "static_split"]
 PROMPTS = [[5, 6, 7, 8, 9, 10], [17, 3, 99, 42, 42, 7, 200, 11]]
@@ -203,7 +203,7 @@ def test_online_variants_through_the_public_options(model, bundled_trace):
 
 def test_a_bad_variant_is_refused_before_any_work(model, random_trace):
     eng = sl.Engine(model, None, "lru")
-    with pytest.raises(OptionError, match=r"evict='fifo'.*\['belady', 'lfu_decay', 'lru'\]") as e:
+    with pytest.raises(OptionError, match=r"evict='fifo'.*\['belady', 'lru', 'lfu', 'lfu_decay', 'arc'\]") as e:
         sl.bound(eng, random_trace.sequences[0], evict="fifo")
     assert e.value.argument == "evict" and e.value.found == "fifo" and isinstance(e.value, ValueError)
     with pytest.raises(OptionError, match=r"initial='oracle'.*\['clairvoyant', 'prompt'\]"):

@@ -1,4 +1,4 @@
-"""The cache simulator (routing/cachesim.py) is held to the runtime's own store (offload/store.py + offload/cache.py,
+"""The cache simulator (caching/simulate.py) is held to the runtime's own store (offload/store.py + caching/policies.py,
 driven by a replay): same hits and misses per layer, for every eviction policy the store has, per-layer and
 global pools, on the bundled model's recorded trace and on an import made as local as DeepSeek-V2-Lite's. Then
 its rules on small hand-checked sequences, and the stack-distance fast path against the simulator."""
@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 import specter_lab as sl
-from specter_lab.offload import cache
-from specter_lab.offload.cache import ForecastEviction
-from specter_lab.routing.cachesim import LFU, NextUse, lru_stack_positions, simulate, stack_requests
-from specter_lab.routing.locality import TARGET_HIT_AT_HALF
+from specter_lab.caching import policies
+from specter_lab.caching.policies import LFU, ForecastBelady, NextUse
+from specter_lab.caching.simulate import lru_stack_positions, simulate, stack_requests
+from specter_lab.traces.locality import TARGET_HIT_AT_HALF
 
 BUDGETS = (0.1, 0.25, 0.5)  # 3 slots of 32 a layer (top-4 streams through them), 8, 16
 
@@ -29,27 +29,37 @@ def traces():
     return {"recorded": rec, "deepseek-v2-lite-like": imported}
 
 
-class _OracleEviction(ForecastEviction):
-    """The store's ``forecast`` eviction given a perfect forecast: each key's true next request after the current
-    one, in the simulator's time (forward · layers + layer). The current request is read off the store's own
-    calls (every layer of a forward touches an expert, in layer order; a victim is chosen before its layer's
-    first touch, but then only experts the layer needs, which are protected, are asked for at that time)."""
+class _Now:
+    """The current request, in the simulator's time (forward · layers + layer), read off the store's touches: every
+    layer of a forward touches an expert, in layer order (shared by a store's per-layer policies)."""
 
-    def __init__(self, uses: NextUse, layers: int) -> None:
+    def __init__(self, layers: int) -> None:
+        self.layers, self.t = layers, -1
+
+    def touched(self, layer: int) -> None:
+        t, last = divmod(self.t, self.layers) if self.t >= 0 else (-1, self.layers)
+        self.t = (t + (layer < last)) * self.layers + layer
+
+
+class _OracleEviction(ForecastBelady):
+    """The store's ``forecast`` eviction given a perfect forecast: each key's true next request after the current
+    one (``now``; a victim is chosen before its layer's first touch, but then only experts the layer needs, which
+    are protected, are asked for at that time)."""
+
+    def __init__(self, uses: NextUse, now: _Now, *args, **kw) -> None:
         super().__init__()
-        self.uses, self.layers, self.now = uses, layers, -1
+        self.uses, self.now = uses, now
         self.forecast = self
 
     def follow(self, forecast) -> None:  # keep the oracle (a run's end calls follow(None))
         pass
 
-    def touch(self, layer: int, expert: int) -> None:
-        t, last = divmod(self.now, self.layers) if self.now >= 0 else (-1, self.layers)
-        self.now = (t + (layer < last)) * self.layers + layer
-        super().touch(layer, expert)
+    def touch(self, key, now=0) -> None:
+        self.now.touched(key[0])
+        super().touch(key, now)
 
     def next_use(self, layer: int, expert: int) -> float:
-        return self.uses.after((layer, expert), self.now)
+        return self.uses.after((layer, expert), self.now.t)
 
 
 def _requests(seq, layers: int) -> np.ndarray:
@@ -72,7 +82,7 @@ def _store_run(trace, seq_index: int, strategy: str, eviction: str, budget: floa
     return count["hit"], count["miss"], list(result.config["split"].slots_per_layer)
 
 
-# the store's eviction policies (offload/cache.POLICIES) and the simulator's that stands for each
+# the store's eviction policies (every online one of caching/policies.py) and the simulator's that stands for each
 POLICY_PAIRS = [("lru", "lru"), ("lfu", "lfu"), ("lfu_decay", "lfu_decay"), ("arc", "arc"), ("forecast", "belady")]
 
 
@@ -80,7 +90,7 @@ POLICY_PAIRS = [("lru", "lru"), ("lfu", "lfu"), ("lfu_decay", "lfu_decay"), ("ar
 @pytest.mark.parametrize("eviction,policy", POLICY_PAIRS)
 @pytest.mark.parametrize("strategy,pool", [("lru", "layer"), ("global_lru", "global")])
 def test_the_simulator_hits_what_the_store_hits(traces, which, eviction, policy, strategy, pool, monkeypatch):
-    assert set(cache.POLICIES) == {e for e, _ in POLICY_PAIRS}, "a store policy the simulator is not held to"
+    assert set(policies.ONLINE) == {e for e, _ in POLICY_PAIRS}, "a store policy the simulator is not held to"
     trace = traces[which]
     layers = trace.num_layers
     rates, evictions, unlike_lru = [], 0, 0
@@ -88,8 +98,8 @@ def test_the_simulator_hits_what_the_store_hits(traces, which, eviction, policy,
         routing = _requests(trace.sequences[i], layers)
         for budget in BUDGETS:
             if eviction == "forecast":  # the store's make_policy builds this run's policy from POLICIES
-                monkeypatch.setitem(cache.POLICIES, "forecast", partial(_OracleEviction, NextUse.of(routing.tolist()),
-                                                                       layers))
+                monkeypatch.setitem(policies.POLICIES, "forecast", partial(_OracleEviction, NextUse.of(routing.tolist()),
+                                                                          _Now(layers)))
             hits, misses, slots = _store_run(trace, i, strategy, eviction, budget)
             sim = simulate(routing, slots if pool == "layer" else sum(slots), policy=policy, pool=pool)
             what = f"{which} seq {i} budget {budget}: {strategy}/{eviction}"

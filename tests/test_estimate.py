@@ -13,7 +13,7 @@ import pytest
 from specter_lab.estimate import estimate
 from specter_lab.model.geometry import CONFIG_DIR, geometry_from_config
 from specter_lab.pricing.precision import get_precision
-from specter_lab.routing.synthetic import LOCALITY, hot_coverage, lru_hit_rate, synthetic_routing
+from specter_lab.traces.synthetic import LOCALITY, hot_coverage, lru_hit_rate, synthetic_routing
 
 DATA = Path(__file__).parent / "data"
 QWEN3, GPT_OSS = DATA / "qwen3-30b-a3b", DATA / "gpt-oss-20b"
@@ -116,7 +116,7 @@ def test_trace_hook_replays_a_given_routing():
 
 
 def test_a_routing_trace_is_replayed(tmp_path):
-    from specter_lab.routing.trace_file import RoutedSequence, RoutingTrace
+    from specter_lab.traces.trace_file import RoutedSequence, RoutingTrace
 
     rng = np.random.default_rng(1)
     routes = lambda n: np.stack([np.stack([rng.permutation(32)[:4] for _ in range(24)]) for _ in range(n)])
@@ -334,7 +334,7 @@ def test_prefill_prices_what_each_placement_moves_per_micro_batch(capsys):
 
 def test_speculative_strategies_are_priced_with_the_modelled_draft():
     from specter_lab.estimate.speculative import ACCEPTANCE_RANGE, SPECULATIVE, draft_model
-    from specter_lab.routing.importing import MEASURED_DRAFT
+    from specter_lab.traces.importing import MEASURED_DRAFT
 
     e = estimate(QWEN3, gpu="rtx4090", vram="24GB", host="ddr5-5600x2", weights="bf16")
     assert set(SPECULATIVE) <= set(e.table.strategy)

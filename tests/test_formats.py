@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import specter_lab as sl
-from specter_lab.routing.formats import FORMATS, SUFFIX, detect_format
-from specter_lab.routing.trace_file import TraceError
+from specter_lab.traces.formats import FORMATS, SUFFIX, detect_format
+from specter_lab.traces.trace_file import TraceError
 
 from same_run import assert_same_run
 

@@ -20,7 +20,7 @@ from hypothesis.extra import numpy as hnp
 import specter_lab as sl
 from specter_lab.errors import ConfigError, TraceError
 from specter_lab.model.geometry import BUNDLED_CONFIGS, CONFIG_DIR
-from specter_lab.routing.formats import FORMATS, SUFFIX
+from specter_lab.traces.formats import FORMATS, SUFFIX
 
 LARGE = int(os.environ.get("SPECTER_LAB_FUZZ", "0"))
 BOUND_S = 30.0  # per example, load + replay/estimate; a shared 2-core CPU runs one in well under a second

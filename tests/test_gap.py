@@ -10,8 +10,8 @@ import pytest
 import specter_lab as sl
 from specter_lab.cli import main
 from specter_lab.errors import OptionError
-from specter_lab.routing.bound import trace_bound
-from specter_lab.routing.gap import cell_gaps
+from specter_lab.analysis.bound import trace_bound
+from specter_lab.analysis.gap import cell_gaps
 
 PROMPTS = [[5, 6, 7, 8, 9, 10], [17, 3, 99, 42, 42, 7, 200, 11]]
 # a projected shape where copies dominate; 0.25 of 8 experts × 2 layers evicts at every few tokens
@@ -27,7 +27,7 @@ def _mean(xs):
     return float(np.mean(list(xs)))
 
 
-@pytest.mark.parametrize("strategy, online", [("lru", "lru"), ("split_lfu", "lfu_decay"), ("split_arc", "lfu_decay")])
+@pytest.mark.parametrize("strategy, online", [("lru", "lru"), ("split_lfu", "lfu_decay"), ("split_arc", "arc")])
 def test_its_parts_are_the_replay_and_the_bound(trace, strategy, online):
     g = sl.bound_gap(trace, strategy, **CELL)
     runs = sl.replay(trace, strategy, **CELL)
@@ -78,7 +78,7 @@ def test_a_cell_prices_its_rows_from_given_means(trace):
 
 @pytest.mark.parametrize("strategy, match", [("specter", "speculative row"), ("auto", "plan first")])
 def test_rows_without_a_split_are_refused_before_any_replay(trace, monkeypatch, strategy, match):
-    monkeypatch.setattr("specter_lab.routing.gap.replay", lambda *a, **k: pytest.fail("replayed"))
+    monkeypatch.setattr("specter_lab.analysis.gap.replay", lambda *a, **k: pytest.fail("replayed"))
     with pytest.raises(OptionError, match=match) as e:
         sl.bound_gap(trace, strategy, **CELL)
     assert e.value.argument == "strategy" and "split_lfu" in e.value.choices

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import specter_lab as sl
-from specter_lab.routing.importing import MEASURED_DRAFT, import_routing
+from specter_lab.traces.importing import MEASURED_DRAFT, import_routing
 from specter_lab.model import inspect_model
-from specter_lab.routing.trace_file import TraceError
+from specter_lab.traces.trace_file import TraceError
 
 from same_run import assert_same_run
 

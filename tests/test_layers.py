@@ -13,12 +13,13 @@ PKG = Path(__file__).resolve().parents[1] / "specter_lab"
 
 LAYERS = [
     ["errors", "units"],  # the project's errors and argument parsing: no package imports
+    ["caching"],  # the eviction policies every cache ranks with, and the cache simulator over routing ids
     ["model", "records"],  # the model adapter and geometry; a run's records (trace, tally, metrics, export)
     ["pricing"],  # profiles, shapes, the cost model, op counts, calibration, precisions, published rows
     ["offload"],  # the runtime: store, cache policies, clocks, the layer schedule, host execution
     ["predict", "decode"],  # forecasts, prefetch, K; the decode loops
     ["run"],  # strategies, the assembly (the only reader of their mechanisms), budget, draft, quantization, engine
-    ["routing"],  # recorded routing: the file, record, replay, import, locality, synthetic, cache simulator, bounds
+    ["traces", "analysis"],  # routing as data (file, formats, import, synthetic, locality); record, replay, bounds
     ["estimate"],  # estimates from a config alone, and the consumer rows they are held to
     ["studies"],  # things that run many engines: sweeps, bench, planner, fidelity, the paper's protocol
     ["viz"],  # notebook views
@@ -166,6 +167,6 @@ def test_the_checker_sees_function_local_and_relative_imports(tmp_path, monkeypa
     try:
         test_imports_only_point_down()
     except AssertionError as e:
-        assert "offload.store (layer 3) imports run.engine (layer 5)" in str(e)
+        assert "offload.store (layer 4) imports run.engine (layer 6)" in str(e)
     else:
         raise AssertionError("the upward import was not caught")

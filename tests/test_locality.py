@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 import specter_lab as sl
-from specter_lab.routing.cache_bounds import lru_hits
-from specter_lab.routing.locality import TARGET_HIT_AT_HALF, less_local, lru_hit_curve
+from specter_lab.analysis.cache_bounds import lru_hits
+from specter_lab.traces.locality import TARGET_HIT_AT_HALF, less_local, lru_hit_curve
 
 
 def _reference(seq, capacity, cold):

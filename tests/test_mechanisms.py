@@ -10,9 +10,9 @@ import pytest
 
 import specter_lab as sl
 from conftest import hf_greedy
-from specter_lab.offload.cache import ARC, LFU, LRU, DecayLFU, make_policy
+from specter_lab.caching.policies import ARC, LFU, LRU, DecayLFU, make_policy
 from specter_lab.offload.hostexec import BalancedMisses, MissPolicy
-from specter_lab.routing.bound import trace_bound
+from specter_lab.analysis.bound import trace_bound
 from specter_lab.studies.planner import default_candidates
 
 NEW_PLAIN = ["lfu_decay", "host_lfu", "split_lru", "split_lfu", "split_arc"]
@@ -21,21 +21,26 @@ NEW_PLAIN = ["lfu_decay", "host_lfu", "split_lru", "split_lfu", "split_arc"]
 # ------------------------------------------------------------------------------------------- decayed LFU
 
 def _victims(policy, touches, candidates):
-    """Touch (layer, expert) in order, then ask for the victim of layer 0 among ``candidates`` (slot = index)."""
-    for layer, e in touches:
-        policy.touch(layer, e)
-    return candidates[policy.victim(0, list(enumerate(candidates)))]
+    """Layer 0's ``candidates`` enter in slot order, then (layer, expert) are touched in order (entering first when
+    not resident); the victim among the candidates."""
+    for e in candidates:
+        policy.loaded((0, e))
+    for key in touches:
+        if key not in policy:
+            policy.loaded(key)
+        policy.touch(key)
+    return policy.victim(among={(0, e) for e in candidates})[1]
 
 
 def test_decay_sits_between_lru_and_lfu_on_a_hand_made_sequence():
     seq = [(0, 7), (0, 7), (0, 7), (0, 3)]  # 7 used three times long ago, 3 once just now
     # per-layer use clock 4: score(7) = 0.9³ + 0.9² + 0.9 = 2.439, score(3) = 1: 3 goes (as LFU would)
-    assert _victims(DecayLFU(0.9), seq, [7, 3]) == 3 == _victims(LFU(), seq, [7, 3])
+    assert _victims(DecayLFU(decay=0.9), seq, [7, 3]) == 3 == _victims(LFU(), seq, [7, 3])
     # decay 0.5: score(7) = 0.125 + 0.25 + 0.5 = 0.875 < 1: 7 goes (as LRU would)
-    assert _victims(DecayLFU(0.5), seq, [7, 3]) == 7 == _victims(LRU(), seq, [7, 3])
-    p = DecayLFU(0.5)
+    assert _victims(DecayLFU(decay=0.5), seq, [7, 3]) == 7 == _victims(LRU(), seq, [7, 3])
+    p = DecayLFU(decay=0.5)
     _victims(p, seq, [7, 3])
-    assert p.current(0, 7) == pytest.approx(0.875) and p.current(0, 3) == pytest.approx(1.0)
+    assert p.rank((0, 7)) == pytest.approx(0.875) and p.rank((0, 3)) == pytest.approx(1.0)
 
 
 def test_decay_limits_rank_as_lfu_and_lru_and_clocks_are_per_layer():
@@ -43,28 +48,31 @@ def test_decay_limits_rank_as_lfu_and_lru_and_clocks_are_per_layer():
     seq = [(int(l), int(e)) for l, e in zip(rng.integers(0, 2, 300), rng.integers(0, 6, 300))]
     for cut in range(20, 300, 37):
         cands = [0, 1, 2, 3, 4, 5]
-        assert _victims(DecayLFU(1.0), seq[:cut], cands) == _victims(LFU(), seq[:cut], cands)
-        assert _victims(DecayLFU(0.0), seq[:cut], cands) == _victims(LRU(), seq[:cut], cands)
-    p = DecayLFU(0.5)
-    p.touch(0, 1)
+        assert _victims(DecayLFU(decay=1.0), seq[:cut], cands) == _victims(LFU(), seq[:cut], cands)
+        assert _victims(DecayLFU(decay=0.0), seq[:cut], cands) == _victims(LRU(), seq[:cut], cands)
+    p = DecayLFU(decay=0.5)
+    p.loaded((0, 1))
+    p.touch((0, 1))
     for _ in range(5):
-        p.touch(1, 2)  # another layer's uses do not age layer 0
-    assert p.current(0, 1) == 1.0
+        if (1, 2) not in p:
+            p.loaded((1, 2))
+        p.touch((1, 2))  # another layer's uses do not age layer 0
+    assert p.rank((0, 1)) == 1.0
 
 
 def test_loads_are_not_uses_history_survives_eviction_and_ties_break_by_recency():
     p = make_policy("lfu_decay", decay=0.8)
-    p.loaded(0, 4)
-    assert p.current(0, 4) == 0.0
-    p.touch(0, 4)
-    p.forget(0, 4)  # evicted: its decayed count stays
-    assert p.current(0, 4) == 1.0
-    q = DecayLFU(0.8)
-    q.loaded(0, 1)
-    q.loaded(0, 2)  # never used: equal scores, the less recent load is the victim
-    assert q.victim(0, [(0, 2), (1, 1)]) == 1
+    p.loaded((0, 4))
+    assert p.rank((0, 4)) == 0.0
+    p.touch((0, 4))
+    p.evicted((0, 4))  # evicted: its decayed count stays
+    assert p.rank((0, 4)) == 1.0
+    q = DecayLFU(decay=0.8)
+    q.loaded((0, 1))
+    q.loaded((0, 2))  # never used: equal scores, the less recent load is the victim
+    assert q.victim() == (0, 1) and q.victim({(0, 1)}) == (0, 2)
     with pytest.raises(ValueError, match="decay=1.5"):
-        DecayLFU(1.5)
+        DecayLFU(decay=1.5)
 
 
 # ------------------------------------------------------------------------------------------- ARC
@@ -72,33 +80,35 @@ def test_loads_are_not_uses_history_survives_eviction_and_ties_break_by_recency(
 def test_arc_keeps_a_reused_expert_over_recent_one_offs_and_adapts_from_its_ghosts():
     p = make_policy("arc")
     assert isinstance(p, ARC)
-    p.loaded(0, 1)
-    p.touch(0, 1)  # the use that brought it in: still t1
-    assert 1 in p.lists.t1[0]
-    p.touch(0, 1)  # used again: t2
+    p.loaded((0, 1))
+    p.touch((0, 1))  # the use that brought it in: still t1
+    assert (0, 1) in p.lists.t1[0]
+    p.touch((0, 1))  # used again: t2
     for e in (2, 3):
-        p.loaded(0, e)
-        p.touch(0, e)
-    cands = [(0, 1), (1, 2), (2, 3)]
-    assert _lru_victim(cands) == 0  # recency alone would evict 1, the one used twice
-    assert cands[p.victim(0, cands)][1] == 2  # ARC takes the least recent one-off (|t1| = 2 > p = 0)
-    p.forget(0, 2)
-    assert 2 in p.lists.b1[0] and p.lists.p[0] == 0
-    p.loaded(0, 2)  # back from the recency ghosts: t1 was too small, and it enters t2
-    assert p.lists.p[0] == 1 and 2 in p.lists.t2[0] and 2 not in p.lists.b1[0]
-    p.touch(0, 2)
-    p.forget(0, 1)  # from t2 into its ghosts; loaded again, it pulls p back
-    p.loaded(0, 1)
-    assert p.lists.p[0] == 0 and 1 in p.lists.t2[0]
-    p.touch(1, 5)  # layers keep their own lists
-    assert 5 not in p.lists.t1[0] and 5 not in p.lists.t2[0]
+        p.loaded((0, e))
+        p.touch((0, e))
+    assert _lru_victim() == (0, 1)  # recency alone would evict 1, the one used twice
+    assert p.victim() == (0, 2)  # ARC takes the least recent one-off (|t1| = 2 > p = 0)
+    p.evicted((0, 2))
+    assert (0, 2) in p.lists.b1[0] and p.lists.p[0] == 0
+    p.loaded((0, 2))  # back from the recency ghosts: t1 was too small, and it enters t2
+    assert p.lists.p[0] == 1 and (0, 2) in p.lists.t2[0] and (0, 2) not in p.lists.b1[0]
+    p.touch((0, 2))
+    p.evicted((0, 1))  # from t2 into its ghosts; loaded again, it pulls p back
+    p.loaded((0, 1))
+    assert p.lists.p[0] == 0 and (0, 1) in p.lists.t2[0]
+    p.loaded((1, 5))
+    p.touch((1, 5))  # layers keep their own lists
+    assert (1, 5) not in p.lists.t1[0] and (1, 5) not in p.lists.t2[0] and (1, 5) in p.lists.t1[1]
 
 
-def _lru_victim(cands):
+def _lru_victim():
     lru = LRU()
-    for layer, e in [(0, 1), (0, 1), (0, 2), (0, 3)]:
-        lru.touch(layer, e)
-    return lru.victim(0, cands)
+    for key in [(0, 1), (0, 2), (0, 3)]:
+        lru.loaded(key)
+    for key in [(0, 1), (0, 1), (0, 2), (0, 3)]:
+        lru.touch(key)
+    return lru.victim()
 
 
 # ------------------------------------------------------------------------------------------- the split
@@ -115,7 +125,14 @@ class _Cost:
 
 
 def _schedule(expert, copy, host, slots=(-1, -1, -1, -1)):
-    store = SimpleNamespace(slots=[SimpleNamespace(expert=list(slots))], policy=LRU())
+    held = [e for e in slots if e >= 0]
+    lru = LRU()
+    for e in held:
+        lru.loaded((0, e))
+    # the store's victim of layer 0: None while a slot is free, else the least recent resident not protected
+    victim = lambda layer, protected: (None if -1 in slots else
+                                       (lambda k: None if k is None else k[1])(lru.victim({(0, e) for e in protected})))
+    store = SimpleNamespace(slots=[SimpleNamespace(expert=list(slots))], victim=victim)
     clock = SimpleNamespace(copy_free_at=lambda: None)
     return SimpleNamespace(cost=_Cost(expert, copy), clock=clock, store=store, host_time=lambda n: host * n)
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import specter_lab as sl
-from specter_lab.routing.trace_file import TRACE_VERSION, TraceError
+from specter_lab.traces.trace_file import TRACE_VERSION, TraceError
 
 from same_run import assert_same_run
 

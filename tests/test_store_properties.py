@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 import specter_lab as sl
 from conftest import hf_greedy
-from specter_lab.offload.cache import POLICIES, ForecastEviction, make_policy
+from specter_lab.caching.policies import ONLINE, make_policy
 from specter_lab.offload.clock import SimClock
 from specter_lab.pricing.cost import build_cost_model
 from specter_lab.pricing.profiles import PROFILES
@@ -45,7 +45,7 @@ PROPS = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCh
 
 
 class _Forecast:
-    """A fixed forecast for ForecastEviction: next use per (layer, expert), never = inf."""
+    """A fixed forecast for ``forecast`` eviction: next use per (layer, expert), never = inf."""
 
     def __init__(self, next_use):
         self.table = next_use
@@ -133,7 +133,7 @@ ops = st.lists(st.one_of(
 
 
 @PROPS
-@given(slots=st.lists(st.integers(1, E), min_size=L, max_size=L), policy=st.sampled_from(sorted(POLICIES)),
+@given(slots=st.lists(st.integers(1, E), min_size=L, max_size=L), policy=st.sampled_from(sorted(ONLINE)),
        next_use=st.dictionaries(st.tuples(st.integers(0, L - 1), experts),
                                 st.one_of(st.floats(0, 10), st.just(math.inf)), max_size=10),
        program=ops)
@@ -146,9 +146,12 @@ def test_store_invariants_under_random_routing_and_prefetch(slots, policy, next_
     model, info = tiny()
     profile = PROFILES["rtx4090-pcie4"]
     clock, cost, trace = SimClock(profile), build_cost_model(info, profile), Trace()
-    pol = make_policy(policy)
-    if isinstance(pol, ForecastEviction):
-        pol.follow(_Forecast(next_use))
+
+    def pol():
+        p = make_policy(policy)
+        p.follow(_Forecast(next_use))  # only the forecast-ranked policy reads it
+        return p
+
     store = ExpertStore(info, slots, clock, cost, pol, trace)
     rt = OffloadRuntime(info, LayerSchedule(info, store, clock, cost, trace, CopyMisses()))
     planner = LookaheadPrefetcher(store, cost)
@@ -212,7 +215,7 @@ def test_protected_prefetch_refused_when_every_slot_is_protected():
     model, info = tiny()
     profile = PROFILES["rtx4090-pcie4"]
     clock, cost, trace = SimClock(profile), build_cost_model(info, profile), Trace()
-    store = ExpertStore(info, [1, 1], clock, cost, make_policy("lru"), trace)
+    store = ExpertStore(info, [1, 1], clock, cost, lambda: make_policy("lru"), trace)
     assert store.prefetch(0, 3)
     assert not store.prefetch(0, 5, protected={3})
     assert store.resident(0) == {3}

@@ -72,7 +72,7 @@ def test_replay_and_the_bound_need_no_engine_and_no_exactness_probe(recorded, mo
         (r,) = sl.replay(recorded, strategy, k=4, expert_budget=0.5) if strategy == "specter" else \
             sl.replay(recorded, strategy, expert_budget=0.5)
         assert r.token_ids == recorded.sequences[0].tokens.tolist()
-    (b,) = sl.routing.bound.trace_bound(recorded, "lru", expert_budget=0.5)
+    (b,) = sl.analysis.bound.trace_bound(recorded, "lru", expert_budget=0.5)
     assert b.tpot_ms > 0
 
 

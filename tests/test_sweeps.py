@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 import specter_lab as sl
-from specter_lab.routing.bound import trace_bound
+from specter_lab.analysis.bound import trace_bound
 from specter_lab.studies.planner import default_candidates
 
 PROMPTS = [[5, 6, 7, 8, 9, 10], [17, 3, 99, 42, 42, 7, 200, 11]]

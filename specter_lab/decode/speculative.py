@@ -145,7 +145,7 @@ def draft_window(dec: Decoder, spec: Speculation) -> DraftWindow:
     k_cap = min(k_fixed if k_fixed is not None else governor.k_max, dec.max_new - len(dec.out) - 1)
     w = DraftWindow(dec.kv.length, dec.out[-1], forecast=WindowForecast(rt.info.num_layers))
     w.checkpoint = _checkpoint(dec)
-    rt.store.policy.follow(w.forecast)
+    rt.store.follow(w.forecast)
     if governor is not None:
         governor.begin_window()
         if k_fixed is None and governor.target is not None:  # K chosen for the whole window: plan copies for it
@@ -199,7 +199,7 @@ def oracle_forecast(dec: Decoder, spec: Speculation, w: DraftWindow) -> WindowFo
         rewind(dec, w, w.n)
     forecast = WindowForecast(dec.rt.info.num_layers)
     forecast.add(info.routing, 0)
-    dec.rt.store.policy.follow(forecast)
+    dec.rt.store.follow(forecast)
     prefetcher = spec.prefetcher
     if prefetcher is not None and w.drafts:
         prefetcher.begin_window(len(w.drafts))

@@ -6,7 +6,7 @@ projected to the target (4 layers of 32 experts top-4, whose locality is not the
 LRU hit rate at a quarter of the experts is 0.83, DeepSeek-V2-Lite's 0.50). A replay of routing at the target's
 real geometry (48 layers x 128 experts top-8 for Qwen3-30B-A3B) through each placement's cache logic, priced per
 layer (:mod:`.pricing`), takes about a second and changes only where the routing comes from: synthetic routing
-matched to the family's published locality (:mod:`specter_lab.routing.synthetic`) now, a recorded trace
+matched to the family's published locality (:mod:`specter_lab.traces.synthetic`) now, a recorded trace
 when one is given (``trace=``).
 """
 
@@ -22,8 +22,8 @@ from ..model.geometry import ModelGeometry, geometry_from_config
 from ..pricing.precision import WeightPrecision
 from ..pricing.gpus import GPU
 from ..pricing.profiles import HardwareProfile, get_host, resolve_gpu
-from ..routing.synthetic import locality_for, synthetic_routing
-from ..routing.trace_file import RoutingTrace, load_trace
+from ..traces.synthetic import locality_for, synthetic_routing
+from ..traces.trace_file import RoutingTrace, load_trace
 from ..run import STRATEGIES
 from ..units import parse_bytes
 from . import replay
@@ -70,7 +70,7 @@ NOT_ESTIMATED = {
     "gate_lookahead": "needs the next layer's router predictions, which a config alone does not give",
     "mixtral_offloading": "a replica of an artifact's implementation costs (write-back, one stream); its "
                           "placement is lru's",
-    "lfu_decay": f"{_UNMODELLED} (decayed-LFU eviction: routing/cachesim.py has it, the estimate's placements "
+    "lfu_decay": f"{_UNMODELLED} (decayed-LFU eviction: caching/simulate.py has it, the estimate's placements "
                  "do not use it yet)",
     "host_lfu": f"{_UNMODELLED} (decayed-LFU eviction with host execution)",
     "split_lru": f"{_UNMODELLED} (the per-token split of misses between device and host by lane)",
@@ -116,7 +116,7 @@ def _family(card: GPU) -> list[GPU]:
 
 def routing_for(trace, geom: ModelGeometry, tokens: int = _TOKENS, seed: int = 0) -> tuple[np.ndarray, str]:
     """The routing an estimate replays, and its label. ``trace=None``: synthetic, matched to the family's
-    published locality. A :class:`~specter_lab.routing.trace_file.RoutingTrace` (or the path of its ``.npz``): each
+    published locality. A :class:`~specter_lab.traces.trace_file.RoutingTrace` (or the path of its ``.npz``): each
     sequence's prefill then decode routing, the sequences one after the other. An array ``[tokens, moe_layers,
     top_k]`` of expert ids is replayed as given."""
     if trace is None:

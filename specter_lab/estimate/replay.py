@@ -5,7 +5,7 @@ through a copy of its cache to predict other sizes).
 Each placement returns :class:`Counts`: per MoE layer, the mean experts a token computes on the device from
 resident weights, copies over the link (then computes on the device), and computes on the host. The first
 ``warmup`` tokens are replayed but not counted (the prompt warms a cache before decode starts). The caches are
-:func:`specter_lab.routing.cachesim.simulate`'s, the runtime's rule.
+:func:`specter_lab.caching.simulate.simulate`'s, the runtime's rule.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..routing.cachesim import CacheStats, simulate
+from ..caching.simulate import CacheStats, simulate
 
 __all__ = ["Counts", "resident", "static_layers", "hot_set", "layer_lru", "global_lru", "on_demand"]
 
@@ -83,7 +83,7 @@ def hot_set(routing: np.ndarray, slots: int, warmup: int, by: str = "frequency")
 
 
 def layer_lru(routing: np.ndarray, slots: int, warmup: int, miss: str = "copy", reuse_window: int = 4) -> Counts:
-    """A per-layer LRU of ``slots`` experts, with the runtime's rule (:func:`~specter_lab.routing.cachesim.simulate`:
+    """A per-layer LRU of ``slots`` experts, with the runtime's rule (:func:`~specter_lab.caching.simulate.simulate`:
     a token's resident experts are used first, a miss never evicts one the token needs). ``miss="copy"``: every
     miss is copied and cached (``lru``); ``"reuse"``: a miss is copied only if a slot is free or the layer routed
     that expert in the last ``reuse_window`` tokens (its reuse pays for the copy), else computed on the host

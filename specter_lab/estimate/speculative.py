@@ -14,7 +14,7 @@ tokens in one target forward, which reads each expert the window routes once (th
 
 Tokens per window = 1 + sum_{i=1..K} acceptance^i (each draft position accepted independently, the target's own
 token at the first rejection). ``recall`` and ``acceptance`` are the draft fidelity measured at the draft's bits on
-the bundled model (:data:`specter_lab.routing.importing.MEASURED_DRAFT`): a small model whose draft is unusually
+the bundled model (:data:`specter_lab.traces.importing.MEASURED_DRAFT`): a small model whose draft is unusually
 faithful, so the band spans ``ACCEPTANCE_RANGE`` (an assumption). Everything here is modelled, not measured;
 ``sl.plan`` measures these strategies on a loaded model.
 """
@@ -28,7 +28,7 @@ import numpy as np
 
 from ..model.geometry import ModelGeometry
 from ..pricing.precision import WeightFormat, WeightPrecision
-from ..routing.importing import MEASURED_DRAFT
+from ..traces.importing import MEASURED_DRAFT
 from .bands import Scenario
 from .budget import VramBudget
 from .pricing import TokenTime, price_token

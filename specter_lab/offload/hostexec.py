@@ -34,7 +34,6 @@ from typing import Protocol
 
 import numpy as np
 
-from .cache import victim_of
 
 __all__ = ["MissPolicy", "MissRule", "CopyMisses", "HostMisses", "CostedMisses", "ShareMisses",
            "BalancedMisses", "ForecastRecall", "use_rates"]
@@ -144,7 +143,7 @@ class CostedMisses:
 def _victim(store, layer: int, counts) -> int | None:
     """The expert a copy into ``layer`` would evict now, not one this layer asks for (None: a free slot, or
     nothing evictable)."""
-    return victim_of(store.policy, layer, store.slots[layer].expert, counts)
+    return store.victim(layer, counts)
 
 
 @dataclass
@@ -180,7 +179,7 @@ class BalancedMisses:
     longest-processing-time rule), each where the layer's finish ``max(device end, host end)`` is earlier, after
     crediting the copy with :meth:`MissPolicy.reuse_value` (the expert stays and is a hit at its later uses; the
     victim's later uses go to the host). A tie is copied. The placement is greedy, not optimal; the bound
-    (:mod:`specter_lab.routing.bound`) prices the same two lanes with the future known.
+    (:mod:`specter_lab.analysis.bound`) prices the same two lanes with the future known.
 
     Pre-gated (``pregated``): one layer ahead, the next layer's forecast is placed the same way with its copies
     starting now, and only the ones placed on the copy lane are prefetched (a blind prefetch of every forecast

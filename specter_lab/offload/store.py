@@ -36,7 +36,7 @@ from ..errors import CopyFault
 from ..model.memory import CPU_SLOT_COPY_LIMIT
 from ..model.placement import PinnedStaging
 from ..records.trace import AHEAD
-from .cache import EvictionPolicy, victim_of
+from ..caching.policies import Policy
 from .clock import Handle, stamper
 
 __all__ = ["ExpertStore", "LayerSlots", "CopyFault"]
@@ -115,7 +115,7 @@ class ExpertStore:
     cost model (deployment dtype, maybe projected).
     """
 
-    def __init__(self, info, slots_per_layer: list[int], clock, cost, policy: EvictionPolicy, trace,
+    def __init__(self, info, slots_per_layer: list[int], clock, cost, policy: "Callable[[], Policy]", trace,
                  device: torch.device | str = "cpu", host: list[dict[str, torch.Tensor]] | None = None,
                  pool: str = "layer", materialize: bool = True, writeback: bool = False, tier=None) -> None:
         self.info = info
@@ -129,7 +129,9 @@ class ExpertStore:
         self.cost = cost
         self._copy_bytes = cost.expert_bytes  # what every expert copy moves, and how long it takes on the link
         self._copy_s = cost.copy_time(self._copy_bytes)
-        self.policy = policy
+        # one policy per pool: a layer's own slots, or one over every layer (global); ``policy`` makes a fresh one
+        shared = policy() if pool == "global" else None
+        self.policies: list[Policy] = [shared if shared is not None else policy() for _ in info.layers]
         self.trace = trace
         self._stamp = stamper(clock, trace.full)
         self.device = torch.device(device)
@@ -179,10 +181,31 @@ class ExpertStore:
     def slots_per_layer(self) -> list[int]:
         return [s.size for s in self.slots]
 
+    @property
+    def policy(self) -> Policy:
+        """The first layer's policy (every pool's is of the same kind): its ``name`` says how this store evicts."""
+        return self.policies[0]
+
+    def follow(self, forecast) -> None:
+        """The window's forecast, for a policy that ranks by it (``forecast`` eviction); None at the run's end."""
+        for p in dict.fromkeys(self.policies):
+            p.follow(forecast)
+
     def victim(self, layer: int, protected) -> int | None:
-        """The expert a copy into ``layer`` would evict now, never one in ``protected`` (None: a free slot, or
-        nothing evictable)."""
-        return victim_of(self.policy, layer, self.slots[layer].expert, protected)
+        """The expert a copy into ``layer`` would evict from its own slots now, never one in ``protected`` (None: a
+        free slot, or nothing evictable)."""
+        s = self.slots[layer]
+        if -1 in s.expert:
+            return None
+        key = self._layer_victim(layer, protected)
+        return None if key is None else key[1]
+
+    def _layer_victim(self, layer: int, protected) -> "tuple[int, int] | None":
+        """The policy's victim among ``layer``'s residents not in ``protected`` (expert ids): a (layer, expert)."""
+        pol, where = self.policies[layer], self.slots[layer].where
+        if self.pool == "global":  # the shared policy ranks every layer: keep to this layer's residents
+            return pol.victim(_Protected(layer, protected), among=_OfLayer(layer, where))
+        return pol.victim(_Protected(layer, protected))
 
     def resident(self, layer: int) -> set[int]:
         return set(self.slots[layer].where)
@@ -243,10 +266,8 @@ class ExpertStore:
             protected = set(protected)
         if self.pool == "global":
             return self._take_global(layer, protected)
-        cands = [(i, e) for i, e in enumerate(s.expert) if e not in protected]
-        if not cands:
-            return None
-        return self.policy.victim(layer, cands)
+        key = self._layer_victim(layer, protected)
+        return None if key is None else s.where[key[1]]
 
     def _take_global(self, layer: int, protected: set[int]) -> int | None:
         """A slot for ``layer`` from the whole pool: an empty one anywhere, else the policy's victim over every
@@ -257,19 +278,12 @@ class ExpertStore:
                       if self.group[m] == group and -1 in s.expert), None)
         if empty is not None:
             m, j = empty
-        elif self.policy.by_recency:  # walk the recency order: the first resident, allowed entry is the victim
-            m, j = next(((m, self.slots[m].where[e]) for (m, e) in self.policy.last_use
-                         if self.group[m] == group and e in self.slots[m].where
-                         and not (m == layer and e in protected) and e not in self.pinned.get(m, ())), (None, None))
-            if m is None:
-                return None
         else:
-            cands = [(m, j, e) for m, s in enumerate(self.slots) if self.group[m] == group
-                     for j, e in enumerate(s.expert)
-                     if not (m == layer and e in protected) and e not in self.pinned.get(m, ())]
-            if not cands:
+            key = self.policies[layer].victim(_Taken(layer, protected, self.pinned),
+                                              among=None if len(self.pools) == 1 else _OfGroup(self.group, group))
+            if key is None:
                 return None
-            m, j, _ = min(cands, key=lambda c: self.policy.score(c[0], c[2]))
+            m, j = key[0], self.slots[key[0]].where[key[1]]
         if m == layer:
             return j
         self.move_slot(m, layer, slot=j, min_keep=0)
@@ -283,7 +297,7 @@ class ExpertStore:
         if s.prefetched[slot]:
             self.trace.cache(layer, e, "prefetch_wasted", self._stamp())
         self.trace.cache(layer, e, "evict", self._stamp())
-        self.policy.forget(layer, e)
+        self.policies[layer].evicted((layer, e))
         del s.where[e]
         s.expert[slot] = -1
         s.ready[slot] = s.copy_id[slot] = None
@@ -316,7 +330,7 @@ class ExpertStore:
         s.prefetched[slot] = reason in AHEAD
         if reason in AHEAD:  # one accounting for both: a cache "prefetch", later used or wasted
             self.trace.cache(layer, expert, "prefetch", span.start)
-        self.policy.loaded(layer, expert)
+        self.policies[layer].loaded((layer, expert))
         s.copy_id[slot] = self.trace.transfer(layer, expert, slot, self._copy_bytes, span.start, span.end, reason)
         return slot
 
@@ -392,7 +406,7 @@ class ExpertStore:
         if s.prefetched[slot]:
             s.prefetched[slot] = False
             self.trace.cache(layer, s.expert[slot], "prefetch_used", end)
-        self.policy.touch(layer, s.expert[slot])
+        self.policies[layer].touch((layer, s.expert[slot]))
 
     def host_used(self, layer: int, slot: int, end: Handle) -> None:
         """A resident expert the host computed (a pre-gated split sends a copy still landing there): its lookup was
@@ -402,7 +416,7 @@ class ExpertStore:
         if s.prefetched[slot]:
             s.prefetched[slot] = False
             self.trace.cache(layer, s.expert[slot], "prefetch_used", end)
-        self.policy.touch(layer, s.expert[slot])
+        self.policies[layer].touch((layer, s.expert[slot]))
 
     def note_read(self, layer: int, slot: int, end: Handle) -> None:
         """The draft read a slot: a later copy into it must wait, but this is not a target use (no LRU touch)."""
@@ -428,11 +442,10 @@ class ExpertStore:
         elif empty:
             i = empty[0]
         else:
-            protected = set(protected)
-            cands = [(j, e) for j, e in enumerate(s.expert) if e not in protected]
-            if not cands:
+            key = self._layer_victim(src, set(protected))
+            if key is None:
                 return False
-            i = self.policy.victim(src, cands)
+            i = s.where[key[1]]
         carried = [h for h in (s.last_use[i], s.ready[i]) if h is not None]
         self.evict(src, i)
         # The row's memory was last read or written by these ops: its next copy must wait for the later one.
@@ -466,3 +479,53 @@ class ExpertStore:
             assert len(held) == len(set(held)) == len(s.where), f"layer {layer}: duplicate residency"
             if budget_slots is not None:
                 assert len(s.where) <= budget_slots[layer]
+
+
+class _Protected:
+    """``(layer, expert)`` keys a copy into ``layer`` may not evict: that layer's ``experts``."""
+
+    __slots__ = ("layer", "experts")
+
+    def __init__(self, layer: int, experts) -> None:
+        self.layer, self.experts = layer, experts
+
+    def __contains__(self, key) -> bool:
+        return key[0] == self.layer and key[1] in self.experts
+
+
+class _Taken(_Protected):
+    """What a global pool's take for ``layer`` may not evict: that layer's protected experts, and every layer's
+    experts placed on the device and not yet computed (``pinned``)."""
+
+    __slots__ = ("pinned",)
+
+    def __init__(self, layer: int, experts, pinned: dict[int, set[int]]) -> None:
+        super().__init__(layer, experts)
+        self.pinned = pinned
+
+    def __contains__(self, key) -> bool:
+        return (key[0] == self.layer and key[1] in self.experts) or key[1] in self.pinned.get(key[0], ())
+
+
+class _OfLayer:
+    """``(layer, expert)`` keys resident in one layer's slots (``where``: its expert → slot table)."""
+
+    __slots__ = ("layer", "where")
+
+    def __init__(self, layer: int, where: dict[int, int]) -> None:
+        self.layer, self.where = layer, where
+
+    def __contains__(self, key) -> bool:
+        return key[0] == self.layer and key[1] in self.where
+
+
+class _OfGroup:
+    """Keys of the layers that share one pool group (same expert shapes)."""
+
+    __slots__ = ("group", "g")
+
+    def __init__(self, group: list[int], g: int) -> None:
+        self.group, self.g = group, g
+
+    def __contains__(self, key) -> bool:
+        return self.group[key[0]] == self.g

@@ -4,7 +4,7 @@ parts. This module is the only reader of a strategy's mechanism fields.
 =====================  ==============================================================================
 strategy field         part built here
 =====================  ==============================================================================
-``eviction``, ``pool``  the store's eviction policy and slot pool (``offload/cache.py``, ``offload/store.py``)
+``eviction``, ``pool``  the store's eviction policy and slot pool (``caching/policies.py``, ``offload/store.py``)
 ``miss``, ``cpu_share``  the miss rule (``offload/hostexec.py``)
 ``prefetch``           gate lookahead in the schedule, or the window's forecast source (``decode/speculative.py``)
 ``chunking``, ``reuse``  the lookahead prefetcher (``predict/prefetch.py``)
@@ -30,7 +30,7 @@ import torch
 
 from ..decode import Decoder, Sampling, Speculation, autoregressive, speculative
 from ..decode.speculative import DraftForecast, OracleForecast
-from ..offload.cache import make_policy
+from ..caching.policies import make_policy
 from ..offload.clock import Clock
 from ..offload.hostexec import (BalancedMisses, CopyMisses, CostedMisses, HostMisses, MissPolicy, MissRule,
                                 ShareMisses)
@@ -102,7 +102,7 @@ def make_store(st: Strategy, info, slots_per_layer: list[int], clock: Clock, cos
     """The store with the strategy's eviction policy and pool; a static split's device layers preloaded.
     ``host_cache``: the disk tier's bounded host cache (None: every expert has a host copy)."""
     tier = DiskTier(host_cache, clock, cost, trace) if host_cache is not None else None
-    store = ExpertStore(info, slots_per_layer, clock, cost, make_policy(st.eviction), trace, device, host=host,
+    store = ExpertStore(info, slots_per_layer, clock, cost, partial(make_policy, st.eviction), trace, device, host=host,
                         pool=st.pool, materialize=materialize, writeback=st.writeback, tier=tier)
     if st.static:  # load time, before the prompt: the device layers get every expert once
         for layer, size in enumerate(slots_per_layer):
@@ -152,7 +152,7 @@ def assemble(st: Strategy, *, model, info, slots_per_layer: list[int], clock: Cl
              replay: Callable[..., Decoder] | None = None,
              host_cache: HostExpertCache | None = None) -> RunParts:
     """Turn a strategy into one run's parts (nothing runs yet). ``replay``: a decoder class that plays recorded
-    routing instead of running ``model`` (:mod:`specter_lab.routing.replay`); the store then holds no tensors.
+    routing instead of running ``model`` (:mod:`specter_lab.analysis.replay`); the store then holds no tensors.
     ``host_cache``: the disk tier (:mod:`specter_lab.offload.hostcache`)."""
     store = make_store(st, info, slots_per_layer, clock, cost, trace, device, host, materialize=replay is None,
                        host_cache=host_cache)

@@ -2,7 +2,7 @@
 
 :func:`resolve` turns the caller's arguments into a :class:`RunSetup` (every argument checked, nothing allocated,
 no model run); a setup is then bound to a live model (:class:`~specter_lab.run.engine.Engine`) or to recorded
-routing (:func:`specter_lab.routing.replay.replay`, :func:`specter_lab.routing.bound.trace_bound`).
+routing (:func:`specter_lab.analysis.replay.replay`, :func:`specter_lab.analysis.bound.trace_bound`).
 :func:`prepare_run` builds one run's parts from a setup and :class:`Run` executes them: the Engine and a replay
 share both, so a replay prices exactly what the live run would, without the live run's checks (the family's
 speculation probe, placement, host copies), which only a model needs.
@@ -319,7 +319,7 @@ class Run:
                 # Copies still in flight on a CUDA copy stream must land before anything (an error handler, the
                 # caching allocator) touches their buffers again. A no-op on the simulated clock.
                 self.clock.synchronize()
-                self.store.policy.follow(None)
+                self.store.follow(None)
         self.store.flush_unused_prefetches()
         self.trace.finalize(self.clock)
         metrics = setup.metrics(self.trace, stopped)

@@ -6,7 +6,7 @@ function, :func:`specter_lab.run.assembly.assemble`, turns a strategy into a run
 from its mechanism fields. Elsewhere code asks whether a strategy drafts (``speculative``) and its ``k`` (the
 planner, the replay's checks and the tables: to pick candidates, check that a trace holds long enough chains of
 drafts, and label rows), and two analyses read one field each: the planner's candidates by ``miss``, the bound's
-online-eviction twin (:mod:`specter_lab.routing.gap`) by ``eviction``. Every strategy runs in the same runtime
+online-eviction twin (:mod:`specter_lab.analysis.gap`) by ``eviction``. Every strategy runs in the same runtime
 (same model, same store, same clock), so comparisons are one run at equal device memory.
 
 Adding a mechanism: a class where the mechanism lives (e.g. a miss rule in ``offload/mechanisms.py``), its name
@@ -61,8 +61,8 @@ class Strategy:
       saved, none issued that would still wait for the link at verification) or a tuple of draft fractions
       (``specmoeoff``).
     * ``eviction``    – ``lru`` | ``lfu`` | ``lfu_decay`` (LFU whose counts decay per use of the layer:
-      :class:`~specter_lab.offload.cache.DecayLFU`) | ``arc`` (adaptive replacement:
-      :class:`~specter_lab.offload.cache.ARC`) | ``forecast`` (furthest forecast next use, then recency).
+      :class:`~specter_lab.caching.policies.DecayLFU`) | ``arc`` (adaptive replacement:
+      :class:`~specter_lab.caching.policies.ARC`) | ``forecast`` (furthest forecast next use, then recency).
     * ``pool``        – ``layer``: a fixed number of slots per layer; ``global``: one pool for all layers, the
       victim chosen over every layer's slots (llama.cpp's ``--moe-cache-mib``).
     * ``k``           – draft length, or ``"auto"`` for the per-window governor.

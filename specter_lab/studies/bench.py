@@ -26,10 +26,10 @@ from ..estimate.consumer import consumer_anchors
 from ..pricing.published import published
 from .reproduce import paper_equal_memory, paper_header, paper_prompts, paper_waterfall, reproduce_paper
 from ..run.quant import QuantSpec
-from ..routing.bound import bound_tpots, x_of_bound
-from ..routing.gap import cell_gaps
-from ..routing.record import record
-from ..routing.trace_file import RoutingTrace
+from ..analysis.bound import bound_tpots, x_of_bound
+from ..analysis.gap import cell_gaps
+from ..analysis.record import record
+from ..traces.trace_file import RoutingTrace
 from .runs import SKIPPED, Cell, DoesNotFit, as_source, run_cells, run_prompts, sweep_executor, workers_of
 from ..run.strategies import AUTO, BASELINES, STRATEGIES, get_strategy, strategy_names
 from ..units import parse_budget
@@ -115,7 +115,7 @@ def compare(model, tokenizer, strategies: Sequence[str] | None = None, prompts: 
 
 
 def _bounds(source, hws, budgets, cost_shape) -> dict:
-    """The autoregressive bound (:mod:`specter_lab.routing.bound`) of every prompt at each simulated profile × budget, from
+    """The autoregressive bound (:mod:`specter_lab.analysis.bound`) of every prompt at each simulated profile × budget, from
     the trace, or from the prompts' greedy routing recorded here (no chains: one generation per prompt)."""
     trace = getattr(source, "trace", None)
     if trace is None:
@@ -139,7 +139,7 @@ GAP_COLUMNS = ("strategy", "x_of_bound", "eviction", "eviction_share", "across_t
 def compare_gaps(df: pd.DataFrame, trace: RoutingTrace, *, cost_shape=None) -> pd.DataFrame:
     """Each non-speculative row of a :func:`compare` table replayed on ``trace``: its distance to the bound per
     cell (hardware × budget), split into Belady's eviction, foresight across tokens, foresight within the token,
-    the initial set and the rest (:func:`specter_lab.routing.gap.cell_gaps`; ``specter-lab bench --trace F
+    the initial set and the rest (:func:`specter_lab.analysis.gap.cell_gaps`; ``specter-lab bench --trace F
     --gap``). The rows' TPOT and hit rate are the table's means over its sequences, so the bound and its
     online-eviction variants are priced once a cell. A speculative row has no such split and is left out."""
     mean = df.groupby(["hardware", "expert_budget", "strategy"], sort=False)[["tpot_ms", "hit_rate"]].mean()

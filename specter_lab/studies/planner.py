@@ -28,9 +28,9 @@ from ..model import inspect_model
 from .prompts import calibration_prompts
 from ..predict import KGovernor
 from ..run.quant import QuantSpec
-from ..routing.bound import bound_tpots
-from ..routing.replay import skeleton
-from ..routing.trace_file import RoutingTrace
+from ..analysis.bound import bound_tpots
+from ..analysis.replay import skeleton
+from ..traces.trace_file import RoutingTrace
 from .runs import SKIPPED, Cell, PromptRuns, as_source, run_cells, sweep_executor
 from ..run.strategies import BASELINES, STRATEGIES, get_strategy
 

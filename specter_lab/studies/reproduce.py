@@ -3,7 +3,7 @@ cases at equal memory against the lean baselines.
 
 Every time here is simulated: the A100-40G PCIe 4.0 profile in an execution mode, each case's cost shape at full
 depth, and the routing of the model run live (the bundled one unless another is given) or of a recorded routing
-trace (``trace=``, :func:`specter_lab.routing.record`), *projected* onto that shape: each method keeps the artifact's
+trace (``trace=``, :func:`specter_lab.analysis.record`), *projected* onto that shape: each method keeps the artifact's
 fraction of experts resident. The frames say so in ``attrs`` and :func:`paper_header` prints it.
 """
 
@@ -17,8 +17,8 @@ from tqdm.auto import tqdm
 
 from ..run.engine import Engine
 from ..model import inspect_model
-from ..routing.replay import replay, skeleton
-from ..routing.trace_file import RoutingTrace
+from ..analysis.replay import replay, skeleton
+from ..traces.trace_file import RoutingTrace
 from ..pricing.profiles import EXECUTIONS
 from ..pricing.shapes import get_cost_shape
 from .paper import PAPER_CASES, PAPER_CLAIM, PAPER_EXECUTIONS, PAPER_PROFILE, PROTOCOL, PaperCase, get_case

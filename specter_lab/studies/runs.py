@@ -29,10 +29,10 @@ from tqdm.auto import tqdm
 
 from ..errors import BudgetTooSmall
 from ..offload.clock import is_measured
-from ..routing.replay import replay, replay_setup
+from ..analysis.replay import replay, replay_setup
 from ..run.engine import Engine, auto_planner
 from ..run.setup import RunSetup
-from ..routing.trace_file import RoutingTrace
+from ..traces.trace_file import RoutingTrace
 
 __all__ = ["PromptRuns", "DoesNotFit", "NotReplayable", "SKIPPED", "run_prompts", "try_engine", "Cell",
            "LiveSource", "TraceSource", "run_cells", "as_source", "TracePool", "trace_pool", "sweep_executor",

@@ -1,5 +1,5 @@
 """Routing as the engines users run write it, read by ``sl.import_routing`` and written by
-:meth:`RoutingTrace.export <specter_lab.routing.trace_file.RoutingTrace.export>` (``docs/traces.md``, "Routing
+:meth:`RoutingTrace.export <specter_lab.traces.trace_file.RoutingTrace.export>` (``docs/traces.md``, "Routing
 from other engines"):
 
 * ``"vllm"``: vLLM's ``--enable-return-routed-experts`` arrays, ``prompt_routed_experts [prompt_len, MoE layers,

@@ -126,8 +126,8 @@ class RoutingTrace:
     def target_rows(self) -> "tuple[np.ndarray, list[tuple[int, int, str]]]":
         """The target routing of every sequence as one array ``[rows, MoE layers, top_k]`` (each sequence's prefill
         rows, then its decode rows) and its ``(start, length, phase)`` segments: what :func:`sl.import_routing
-        <specter_lab.routing.importing.import_routing>` takes, e.g. to re-import a recording with a modelled draft
-        or gate predictions, or after :func:`sl.less_local <specter_lab.routing.locality.less_local>`."""
+        <specter_lab.traces.importing.import_routing>` takes, e.g. to re-import a recording with a modelled draft
+        or gate predictions, or after :func:`sl.less_local <specter_lab.traces.locality.less_local>`."""
         rows, segs, start = [], [], 0
         for s in self.sequences:
             rows += [s.prefill, s.decode]

@@ -1,16 +1,16 @@
 """One expert-cache simulator over a routing array: what a cache of n slots hits on a routing sequence, without
 running the engine.
 
-The runtime's cache is :class:`~specter_lab.offload.store.ExpertStore` with a policy of
-:mod:`specter_lab.offload.cache`. Every tool that asks "what would a cache hit on this routing" asks here instead
-of keeping its own loop: the estimator's placements (:mod:`specter_lab.estimate.replay`), the cache bounds
-(:mod:`.cache_bounds`), synthetic routing's fit (:mod:`.synthetic`), the locality curve (:mod:`.locality`) and the
-clairvoyant bound's eviction (:mod:`.bound`). ``tests/test_cachesim.py`` holds it to the store on the same routing
-(same hits and misses, per layer, every eviction policy, per-layer and global pools).
+The runtime's cache is :class:`~specter_lab.offload.store.ExpertStore`; both rank their residents with the same
+policies (:mod:`.policies`). Every tool that asks "what would a cache hit on this routing" without running the
+runtime asks here: the cache bounds (:mod:`specter_lab.analysis.cache_bounds`), synthetic routing's fit
+(:mod:`specter_lab.traces.synthetic`), the locality curve (:mod:`specter_lab.traces.locality`) and the estimate's
+cache sizing. ``tests/test_cachesim.py`` holds it to the store on the same routing (same hits and misses, per
+layer, every eviction policy, per-layer and global pools).
 
-**Shape** (mixtral-offloading's ``EvictionGroupInfo``): a pool is an ``OrderedDict`` of its resident keys
-``(layer, expert)``, least recently touched first; a policy only ranks them. ``pool="layer"``: one pool per MoE
-layer; ``pool="global"``: one pool over every layer (llama.cpp's ``--moe-cache-mib``, the store's ``global`` pool).
+**Shape** (mixtral-offloading's ``EvictionGroupInfo``): a pool is a policy over its resident keys ``(layer,
+expert)``, least recently touched first. ``pool="layer"``: one pool per MoE layer; ``pool="global"``: one pool over
+every layer (llama.cpp's ``--moe-cache-mib``, the store's ``global`` pool).
 
 **Routing**: ``[steps, layers, width]`` expert ids, ``-1`` = no lookup. A step is one forward: a decode token, or a
 prefill folded into one row per layer (the union of its experts, padded with -1). A request is one layer's ids
@@ -28,260 +28,24 @@ of one step; requests run step by step, layer by layer (the time of request (t, 
   loaded over the policy's victim among *all* residents. For an LRU with ``width <= slots`` this ends in the
   same resident set as the store's rule; only the recency order among the request's own experts differs.
 
-**Policies** (``policy=``):
-
-* ``"lru"``: least recently used first (a load or a use touches).
-* ``"lfu"``: fewest uses first; a use is a touch (a load is not a use, as in the store's ``LFU``), counts are
-  kept after eviction. Ties: the least recently touched (load or use) first.
-* ``"lfu_decay"``: the store's decayed LFU (:class:`DecayLFU`; ``functools.partial(DecayLFU, decay=...)`` for
-  another decay than the store's default).
-* ``"arc"``: the store's adaptive replacement (:class:`ARC`, the same lists).
-* ``"belady"``: clairvoyant (MIN): the resident whose next request is furthest away (never = infinitely far);
-  a resident requested now is never a victim. Ties: the least recently touched first (the store's ``forecast``
-  eviction with a perfect forecast ranks so: the test holds them equal).
-* ``"static"``: a fixed resident set (``initial=``); a miss is never cached (computed elsewhere: ``bypassed``).
-
-A miss the ``admit`` callback refuses is computed elsewhere (the host) and not cached (``bypassed``).
+**Policies** (``policy=``): a name of :data:`~.policies.POLICIES` (``"belady"`` is clairvoyant: it reads the
+routing's own request times; ``"static"`` keeps ``initial=`` and computes every miss elsewhere: ``bypassed``), or
+a factory ``(capacity, next_use) -> Policy`` (``functools.partial(DecayLFU, decay=...)``). A miss the ``admit``
+callback refuses is computed elsewhere (the host) and not cached (``bypassed``).
 """
 
 from __future__ import annotations
 
-import heapq
-import math
-from bisect import bisect_left, bisect_right
-from collections import OrderedDict, defaultdict
 from dataclasses import dataclass
-from operator import itemgetter
-from typing import Callable, Container, Hashable, Iterable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ..offload.cache import DEFAULT_DECAY, ArcLists
+from .policies import POLICIES, Belady, NextUse, Policy
 
-__all__ = ["simulate", "CacheStats", "NextUse", "Policy", "LRU", "LFU", "DecayLFU", "ARC", "Belady", "Static",
-           "POLICIES", "lru_stack_positions", "stack_requests", "RULES"]
+__all__ = ["simulate", "CacheStats", "lru_stack_positions", "stack_requests", "RULES"]
 
 RULES = ("store", "moe-lrc")
-Key = Hashable  # (layer, expert) here; the bound uses one int per (layer, expert)
-
-
-# --------------------------------------------------------------------------------------------- policies
-
-class Policy:
-    """A pool of ``capacity`` slots: its residents in recency order (least recent first), ranked by LRU.
-    Subclasses rank otherwise; the simulator calls ``loaded`` when a key enters, ``touch`` when it is used,
-    ``evicted`` when it leaves, ``victim`` for the key to evict (None: none may be)."""
-
-    name = "lru"
-    admits = True  # False: a miss never enters the pool (static)
-
-    def __init__(self, capacity: int, next_use: "NextUse | None" = None) -> None:
-        self.capacity = capacity
-        self.recency: OrderedDict[Key, None] = OrderedDict()
-
-    def __contains__(self, key: Key) -> bool:
-        return key in self.recency
-
-    def __len__(self) -> int:
-        return len(self.recency)
-
-    @property
-    def free(self) -> int:
-        return self.capacity - len(self.recency)
-
-    def loaded(self, key: Key, now: int) -> None:
-        self.recency[key] = None
-        self.recency.move_to_end(key)
-
-    def touch(self, key: Key, now: int) -> None:
-        self.recency.move_to_end(key)
-
-    def evicted(self, key: Key) -> None:
-        del self.recency[key]
-
-    def victim(self, protected: Container[Key], now: int) -> Key | None:
-        return next((k for k in self.recency if k not in protected), None)
-
-
-LRU = Policy
-
-
-class LFU(Policy):
-    """Fewest uses first, then least recently touched (a load or a use); counts survive eviction (the store's
-    ``offload.cache.LFU``). ``_bump`` is the one place a use is counted: a decay would be one argument here."""
-
-    name = "lfu"
-
-    def __init__(self, capacity: int, next_use: "NextUse | None" = None) -> None:
-        super().__init__(capacity)
-        self.count: defaultdict[Key, float] = defaultdict(int)
-
-    def _bump(self, key: Key) -> None:
-        self.count[key] += 1
-
-    def touch(self, key: Key, now: int) -> None:
-        super().touch(key, now)
-        self._bump(key)
-
-    def victim(self, protected: Container[Key], now: int) -> Key | None:
-        # min() keeps the first of equal counts, and the walk is least recent first: the tie-break is recency
-        return min((k for k in self.recency if k not in protected), key=self.count.__getitem__, default=None)
-
-
-class DecayLFU(LFU):
-    """LFU whose counts decay per use of their layer (the store's ``offload.cache.DecayLFU``, same floats): each
-    layer has a use clock advanced at every use of one of its experts; a key's score is Σ ``decay`` ** (age) over
-    its uses, kept lazily as (value, clock of the last update). Victim: the smallest score, ties to the least
-    recently touched. Keys are ``(layer, expert)`` (the layer owns the clock; ``layer_of`` for other keys)."""
-
-    name = "lfu_decay"
-
-    def __init__(self, capacity: int, next_use: "NextUse | None" = None, decay: float = DEFAULT_DECAY,
-                 layer_of: Callable[[Key], Hashable] = itemgetter(0)) -> None:
-        super().__init__(capacity)
-        self.decay = float(decay)
-        self.layer_of = layer_of  # the key's layer, whose clock it ages by (the bound's int keys: key // stride)
-        self.uses: defaultdict[Hashable, int] = defaultdict(int)  # layer → its use clock
-        self.value: dict[Key, tuple[float, int]] = {}
-
-    def score(self, key: Key) -> float:
-        v = self.value.get(key)
-        if v is None:
-            return 0.0
-        age = self.uses[self.layer_of(key)] - v[1]
-        return v[0] if age == 0 else v[0] * self.decay ** age
-
-    def _bump(self, key: Key) -> None:
-        layer = self.layer_of(key)
-        self.uses[layer] += 1  # the clock first, then the decayed value plus this use: the store's order
-        self.value[key] = (self.score(key) + 1.0, self.uses[layer])
-
-    def victim(self, protected: Container[Key], now: int) -> Key | None:
-        return min((k for k in self.recency if k not in protected), key=self.score, default=None)
-
-
-class ARC(Policy):
-    """Adaptive replacement (the store's ``offload.cache.ARC``: the same :class:`ArcLists`, per layer ``key[0]``).
-    Victim: the least recent unprotected resident of the list ARC takes from now, else of the other."""
-
-    name = "arc"
-
-    def __init__(self, capacity: int, next_use: "NextUse | None" = None) -> None:
-        super().__init__(capacity)
-        self.lists = ArcLists()
-
-    def loaded(self, key: Key, now: int) -> None:
-        super().loaded(key, now)
-        self.lists.entered(key[0], key[1])
-
-    def touch(self, key: Key, now: int) -> None:
-        super().touch(key, now)
-        self.lists.used(key[0], key[1])
-
-    def evicted(self, key: Key) -> None:
-        super().evicted(key)
-        self.lists.left(key[0], key[1])
-
-    def victim(self, protected: Container[Key], now: int) -> Key | None:
-        rank = self.lists.rank
-        return min((k for k in self.recency if k not in protected), key=lambda k: rank(k[0], k[1]), default=None)
-
-
-class Belady(Policy):
-    """Clairvoyant: the resident whose next request is furthest (``next_use``: the sequence's request times).
-    A key requested at ``now`` ranks as needed now until it is touched, so it is never the victim while its
-    request runs. Ties (``ties``): ``"recency"`` the least recently touched (a load or a use) first, as the
-    store's ``forecast`` eviction ranks; ``"key"`` the smallest key (the bound's timed pool). A lazy heap of
-    (−next use, tie, key, touch stamp): an entry is current while its stamp is the key's."""
-
-    name = "belady"
-
-    def __init__(self, capacity: int, next_use: "NextUse | None" = None, ties: str = "recency") -> None:
-        if next_use is None:
-            raise ValueError("policy='belady' needs the routing's request times (a NextUse).")
-        if ties not in ("recency", "key"):
-            raise ValueError(f"ties={ties!r}: use 'recency' or 'key'.")
-        super().__init__(capacity)
-        self.next_use = next_use
-        self.by_key = ties == "key"
-        self.nxt: dict[Key, float] = {}
-        self.stamp: dict[Key, int] = {}
-        self.clock = 0
-        self.heap: list[tuple[float, int, Key, int]] = []
-
-    def _rank(self, key: Key, nxt: float) -> None:
-        self.clock += 1
-        self.nxt[key], self.stamp[key] = nxt, self.clock
-        heapq.heappush(self.heap, (-nxt, 0 if self.by_key else self.clock, key, self.clock))
-
-    def loaded(self, key: Key, now: int) -> None:
-        super().loaded(key, now)
-        self._rank(key, now if self.next_use.asked(key, now) else self.next_use.after(key, now))
-
-    def touch(self, key: Key, now: int) -> None:
-        super().touch(key, now)
-        self._rank(key, self.next_use.after(key, now))
-
-    def evicted(self, key: Key) -> None:
-        super().evicted(key)
-        del self.nxt[key], self.stamp[key]
-
-    def victim(self, protected: Container[Key], now: int) -> Key | None:
-        """The furthest next use, if it is after ``now`` (else every resident is needed now: None)."""
-        heap = self.heap
-        while heap:
-            neg, _, key, stamp = heap[0]
-            if self.stamp.get(key) != stamp:
-                heapq.heappop(heap)
-                continue
-            return key if -neg > now else None
-        return None
-
-
-class Static(Policy):
-    """A fixed resident set (``initial=``): nothing is evicted, and a miss is computed elsewhere, not cached."""
-
-    name = "static"
-    admits = False
-
-    def victim(self, protected: Container[Key], now: int) -> Key | None:
-        return None
-
-
-POLICIES: dict[str, type[Policy]] = {"lru": LRU, "lfu": LFU, "lfu_decay": DecayLFU, "arc": ARC,
-                                     "belady": Belady, "static": Static}
-
-
-class NextUse:
-    """When each key is requested: ``uses[key]`` ascending request times."""
-
-    def __init__(self, uses: Mapping[Key, list[int]]) -> None:
-        self.uses = uses
-
-    @classmethod
-    def of(cls, requests: Sequence[Sequence[list[int]]]) -> "NextUse":
-        """From ``requests[t][l]`` (expert ids, -1 none): keys ``(l, e)``, request time ``t * layers + l``."""
-        uses: dict[Key, list[int]] = {}
-        for t, step in enumerate(requests):
-            L = len(step)
-            for l, ids in enumerate(step):
-                for e in ids:
-                    if e >= 0:
-                        u = uses.setdefault((l, e), [])
-                        if not u or u[-1] != t * L + l:
-                            u.append(t * L + l)
-        return cls(uses)
-
-    def after(self, key: Key, now: int) -> float:
-        """The first request of ``key`` after ``now`` (inf: never again)."""
-        u = self.uses.get(key, ())
-        j = bisect_right(u, now)
-        return u[j] if j < len(u) else math.inf
-
-    def asked(self, key: Key, now: int) -> bool:
-        u = self.uses.get(key, ())
-        j = bisect_left(u, now)
-        return j < len(u) and u[j] == now
 
 
 # --------------------------------------------------------------------------------------------- the simulation

@@ -50,9 +50,10 @@ so the step from the bound to the variant is what that piece of clairvoyance is 
 * ``initial="prompt"``: the pool starts from the prompt's experts, most used in the prefill first (ties: the
   smaller layer, then expert), instead of the two clairvoyant initial sets; the rest stays clairvoyant (the same
   bound, achieved not proven, for runs that start from their prefill's experts);
-* ``evict="lru"`` / ``"lfu_decay"``: evict the least recently used / the smallest decayed use count (the cache
-  simulator's :class:`~.cachesim.LRU` and :class:`~.cachesim.DecayLFU`, one use clock per layer and the store's
-  decay, as ``split_lfu`` evicts), never an expert the current layer asks for, instead of Belady's. Copies still
+* ``evict=`` an online policy (``"lru"``, ``"lfu"``, ``"lfu_decay"``, ``"arc"``: every policy of
+  :mod:`specter_lab.caching.policies` that reads no future, the same classes the store evicts with, one use clock
+  per layer and the store's decay, as ``split_lfu`` evicts): evict as it does, never an expert the current layer
+  asks for, instead of Belady's. Copies still
   start as early as the link and the slot allow (the schedule still knows *which* expert comes next), so this is
   no longer a bound: it reads how much of the bound's lead is eviction and how much is timing. It never misses
   less than Belady's (MIN), but its TPOT can end a few percent *below* the bound's on short sequences: an
@@ -71,19 +72,20 @@ so the step from the bound to the variant is what that piece of clairvoyance is 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from .cachesim import LRU, Belady, DecayLFU, NextUse  # the cache simulator's policies rank the timed pools
+from ..caching.policies import ONLINE, POLICIES, Belady, NextUse  # the policies rank the timed pools
 
 from ..errors import BudgetTooSmall, OptionError
 from ..model import MoEModelInfo
 from ..offload.schedule import counts_of, host_lane_time
 from ..run.setup import RunSetup
 from .replay import replay_setup
-from .trace_file import RoutedSequence, RoutingTrace, TraceError
+from ..traces.trace_file import RoutedSequence, RoutingTrace, TraceError
 
 __all__ = ["BoundResult", "bound", "bound_of", "trace_bound", "bound_tpots", "x_of_bound", "bound_column", "VARIANTS",
            "INITIAL_POOLS", "EVICTIONS"]
@@ -94,7 +96,8 @@ MISSES = ("copy", "greedy", "host")
 VARIANTS: tuple[tuple[str, str, str], ...] = tuple(itertools.product(POOLS, INITIAL, MISSES))
 # the analysis variants (module docstring), the bound's own first
 INITIAL_POOLS = ("clairvoyant", "prompt")
-EVICTIONS = ("belady", "lfu_decay", "lru")
+# the bound itself (Belady), then every online policy a run can evict with (the same classes as the store's)
+EVICTIONS = ("belady", *(n for n in ONLINE if not POLICIES[n].forecasting))
 
 
 @dataclass
@@ -348,21 +351,17 @@ class _Online(_Timed):
         return self.victim(keep, t)
 
 
-class _LRUPool(_Online, LRU):
-    pass
-
-
-class _DecayPool(_Online, DecayLFU):
-    def __init__(self, capacity: int, next_use: NextUse, stride: int) -> None:
-        super().__init__(capacity, next_use, layer_of=lambda key: key // stride)  # a use clock per layer
+@functools.lru_cache(maxsize=None)
+def _online_pool(evict: str) -> type:
+    """The timed pool of an online policy: the mixin before the policy's own class."""
+    return type(f"_Online_{evict}", (_Online, POLICIES[evict]), {})
 
 
 def _new_pool(evict: str, capacity: int, prob: "_Problem") -> _Timed:
     if evict == "belady":
         return _Pool(capacity, prob.uses)
-    if evict == "lru":
-        return _LRUPool(capacity, prob.uses)
-    return _DecayPool(capacity, prob.uses, prob.stride)
+    # keys are l·stride + e: a policy that keeps something per layer (a use clock, ARC's lists) finds it so
+    return _online_pool(evict)(capacity, prob.uses, layer_of=lambda key, s=prob.stride: key // s)
 
 
 @dataclass

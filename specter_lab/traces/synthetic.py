@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .cachesim import simulate
+from ..caching.simulate import simulate
 
 __all__ = ["Locality", "LOCALITY", "locality_for", "synthetic_routing", "lru_hit_rate", "hot_coverage"]
 

@@ -1,4 +1,4 @@
-"""Record a model's routing once (``sl.record``), for :func:`specter_lab.routing.replay.replay` to price every strategy.
+"""Record a model's routing once (``sl.record``), for :func:`specter_lab.analysis.replay.replay` to price every strategy.
 
 Greedy decoding, two passes per prompt, both through the same expert code as a live run (ascending sums, the
 slot-view matmuls), on the model's own cache:
@@ -27,7 +27,7 @@ from ..model import attached, inspect_model
 from ..model.experts import exact_forward
 from ..offload.runtime import gate_ids
 from ..run.quant import DraftExperts, QuantSpec, shared_draft
-from .trace_file import RoutedSequence, RoutingTrace
+from ..traces.trace_file import RoutedSequence, RoutingTrace
 
 __all__ = ["record"]
 
@@ -143,7 +143,7 @@ def record(model, tokenizer=None, prompts: Sequence = (), *, max_new_tokens: int
     draft chains of a ``draft`` (default int4-g64 RTN) up to ``k_max`` tokens (0: autoregressive only).
 
     Works on any local HF MoE checkpoint, on the CPU or a GPU; prints time and peak memory per generated token.
-    Save it with ``trace.save(path)``; replay every strategy with :func:`specter_lab.routing.replay`."""
+    Save it with ``trace.save(path)``; replay every strategy with :func:`specter_lab.analysis.replay`."""
     info = inspect_model(model)
     prompts = list(prompts)
     if not prompts:

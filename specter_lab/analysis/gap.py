@@ -47,15 +47,17 @@ import numpy as np
 
 from ..errors import OptionError
 from ..run.strategies import STRATEGIES, Strategy, get_strategy
-from .bound import trace_bound
+from .bound import EVICTIONS, trace_bound
 from .replay import replay, replay_setup
-from .trace_file import RoutingTrace
+from ..traces.trace_file import RoutingTrace
 
 __all__ = ["BoundGap", "bound_gap", "cell_gaps"]
 
-# the row's eviction → the bound's online variant that evicts the same way; the others are read against decayed
-# LFU, the best online policy measured on real decode routing (docs/measured/closer_to_bound.md)
-_ONLINE = {"lru": "lru", "lfu_decay": "lfu_decay"}
+# A row is read against the bound's online variant that evicts as it does (every online policy is one); a row
+# evicting by a forecast (no forecast without a draft: only speculative rows, which the gap does not read) would
+# be read against decayed LFU, the best online policy measured on real decode routing
+# (docs/measured/closer_to_bound.md)
+_FALLBACK = "lfu_decay"
 
 
 @dataclass(frozen=True)
@@ -148,7 +150,7 @@ class BoundGap:
 def bound_gap(trace: RoutingTrace, strategy: "str | Strategy" = "split_lfu", *,
               sequences: "Sequence[int] | None" = None, **options) -> BoundGap:
     """Replay ``strategy`` on ``trace`` (or the ``sequences`` listed) with ``options`` (``expert_budget``,
-    ``hardware``, ``cost_shape``, … as :func:`~specter_lab.routing.replay.replay` takes them) and split its
+    ``hardware``, ``cost_shape``, … as :func:`~specter_lab.analysis.replay.replay` takes them) and split its
     distance to the bound into eviction and the schedule (module docstring). Refuses a speculative strategy and
     ``strategy="auto"`` (plan first, then pass the plan's row) with an :class:`~specter_lab.errors.OptionError`
     before any replay."""
@@ -168,7 +170,7 @@ def cell_gaps(trace: RoutingTrace, rows: "dict[str | Strategy, tuple[float, floa
     plain = {_plain(s): v for s, v in rows.items()}
     if not plain:
         return []
-    evictions = {st.name: _ONLINE.get(options.get("eviction", st.eviction), "lfu_decay") for st in plain}
+    evictions = {st.name: _online(options.get("eviction", st.eviction)) for st in plain}
     bounds = trace_bound(trace, "lru", sequences=sequences, **options)  # plain rows share the cell's pool
     # the split's steps: how far ahead copies may start, then the initial set
     steps = {"online": (None, "clairvoyant"), "token": (math.inf, "clairvoyant"), "router": (0, "clairvoyant"),
@@ -205,3 +207,8 @@ def _plain_names() -> list[str]:
 
 def _mean(values) -> float:
     return float(np.mean(list(values)))
+
+
+def _online(eviction: str) -> str:
+    """The bound's online variant that evicts as ``eviction`` does (:data:`~.bound.EVICTIONS`), else the fallback."""
+    return eviction if eviction in EVICTIONS[1:] else _FALLBACK

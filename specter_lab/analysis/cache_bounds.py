@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .cachesim import simulate, stack_requests
+from ..caching.simulate import simulate, stack_requests
 
 __all__ = ["request_sequences", "lru_hits", "belady_hits", "cache_bounds"]
 

@@ -28,7 +28,7 @@ from ..run.assembly import uses_gate_predictions
 from ..run.drafts import as_draft_spec
 from ..run.quant import QuantSpec
 from ..run.setup import GenerationResult, RunSetup, prepare_run, resolve
-from .trace_file import RoutedSequence, RoutingTrace, TraceError
+from ..traces.trace_file import RoutedSequence, RoutingTrace, TraceError
 
 __all__ = ["replay", "replay_setup", "ReplayDecoder", "skeleton", "skeleton_info", "ReplayMismatch", "refusal"]
 

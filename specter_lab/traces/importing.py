@@ -1,5 +1,5 @@
 """Import routing recorded elsewhere (a real checkpoint's per-token top-k, a public dump, a derived sequence) as a
-:class:`~specter_lab.routing.trace_file.RoutingTrace`, so :func:`specter_lab.routing.replay.replay` prices every strategy on it.
+:class:`~specter_lab.traces.trace_file.RoutingTrace`, so :func:`specter_lab.analysis.replay.replay` prices every strategy on it.
 
 What is exact and what is modeled:
 
@@ -55,7 +55,7 @@ from ..model import inspect_model
 from ..model.config_check import build_config, check_moe_info, read_config_json
 from .formats import detect_format, read_routing
 from .locality import replace_experts
-from .replay import skeleton
+from ..analysis.replay import skeleton
 from .trace_file import RoutedSequence, RoutingTrace, TraceError, TraceSpec, read_npz
 
 __all__ = ["import_routing", "gate_recall", "ModeledDraft", "MEASURED_DRAFT", "MEASURED_GATE_RECALL",

@@ -13,7 +13,7 @@ issue's figures and this runtime's per-layer caches use; the moe-lrc plots are m
   never evicts, so the first uses are a prefetch of a cold start), or always misses (``cold="miss"``);
 * the hit rate is hits / lookups per layer, then the mean over layers; -1 ids (not recorded) are no lookup.
 
-The counting runs on :func:`specter_lab.routing.cachesim.lru_stack_positions` (the simulator's ``moe-lrc`` LRU,
+The counting runs on :func:`specter_lab.caching.simulate.lru_stack_positions` (the simulator's ``moe-lrc`` LRU,
 every cache size in one pass). It is not the runtime's decode hit rate: a run warms its caches with the prompt's prefill, counts only decode
 lookups and may split its budget unevenly; the curve is the routing's own property, comparable across models.
 
@@ -32,7 +32,7 @@ from typing import Literal, Sequence
 
 import numpy as np
 
-from .cachesim import lru_stack_positions
+from ..caching.simulate import lru_stack_positions
 
 __all__ = ["lru_hit_curve", "less_local", "LessLocal", "replace_experts", "TARGET_HIT_AT_HALF"]
 
@@ -153,7 +153,7 @@ def less_local(routing: Routing, target_hit: float, fraction: float = 0.5, *, nu
     of each layer's experts cached is ``target_hit`` (within ``tol`` where the sequence is long enough): each
     routed expert is replaced with probability ``q`` by one the token does not use, ``q`` found by bisection.
     Targets of real models: :data:`TARGET_HIT_AT_HALF`. Import the result with
-    :func:`specter_lab.routing.importing.import_routing` to replay strategies on it."""
+    :func:`specter_lab.traces.importing.import_routing` to replay strategies on it."""
     seqs, single = _as_list(routing)
     ne = _num_experts(num_experts, seqs[0].shape[1])
     if not (isinstance(target_hit, (int, float)) and 0 < target_hit < 1):
