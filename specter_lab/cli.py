@@ -16,7 +16,8 @@ from typing import Any
 import pandas as pd
 import torch
 
-from .estimate import HOST_DECODE_EFFICIENCY, estimate
+from .estimate import estimate
+from .pricing.profiles import HOST_DECODE_EFFICIENCY
 from .estimate.consumer import consumer_summary
 from .model import BUNDLED, load_model
 from .model.checkpoint_check import check_checkpoint
@@ -290,8 +291,9 @@ def _bench_consumer(a) -> int:
     _print_anchors(
         a, "consumer", df,
         "Published offloaded decode on consumer machines (llama.cpp, ktransformers) vs the estimator (modelled: "
-        "sl.estimate's pricing of the row's placement from the model's config, weights format, GPU profile and "
-        f"host; host efficiency {HOST_DECODE_EFFICIENCY} fitted to the 'fit' rows only; 'check' rows never fitted).",
+        "the llama.cpp-class clock sl.estimate replays on, the row's placement from the model's config, weights "
+        f"format, GPU profile and host; host efficiency {HOST_DECODE_EFFICIENCY} fitted to the 'fit' rows only; "
+        "'check' rows never fitted).",
         ["model", "machine", "engine", "published_tok_s", "simulated_tok_s", "ratio", "loo_ratio", "band_tok_s",
          "in_band", "dominant_unknown", "split"],
         [f"{r.model}, {r.engine}: {r.note} [{r.source}]" for _, r in df.iterrows()])
@@ -445,29 +447,20 @@ def cmd_calibrate(a) -> int:
 
 # ----------------------------------------------------------------------------------------- estimate
 def cmd_estimate(a) -> int:
+    from .estimate.terminal import estimate_json, render_estimate
 
     host = a.host
     if host is not None and re.fullmatch(r"\d+(\.\d+)?", host):
         host = float(host)  # a measured GB/s
     e = estimate(a.config, gpu=a.gpu, vram=a.vram, host=host, weights=a.weights, context=a.context, depth=a.depth,
                  placement=a.placement, ram=a.ram, disk=a.disk)
-    if a.json:
-        out = {"model": e.model.name, "machine": e.machine.label, "weights": e.precision.label, "context": e.context,
-               "budget": e.budget.describe(), "best": e.best, "table": e.table.to_dict(orient="records"),
-               "host_given": e.machine.host is not None, "unknowns": e.unknowns, "depth": e.depth,
-               "cache_sizing": (lambda s: None if s is None else {"cliff_mib": s.cliff_mib, "enough_mib": s.enough_mib,
-                                "budget_mib": s.budget_mib, "command": s.command()})(e.cache_sizing()),
-               "prefill": e.prefill(a.prompt).to_dict(orient="records") if a.prompt else None,
-               "llama_cpp": e.llama_cpp(a.gguf), "engine_call": e.engine_call(), "routing": e.routing_label,
-               "assumptions": e.assumptions}
-        print(json.dumps(out, indent=1, default=lambda v: v.item() if hasattr(v, "item") else str(v)))
-        return 0
-    print(str(e).replace("model.gguf", a.gguf))
-    if a.prompt:
-        print(f"\nPrefill, modelled, at a {a.prompt}-token prompt (micro-batches of 512; host-held experts copied "
-              "per micro-batch; attention's prompt x depth term not priced):")
-        cols = ["strategy", "ttft_s", "ttft_band_s", "prefill_tok_s", "gpu_s", "link_s", "host_s", "decode_tok_s"]
-        print(e.prefill(a.prompt)[cols].to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+    fmt = "json" if a.json else a.format
+    if fmt == "json":
+        print(estimate_json(e, a.prompt, a.gguf))
+    elif fmt == "csv":
+        print(e.table.to_csv(index=False), end="")
+    else:
+        print(render_estimate(e, wide=a.wide, prompt=a.prompt, gguf=a.gguf))
     return 0
 
 
@@ -600,7 +593,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="the disk's read bandwidth for experts read from disk, e.g. 3.5GB/s (default 5GB/s, banded "
                         "2-7)")
     e.add_argument("--gguf", default="model.gguf", help="the GGUF path to put in the emitted llama.cpp command")
-    e.add_argument("--json", action="store_true")
+    e.add_argument("--wide", action="store_true", help="every column of the table (default: the columns that decide "
+                   "first, fitted to the terminal's width)")
+    e.add_argument("--format", choices=("text", "csv", "json"), default="text",
+                   help="text (the report), csv (the table, every column) or json (everything)")
+    e.add_argument("--json", action="store_true", help="the same as --format json")
     e.set_defaults(fn=cmd_estimate)
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (default 1: the bundled model's ops are too small to share)")

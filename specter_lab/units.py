@@ -19,16 +19,22 @@ Handle = Any
 
 _UNITS = {"b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12, "kib": 1024, "mib": 1024**2, "gib": 1024**3,
           "tib": 1024**4}
+_DECIMAL = {"kb": "kib", "mb": "mib", "gb": "gib", "tb": "tib"}  # a memory's label, read as its binary size
 _SIZE = re.compile(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*")
 
 
-def parse_bytes(text: str, name: str = "expert_budget") -> int:
-    """'2GiB' / '512 MB' / '1.5e9' → bytes. Raises ValueError naming ``name`` and the accepted forms."""
+def parse_bytes(text: str, name: str = "expert_budget", binary: bool = False) -> int:
+    """'2GiB' / '512 MB' / '1.5e9' → bytes. Raises ValueError naming ``name`` and the accepted forms.
+
+    ``binary``: read the decimal units as binary too ('12GB' = 12 GiB): how a memory's size is labelled (a card
+    sold as 12 GB holds 12,288 MiB, and a user typing their card's or their RAM's size means that)."""
     m = _SIZE.fullmatch(text)
     unit = m.group(2).lower() if m else None
     if not m or unit not in _UNITS and unit != "":
         raise ValueError(f"{name}={text!r} is not a size. Use bytes as a number or a string like '2GiB', "
                          f"'512MiB', '1.5GB', or a fraction in (0, 1] of the routed-expert bytes.")
+    if binary and unit in _DECIMAL:
+        unit = _DECIMAL[unit]
     value = float(m.group(1)) * (_UNITS[unit] if unit else 1)
     if not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name}={text!r} must be a positive size.")

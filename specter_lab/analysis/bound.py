@@ -233,8 +233,8 @@ class _Problem:
     """One sequence's decode requests and the prices the simulation needs (seconds)."""
 
     requests: list[dict[int, int]]  # per request t = i·L + l: expert key → tokens (key = l·E + e)
-    dense: list[float]  # per decode forward: one MoE layer's dense part
-    head: float
+    dense: list[list[float]]  # per decode forward, per MoE layer: its dense part
+    head: list[float]  # per decode forward: the LM head (and any dense layers)
     copy: float
     expert: dict[int, float]  # tokens → device time
     host: dict[int, float]  # tokens → host lane time
@@ -265,8 +265,10 @@ class _Problem:
             for e in seq.prefill[:, l, : layer.top_k].ravel().tolist():
                 if e >= 0:
                     asked[l * stride + e] = asked.get(l * stride + e, 0) + 1
-        return cls(requests, [cost.dense_layer_time(1, p + i) for i in range(seq.decode.shape[0])],
-                   cost.head_time(1), cost.copy_time(cost.expert_bytes), {n: cost.expert_time(n) for n in sizes},
+        n_fwd = seq.decode.shape[0]
+        return cls(requests, [[cost.dense_layer_time(1, p + i, l) for l in range(L)] for i in range(n_fwd)],
+                   [cost.head_time(1, p + i) for i in range(n_fwd)], cost.copy_time(cost.expert_bytes),
+                   {n: cost.expert_time(n) for n in sizes},
                    {n: host_lane_time(cost, n, host_wb) for n in sizes}, L, [l.num_experts for l in info.layers],
                    stride, NextUse(uses), sorted(asked, key=lambda k: (-asked[k], k)))
 
@@ -420,8 +422,8 @@ def _simulate(prob: _Problem, slots: int, pool_kind: str, init: str, miss: str, 
         pool = pools[pool_of(l * prob.stride)]
         if l == 0:
             token_start = compute_t
-        compute_t += prob.dense[i]
-        out.busy += prob.dense[i]
+        compute_t += prob.dense[i][l]
+        out.busy += prob.dense[i][l]
         dense_end = compute_t
         if l > 0:
             span = dense_end - asked
@@ -490,8 +492,8 @@ def _simulate(prob: _Problem, slots: int, pool_kind: str, init: str, miss: str, 
             if key in pool:
                 pool.touch(key, t)
         if l == L - 1:
-            compute_t += prob.head
-            out.busy += prob.head
+            compute_t += prob.head[i]
+            out.busy += prob.head[i]
     out.tpot = compute_t / prob.forwards
     return out
 

@@ -117,7 +117,7 @@ class ReplayDecoder(Decoder):
         self.kv.length += len(ids)
         if mode != "shadow":
             n_head = len(ids) if keep == 0 else keep
-            span = self.rt.between_span(self.rt.cost.head_time(n_head))  # last layer's tail + the LM head
+            span = self.rt.between_span(self.rt.cost.head_time(n_head, info.pos0))  # last layer's tail + the LM head
             self.trace.span("draft" if mode == "draft" else phase, -1, -1, span)
         return _Argmax(tokens[-keep:] if keep else tokens), info
 

@@ -101,10 +101,20 @@ class Policy:
         """The resident to evict: the smallest rank among residents not in ``protected`` (and in ``among`` when
         given: a store's per-layer choice in a global pool), the least recent first on ties; None when none may
         be evicted."""
-        walk = (k for k in self.recency if k not in protected and (among is None or k in among))
+        # plain loops, not a generator into min(): a miss asks for a victim, and this walks every resident
         if self.by_recency:
-            return next(walk, None)
-        return min(walk, key=self.rank, default=None)
+            for k in self.recency:
+                if k not in protected and (among is None or k in among):
+                    return k
+            return None
+        rank, best, best_rank = self.rank, None, None
+        for k in self.recency:
+            if k in protected or (among is not None and k not in among):
+                continue
+            r = rank(k)
+            if best is None or r < best_rank:  # strictly: the first of equal ranks, the least recent, stays
+                best, best_rank = k, r
+        return best
 
 
 LRU = Policy
@@ -166,6 +176,7 @@ class DecayLFU(Policy):
         self.decay = float(decay)
         self.uses: defaultdict[Hashable, int] = defaultdict(int)  # layer → its use clock
         self.value: dict[Key, tuple[float, int]] = {}  # key → (score, clock at update)
+        self._powers: dict[int, float] = {}  # age → decay ** age
 
     def touch(self, key: Key, now: int = 0) -> None:
         super().touch(key, now)
@@ -173,13 +184,38 @@ class DecayLFU(Policy):
         self.uses[layer] += 1  # the clock first, then the decayed value plus this use
         self.value[key] = (self.rank(key) + 1.0, self.uses[layer])
 
+    def _power(self, age: int) -> float:
+        """``decay ** age``, each age computed once (the same float every time: a victim ranks every resident)."""
+        p = self._powers.get(age)
+        if p is None:
+            p = self._powers[age] = self.decay ** age
+        return p
+
     def rank(self, key: Key) -> float:
         """The key's decayed use count now."""
         v = self.value.get(key)
         if v is None:
             return 0.0
         age = self.uses[self.layer_of(key)] - v[1]
-        return v[0] if age == 0 else v[0] * self.decay ** age
+        return v[0] if age == 0 else v[0] * self._power(age)
+
+    def victim(self, protected: Container[Key] = (), now: int = 0,
+               among: "Container[Key] | None" = None) -> Key | None:
+        """:meth:`Policy.victim` with :meth:`rank` inlined (the same floats, in the same order)."""
+        value, uses, layer_of, power = self.value, self.uses, self.layer_of, self._power
+        best, best_rank = None, None
+        for k in self.recency:
+            if k in protected or (among is not None and k not in among):
+                continue
+            v = value.get(k)
+            if v is None:
+                r = 0.0
+            else:
+                age = uses[layer_of(k)] - v[1]
+                r = v[0] if age == 0 else v[0] * power(age)
+            if best is None or r < best_rank:
+                best, best_rank = k, r
+        return best
 
 
 class ArcLists:

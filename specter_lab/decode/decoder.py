@@ -76,7 +76,7 @@ class Decoder:
         self.kv.fed(x.shape[1], out)
         if mode != "shadow":
             n_head = x.shape[1] if keep == 0 else keep
-            span = self.rt.between_span(self.rt.cost.head_time(n_head))  # last layer's tail + the LM head
+            span = self.rt.between_span(self.rt.cost.head_time(n_head, info.pos0))  # last layer's tail + the LM head
             self.trace.span("draft" if mode == "draft" else phase, -1, -1, span)
         return out.logits[0], info
 

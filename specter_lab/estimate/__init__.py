@@ -1,10 +1,11 @@
-"""Estimate before download: decode speed per strategy on a described machine, from a model's config.json alone
-(:func:`estimate`), the commands that run the winner, and the published consumer rows it is checked against
+"""Estimate before download: decode speed of every strategy on a described machine, from a model's config.json
+alone (:func:`estimate`: a replay of routing at the model's geometry on the machine's llama.cpp-class clock), the
+commands that run the winner, and the published consumer rows that check that clock
 (``sl.bench.consumer_anchors()``)."""
 
-from .budget import RUNTIME_OVERHEAD, VramBudget, vram_budget
-from .core import NOT_ESTIMATED, PLACEMENTS, Estimate, estimate, get_gpu, routing_for
-from .pricing import HOST_DECODE_EFFICIENCY, Machine, TokenTime, price_token
+from .core import NOT_A_DEPLOYMENT, Estimate, estimate, get_gpu
+from .lanes import Machine, TokenTime, price_token
+from .vram import RUNTIME_OVERHEAD, VramBudget, vram_budget
 
-__all__ = ["estimate", "Estimate", "PLACEMENTS", "NOT_ESTIMATED", "get_gpu", "routing_for", "Machine", "TokenTime",
-           "price_token", "HOST_DECODE_EFFICIENCY", "RUNTIME_OVERHEAD", "VramBudget", "vram_budget"]
+__all__ = ["estimate", "Estimate", "NOT_A_DEPLOYMENT", "get_gpu", "Machine", "TokenTime", "price_token",
+           "RUNTIME_OVERHEAD", "VramBudget", "vram_budget"]

@@ -1,7 +1,7 @@
 """Honest bands: what an estimate does not know about the machine, each unknown's range, and the low-high tokens/s
 that follows.
 
-Each :class:`Unknown` moves one input of :func:`~specter_lab.estimate.pricing.price_token` to its slow and its
+Each :class:`Unknown` moves one input of the llama.cpp-class clock (:meth:`Scenario.cost`) to its slow and its
 fast end while the others stay central. The band combines the swings in quadrature on a log scale (the
 unknowns are independent: a box's DRAM does not set its GPU kernels' efficiency), and the unknown with the widest
 single swing is named as the one that dominates. The unknowns:
@@ -26,9 +26,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from ..model.geometry import ModelGeometry
 from ..pricing.gpus import LAPTOP_SPREAD, LINK_EFFICIENCY, LINK_EFFICIENCY_RANGE
+from ..pricing.llamacpp import LlamaCppCost, cost_of_geometry
 from ..pricing.precision import WeightFormat, WeightPrecision
-from .pricing import HOST_EFFICIENCY_RANGE, Machine
+from ..pricing.profiles import HOST_EFFICIENCY_RANGE
+from .lanes import Machine
 
 __all__ = ["Scenario", "Unknown", "unknowns", "disk_unknown", "combine", "MEASURED_FORMATS", "FORMAT_SPREAD",
            "DISK_RANGE"]
@@ -48,6 +51,10 @@ class Scenario:
     precision: WeightPrecision
     eta: float
     depth: int
+
+    def cost(self, geom: ModelGeometry, gpu_layers: "int | None" = None) -> LlamaCppCost:
+        """The llama.cpp-class clock of this scenario for ``geom``'s model (what its replay prices with)."""
+        return cost_of_geometry(geom, self.machine.profile(self.eta), self.precision, self.depth, gpu_layers)
 
 
 @dataclass(frozen=True)

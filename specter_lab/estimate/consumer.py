@@ -2,9 +2,11 @@
 (``sl.bench.consumer_anchors()``, ``specter-lab bench --consumer``).
 
 Each row is one published tokens/s of llama.cpp or ktransformers on a named GPU + host with a named placement
-(sources: ``../shared/research/field_2026.md`` §3.2 and the threads named per row). The row is priced by
-:func:`specter_lab.estimate.price_token` from the model's config (bundled in ``specter_lab/data/configs``), the
-weights' format, the GPU profile and host CPU, and the placement expressed as our strategy. One constant is
+(sources: ``../shared/research/field_2026.md`` §3.2 and the threads named per row). The row is priced on the
+llama.cpp-class clock every estimate replays on (:mod:`specter_lab.pricing.llamacpp`), from the model's config
+(bundled in ``specter_lab/data/configs``), the weights' format, the GPU profile and host CPU, and the placement:
+every published placement is static (each expert always in the same place), where the clock's closed form
+(:func:`.lanes.price_token`) is the replay's time (``tests/test_estimate.py`` holds them equal). One constant is
 fitted from the rows: the fraction of the host's delivered DRAM bandwidth a batch-1 expert matvec reaches
 (``HOST_DECODE_EFFICIENCY``), the geometric mean of each ``fit`` row's own value; ``loo_ratio`` prices each of
 those rows with the constant fitted on the others. Rows tagged ``check`` are never in the fit: they are the test
@@ -20,13 +22,12 @@ from functools import lru_cache
 
 import pandas as pd
 
-from . import replay
-from .budget import vram_budget
 from .bands import Scenario, combine, unknowns
-from .pricing import HOST_DECODE_EFFICIENCY, Machine, price_token
+from .lanes import Counts, Machine, price_token, resident, static_layers, uniform_hot_set
+from .vram import vram_budget
 from ..model.geometry import ModelGeometry, geometry_from_config
 from ..pricing.precision import get_precision
-from ..pricing.profiles import get_host, resolve_gpu
+from ..pricing.profiles import HOST_DECODE_EFFICIENCY, get_host, resolve_gpu
 
 __all__ = ["ConsumerRow", "CONSUMER_ROWS", "consumer_anchors", "consumer_summary", "derive_host_efficiency",
            "simulate_consumer_row", "row_band", "TOLERANCE"]
@@ -48,7 +49,7 @@ class ConsumerRow:
     vram_gib: float
     engine: str  # engine and placement, as published
     strategy: str  # the placement as our strategy ("whole layers": llama.cpp -ngl short of every layer)
-    placement: dict  # static_split: layers_on_gpu (+ which); fiddler: gpu_experts; host_layers (whole layers)
+    placement: dict  # static_split: layers_on_gpu; fiddler: gpu_experts; whole layers: gpu_layers (llama.cpp -ngl)
     published_tok_s: tuple[float, float]  # (low, high) as published
     context: int  # mean tokens in the KV cache over the measured decode
     source: str
@@ -71,12 +72,12 @@ CONSUMER_ROWS: tuple[ConsumerRow, ...] = (
                 "the split's layer list is not published: placed by the estimator's VRAM rule at 6 GiB (dense + KV "
                 "at 4096 + 0.6 GiB overhead, then as many expert layers as fit)"),
     ConsumerRow("DeepSeek-V2-Lite Q4_K_M", "deepseek-v2-lite", "q4_k_m", "gtx1060-pcie3", "i5-7600k-ddr4-3000", 6.0,
-                "llama.cpp -ngl 13 (whole layers)", "whole layers", {"host_layers": 14, "head_on_host": True},
+                "llama.cpp -ngl 13 (whole layers)", "whole layers", {"gpu_layers": 13},
                 (18.21, 18.21), 64, _QP_LADDER, "fit",
-                "'-ngl 13 / -ngl 20 for the two big models': 13 of 27 decoder layers on the GPU, the other 14 and "
-                "the LM head on the host"),
+                "'-ngl 13 / -ngl 20 for the two big models': the last 13 of 27 decoder layers on the GPU, the first "
+                "14 and the LM head on the host (llama.cpp offloads from the last layer back)"),
     ConsumerRow("DeepSeek-V2-Lite Q4_K_M", "deepseek-v2-lite", "q4_k_m", "gtx1060-pcie3", "i5-7600k-ddr4-3000", 6.0,
-                "llama.cpp CPU only (-ngl 0, mmap on)", "whole layers", {"host_layers": 27, "head_on_host": True},
+                "llama.cpp CPU only (-ngl 0, mmap on)", "whole layers", {"gpu_layers": 0},
                 (6.84 - 5.13, 6.84 + 5.13), 64, _QP_LADDER, "check",
                 "published as 6.84 +/- 5.13, bimodal: mmap pages the file from disk on the first pass; the model "
                 "prices a warm --no-mmap run, so only the upper half of the range can be reproduced"),
@@ -148,8 +149,8 @@ def _placement_label(row: ConsumerRow) -> str:
         return "every expert on the GPU"
     if row.strategy == "fiddler":
         return f"{p['gpu_experts']} of {g.num_experts} experts/layer on the GPU ({p['by']}), host overlapped"
-    if "host_layers" in p:
-        return f"{g.decoder_layers - p['host_layers']} of {g.decoder_layers} whole layers on the GPU"
+    if "gpu_layers" in p:
+        return f"{p['gpu_layers']} of {g.decoder_layers} whole layers on the GPU (-ngl {p['gpu_layers']})"
     return f"experts of {_layers_on_gpu(row)} of {g.moe_layers} MoE layers on the GPU"
 
 
@@ -158,18 +159,16 @@ def _machine(row: ConsumerRow) -> Machine:
     return Machine(gpu, row.vram_gib * GiB, get_host(row.host), card)
 
 
-def _counts(row: ConsumerRow) -> tuple[replay.Counts, dict]:
+def _counts(row: ConsumerRow) -> tuple[Counts, dict]:
     """The row's placement as counts per layer, and the pricing options it needs."""
     g, p = _geometry(row.config), row.placement
     L, k = g.moe_layers, g.top_k
-    if row.strategy == "resident":
-        return replay.resident(L, k), {}
+    if row.strategy == "resident" or "gpu_layers" in p:
+        return resident(L, k), {"gpu_layers": p.get("gpu_layers")}
     if row.strategy == "fiddler":
-        return _uniform_hot_set(g, p["gpu_experts"]), {"overlap": p.get("overlap", False)}
-    if "host_layers" in p:
-        return replay.resident(L, k), {"host_layers": p["host_layers"], "head_on_host": p.get("head_on_host", False)}
+        return uniform_hot_set(g, p["gpu_experts"]), {"overlap": p.get("overlap", False)}
     on_gpu = _layers_on_gpu(row)
-    return replay.static_layers([l < on_gpu for l in range(L)], k), {}
+    return static_layers([l >= L - on_gpu for l in range(L)], k), {}
 
 
 def _priced(row: ConsumerRow, eta: float, scenario: Scenario | None = None) -> float:
@@ -177,7 +176,8 @@ def _priced(row: ConsumerRow, eta: float, scenario: Scenario | None = None) -> f
     g = _geometry(row.config)
     sc = scenario or Scenario(_machine(row), get_precision(row.weights), eta, row.context)
     counts, extra = _counts(row)
-    return price_token(g, sc.precision, sc.machine, counts, sc.depth, sc.eta, **extra).total_ms
+    cost = sc.cost(g, extra.get("gpu_layers"))
+    return price_token(cost, counts, g.top_k, sc.depth, extra.get("overlap", False)).total_ms
 
 
 def row_band(row: ConsumerRow, eta: float = HOST_DECODE_EFFICIENCY) -> tuple[float, float, str]:
@@ -188,16 +188,6 @@ def row_band(row: ConsumerRow, eta: float = HOST_DECODE_EFFICIENCY) -> tuple[flo
     swings = {u.name: (1e3 / _priced(row, eta, u.slow), 1e3 / _priced(row, eta, u.fast))
               for u in unknowns(central, row.context, depth_given=True)}
     return combine(mid, swings)
-
-
-def _uniform_hot_set(g: ModelGeometry, gpu_experts: int) -> replay.Counts:
-    """Experts fixed on the GPU without a profile: each routed expert is on the GPU with probability E_gpu / E."""
-    import numpy as np
-
-    share = min(1.0, gpu_experts / g.num_experts)
-    L, k = g.moe_layers, g.top_k
-    dev = np.full(L, k * share)
-    return replay.Counts(dev, np.zeros(L), k - dev, np.full(L, 1.0 - share ** k))
 
 
 def _row_eta(row: ConsumerRow) -> float:

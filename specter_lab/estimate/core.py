@@ -1,87 +1,51 @@
 """``sl.estimate``: decode speed per strategy on a machine you describe, from a model's ``config.json`` alone.
 
-Why a replay and not the simulated engine: the engine runs a model on this CPU and prices its own routing, so an
-estimate with it needs either the real weights (the download this answers before) or the bundled model's routing
-projected to the target (4 layers of 32 experts top-4, whose locality is not the target family's: Qwen3-30B-A3B's
-LRU hit rate at a quarter of the experts is 0.83, DeepSeek-V2-Lite's 0.50). A replay of routing at the target's
-real geometry (48 layers x 128 experts top-8 for Qwen3-30B-A3B) through each placement's cache logic, priced per
-layer (:mod:`.pricing`), takes about a second and changes only where the routing comes from: synthetic routing
-matched to the family's published locality (:mod:`specter_lab.traces.synthetic`) now, a recorded trace
-when one is given (``trace=``).
+An estimate is a replay. The target's geometry (from its config), routing at that geometry (synthetic, matched to
+the family's published locality, or a trace you give: :mod:`.workload`) with a modelled draft and a modelled
+next-layer router, and **every row of** ``sl.STRATEGIES`` replayed on it by :func:`specter_lab.replay` on the
+llama.cpp-class clock of your machine (``<gpu>+<host>@llama.cpp``, the weights in their GGUF / MXFP4 format:
+:mod:`specter_lab.pricing.llamacpp`), at the device memory your VRAM leaves for experts (:mod:`.vram`). So the
+estimate and ``sl.replay`` of the same trace on the same clock give the same TPOT for every row, and the planner's
+rule (:func:`~specter_lab.run.strategies.planner_choice`) names its pick among them. Rows that are not deployments
+(a replica of an artifact's costs, a reference reading the true routing) say why instead, by their role.
+
+What is not known about the machine (host DRAM, the host's matvec efficiency, the GPU's efficiency in the
+format, the link, the KV depth, the disk, the draft's acceptance) moves each row to a band (:mod:`.bands`), priced
+by the same clock's closed form (:mod:`.lanes`) around the replay.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from ..model.geometry import ModelGeometry, geometry_from_config
+from ..analysis.replay import replay, replay_setup
+from ..errors import BudgetTooSmall
+from ..model.geometry import ModelGeometry, geometry_from_config, load_config
+from ..pricing.gpus import GPU, GPU_FAMILIES
 from ..pricing.precision import WeightPrecision
-from ..pricing.gpus import GPU
-from ..pricing.profiles import HardwareProfile, get_host, resolve_gpu
-from ..traces.synthetic import locality_for, synthetic_routing
-from ..traces.trace_file import RoutingTrace, load_trace
-from ..run import STRATEGIES
+from ..pricing.profiles import HOST_DECODE_EFFICIENCY, HardwareProfile, get_host, resolve_gpu
+from ..run import NOT_CANDIDATES, STRATEGIES, Strategy, planner_choice
 from ..units import parse_bytes
-from . import replay
-from .budget import RUNTIME_OVERHEAD, VramBudget, precision_for, vram_budget
-from .bands import Scenario, combine, disk_unknown, unknowns
-from .page_cache import PageCache, page_cache
-from .placement import UserPlacement, parse_placement
-from .prefill import prefill_table
+from .bands import Scenario, Unknown, combine, disk_unknown, unknowns
+from .flags import UserPlacement, parse_placement
+from .lanes import Counts, Machine, price_token
 from .sizing import CacheSizing, cache_sizing
-from .speculative import ACCEPTANCE_RANGE, speculative_rows, window_time
-from .pricing import HOST_DECODE_EFFICIENCY, Machine, TokenTime, price_token
+from .vram import RUNTIME_OVERHEAD, VramBudget, precision_for, vram_budget
+from .workload import PROMPT, TOKENS, Workload, draft_bits, workload
 
-__all__ = ["estimate", "Estimate", "PLACEMENTS", "NOT_ESTIMATED", "get_gpu", "routing_for"]
+__all__ = ["estimate", "Estimate", "NOT_A_DEPLOYMENT", "get_gpu", "ACCEPTANCE_RANGE", "RESIDENT", "YOURS"]
 
-# Each priced strategy: what it places where, and the engine that runs it that way today.
-PLACEMENTS = {
-    "resident": ("every expert on the GPU", "llama.cpp -ngl 99"),
-    "static_split": ("the last layers' experts on the GPU, the first N layers' on the host CPU",
-                     "llama.cpp --n-cpu-moe N / -ot"),
-    "global_lru": ("one LRU over every layer's expert slots; a miss is copied over the link",
-                   "llama.cpp --moe-cache-mib"),
-    "fiddler": ("the most routed experts of each layer fixed on the GPU, the rest computed on the host CPU",
-                "ktransformers GPU experts / Fiddler"),
-    "host_lru": ("a per-layer LRU; a miss with recent reuse is copied, the rest computed on the host CPU",
-                 "specter_lab host_lru"),
-    "lru": ("a per-layer LRU; every miss is copied over the link", "mixtral-offloading"),
-    "on_demand": ("nothing kept: every routed expert copied every token", "accelerate-style offload"),
-    "yours": ("your llama.cpp flags, priced as given", "llama.cpp (your flags)"),
-    "spec_lru": ("a low-bit draft of every expert resident; a per-layer LRU of full-precision slots, misses of the "
-                 "verify window copied on demand (modelled draft)", "specter_lab spec_lru"),
-    "specter": ("a low-bit draft resident; the draft's forecast prefetches the window's misses while it drafts "
-                "(modelled draft)", "specter_lab specter"),
-    "specter_host": ("a low-bit draft resident; forecast misses reused in the window prefetched, the rest computed on "
-                     "the host CPU (modelled draft)", "specter_lab specter_host"),
+# Rows that are not a deployment anyone runs, by their role (not by name): why the estimate leaves them out.
+NOT_A_DEPLOYMENT = {
+    "replica": "a replica of an artifact's implementation costs (write-back copies, one stream), not a deployment",
+    "reference": "reads the target's true routing: a reference, not a placement anyone runs",
 }
-# Every strategy row is priced above or left out here with its reason (tests/test_strategy_lists.py holds the two
-# together, so a new strategy cannot be silently missing from the estimate). The speculative rows above are priced
-# with the modelled draft (estimate/speculative.py).
-_UNMODELLED = "its schedule is not modelled by this replay"
-NOT_ESTIMATED = {
-    "specmoeoff": f"{_UNMODELLED} (SpecMoEOff's chunked top-M prefetch)",
-    "specter_plus": f"{_UNMODELLED} (a K governor and forecast eviction)",
-    "oracle": "reads the target's true routing: a reference, not a placement anyone runs",
-    "gate_lookahead": "needs the next layer's router predictions, which a config alone does not give",
-    "mixtral_offloading": "a replica of an artifact's implementation costs (write-back, one stream); its "
-                          "placement is lru's",
-    "lfu_decay": f"{_UNMODELLED} (decayed-LFU eviction: caching/simulate.py has it, the estimate's placements "
-                 "do not use it yet)",
-    "host_lfu": f"{_UNMODELLED} (decayed-LFU eviction with host execution)",
-    "split_lru": f"{_UNMODELLED} (the per-token split of misses between device and host by lane)",
-    "split_lfu": f"{_UNMODELLED} (the per-token split by lane, decayed-LFU eviction)",
-    "split_arc": f"{_UNMODELLED} (the per-token split by lane, adaptive-replacement eviction)",
-    "pregate_split": "needs the next layer's router predictions, which a config alone does not give",
-    "specter_split": f"{_UNMODELLED} (the forecast's link-bounded copies and the split by lane)",
-}
-
-_TOKENS, _WARMUP = 320, 64  # replayed decode tokens; the first _WARMUP warm the caches (the prompt would)
-_CPU_SHARES = (0.0, 0.25, 0.5, 0.75)  # global_lru's share of misses computed on the host: the fastest is kept
+RESIDENT, YOURS = "resident", "yours"  # the two rows that are not strategies: every expert on the GPU; your flags
+ACCEPTANCE_RANGE = (0.60, 0.95)  # assumption: larger models' drafts are less faithful than the bundled model's
 
 
 def get_gpu(gpu: "str | HardwareProfile", vram: float | None = None) -> HardwareProfile:
@@ -91,57 +55,11 @@ def get_gpu(gpu: "str | HardwareProfile", vram: float | None = None) -> Hardware
     return resolve_gpu(gpu, vram)[0]
 
 
-def _vram(vram, gpu: HardwareProfile, card: GPU | None) -> float:
-    if vram is None:
-        if card is not None:
-            return card.vram_gb * 2**30
-        if gpu.device_memory is None:
-            raise ValueError(f"vram= is needed: profile {gpu.name} records no device memory. Give e.g. vram='24GB'.")
-        return float(gpu.device_memory)
-    v = float(vram)
-    # marketed "12 GB" is 12 GiB of memory: a vram above the card's by more than the GB/GiB difference is a typo
-    if card is not None and v > card.vram_gb * 2**30 * 1.001:
-        sizes = sorted({f"{g.vram_gb:g}GB" for g in _family(card)})
-        raise ValueError(f"vram={v / 2**30:.2f} GiB is more than the {card.name} has ({card.vram_gb:g} GB): use at most "
-                         f"'{card.vram_gb:g}GB'" + (f" (this family comes with {sizes})" if len(sizes) > 1 else "")
-                         + ", or name the card with more memory.")
-    return v
-
-
-def _family(card: GPU) -> list[GPU]:
-    from ..pricing.gpus import GPU_FAMILIES
-
-    return GPU_FAMILIES.get(card.family, [card])
-
-
-def routing_for(trace, geom: ModelGeometry, tokens: int = _TOKENS, seed: int = 0) -> tuple[np.ndarray, str]:
-    """The routing an estimate replays, and its label. ``trace=None``: synthetic, matched to the family's
-    published locality. A :class:`~specter_lab.traces.trace_file.RoutingTrace` (or the path of its ``.npz``): each
-    sequence's prefill then decode routing, the sequences one after the other. An array ``[tokens, moe_layers,
-    top_k]`` of expert ids is replayed as given."""
-    if trace is None:
-        loc = locality_for(geom.model_type)
-        return synthetic_routing(geom.moe_layers, geom.num_experts, geom.top_k, tokens, loc, seed), loc.label
-    label = "recorded routing trace"
-    if isinstance(trace, (str, Path)):
-        trace = load_trace(trace)
-    if isinstance(trace, RoutingTrace):
-        label = f"recorded routing trace ({trace.source or trace.config.get('model_type', '?')}, {trace.tokens} tokens)"
-        trace = np.concatenate([np.concatenate([s.prefill, s.decode]) for s in trace.sequences])
-    arr = np.asarray(trace)
-    want = (geom.moe_layers, geom.top_k)
-    if arr.ndim != 3 or arr.shape[1:] != want or arr.shape[0] <= _WARMUP:
-        raise ValueError(f"trace: expected expert ids shaped [tokens > {_WARMUP}, {want[0]} MoE layers, top-{want[1]}]"
-                         f" for {geom.name}, got {tuple(arr.shape)}. Record it on this model, or pass trace=None.")
-    if arr.min() < 0 or arr.max() >= geom.num_experts:
-        raise ValueError(f"trace: expert ids must lie in [0, {geom.num_experts}) for {geom.name}.")
-    return arr.astype(np.int64), label
-
-
 @dataclass
 class Estimate:
     """Decode speed per strategy on one machine, from a config: ``table`` has a row per strategy (fastest first),
-    ``best`` the fastest that fits; every figure is modelled, and ``assumptions`` says on what."""
+    ``best`` the fastest, ``pick`` the planner's pick among them; every figure is modelled, and ``assumptions``
+    says on what. ``not_priced``: the rows left out and why."""
 
     model: ModelGeometry
     machine: Machine
@@ -151,53 +69,70 @@ class Estimate:
     table: pd.DataFrame
     routing_label: str
     assumptions: list[str]
-    placements: dict = field(default_factory=dict)  # strategy -> its parameters (layers on GPU, slots, ...)
+    placements: dict = field(default_factory=dict)  # row -> its parameters (slots, layers on the GPU, draft, ...)
     depth: int | None = None  # tokens in the KV cache while decoding (None: not given, banded)
     unknowns: dict = field(default_factory=dict)  # what the band spans: unknown -> its range and why
-    _inputs: dict = field(default_factory=dict, repr=False)  # routing, central scenario, unknowns (for the sweeps)
+    not_priced: dict = field(default_factory=dict)  # strategy -> why it has no row
+    pick: str | None = None  # the planner's pick among the rows (its rule: planner_choice)
+    _inputs: dict = field(default_factory=dict, repr=False)  # workload, scenario, replay options (for the sweeps)
 
     @property
     def best(self) -> str:
-        """The fastest placement the estimate chose (the user's own flags, row ``yours``, are priced beside it)."""
-        return str(self.table[self.table.strategy != "yours"].iloc[0]["strategy"])
+        """The fastest row (the user's own flags, row ``yours``, are priced beside it)."""
+        return str(self.table[self.table.strategy != YOURS].iloc[0]["strategy"])
+
+    @property
+    def workload(self) -> Workload:
+        return self._inputs["workload"]
+
+    def replay_options(self, row: str | None = None) -> dict:
+        """What the rows were replayed with (``row``: that row's own, its budget and placement included):
+        ``sl.replay(e.workload.trace, e.replayed_strategy(row), **e.replay_options(row))`` gives its TPOT again."""
+        if row is None:
+            return dict(self._inputs["options"])
+        return {**self._inputs["options"], **self._inputs["rows"][row][1]}
+
+    def replayed_strategy(self, row: str) -> str:
+        """The strategy a row is a replay of (``resident`` and ``yours`` are static splits, or the cache)."""
+        return self._inputs["rows"][row][0]
 
     def prefill(self, prompt: int) -> pd.DataFrame:
-        """Time to first token at a ``prompt``-token prompt for every placement, modelled, beside its decode
-        tokens/s: what each placement trades (see :mod:`.prefill`)."""
+        """Time to first token at a ``prompt``-token prompt for every row, modelled (a replay of one prompt of that
+        length on the same clock: its prefill forward), beside its decode tokens/s: what each placement trades."""
+        from .prefill import prefill_table
+
         return prefill_table(self, prompt)
 
     def summary(self, prompt: int | None = None) -> dict:
-        """What a notebook shows, as plain values: the table, the best placement and its band with the unknown
-        that dominates it, the cache cliff, TTFT at ``prompt`` tokens, the commands and the assumptions."""
+        """What a notebook shows, as plain values: the table, the best row and the planner's pick, the band with the
+        unknown that dominates it, the cache cliff, TTFT at ``prompt`` tokens, the commands and the assumptions."""
         best = self.row(self.best)
-        sizing = self.cache_sizing()
         return {"model": self.model.name, "machine": self.machine.label, "weights": self.precision.label,
                 "host_given": self.machine.host is not None, "table": self.table, "best": self.best,
-                "band_tok_s": (float(best.low_tok_s), float(best.high_tok_s)),
+                "pick": self.pick, "band_tok_s": (float(best.low_tok_s), float(best.high_tok_s)),
                 "dominant_unknown": best.dominant_unknown, "unknowns": self.unknowns,
-                "cache_sizing": sizing, "prefill": self.prefill(prompt) if prompt else None,
-                "llama_cpp": self.llama_cpp(), "engine_call": self.engine_call(), "assumptions": self.assumptions}
+                "cache_sizing": self.cache_sizing(), "prefill": self.prefill(prompt) if prompt else None,
+                "llama_cpp": self.llama_cpp(), "engine_call": self.engine_call(), "assumptions": self.assumptions,
+                "not_priced": self.not_priced}
 
     def cache_sizing(self) -> CacheSizing | None:
         """The cliff and the knee of a global expert cache (``--moe-cache-mib``) for this model on this machine:
         see :mod:`.sizing`. None when every expert fits in VRAM."""
         if self.budget.all_fit:
             return None
-        central = self._inputs["central"]
-        return cache_sizing(self.model, self.budget, self._inputs["routing"],
-                            lambda c: _price(self.model, central, c, {}).tokens_per_s, _WARMUP)
+        return cache_sizing(self.model, self.budget, self._inputs["workload"].trace, self._inputs["central"])
 
     def row(self, strategy: str) -> pd.Series:
         return self.table.set_index("strategy").loc[strategy]
 
     def llama_cpp(self, model_path: str = "model.gguf") -> str:
-        """The llama.cpp command for the fastest placement llama.cpp can express (see :mod:`.commands`)."""
+        """The llama.cpp command for the fastest row llama.cpp can express (see :mod:`.commands`)."""
         from .commands import llama_cpp_command
 
         return llama_cpp_command(self, model_path)
 
     def engine_call(self) -> str:
-        """The specter_lab ``Engine`` call that runs the fastest of our strategies on this model."""
+        """The specter_lab ``Engine`` call that runs the planner's pick on this model."""
         from .commands import engine_call
 
         return engine_call(self)
@@ -211,31 +146,22 @@ class Estimate:
 def estimate(config, gpu: "str | HardwareProfile" = "rtx4090", vram=None, host=None, weights=None,
              context: int = 4096, trace=None, overhead: float = RUNTIME_OVERHEAD,
              eta_host: float = HOST_DECODE_EFFICIENCY, seed: int = 0, depth: int | None = None,
-             placement: str | None = None, ram=None, disk=None) -> Estimate:
-    """Expected batch-1 decode TPOT and tokens/s per strategy for the model of ``config`` (a ``config.json`` path,
-    its folder, a dict or a bundled name) on ``gpu`` (a catalog name such as ``"rtx3060"``, a profile name or a
-    HardwareProfile) with ``vram`` bytes (default: the card's), beside ``host`` (its memory ``"ddr5-5600x2"``, a
-    measured GB/s, ``"calibrated"``, a HostCPU or a name in ``sl.HOSTS``; None: not given, the band spans the
-    desktop range), its weights in ``weights`` (``"q4_k_m"``, ``"mxfp4"``, ``"bf16"``, ``"<experts>+<dense>"``;
-    default: the checkpoint's own format, else bf16), KV cache at ``context`` tokens, decoding at ``depth``
-    tokens in the cache (None: unknown, priced at the full context and banded down to empty). Routing:
-    ``trace`` when given, else synthetic matched to the family's published locality. ``placement``: the llama.cpp
-    flags you run today (``"--n-cpu-moe 20"``, ``"--cpu-moe --moe-cache-mib 6000"``, ``-ot`` patterns), priced as
-    given in a row ``yours`` beside the others. ``ram``: host RAM free for the model's weights (bytes or
-    ``"32GB"``; None: assumed to hold them all); where it cannot hold every routed expert beside the embeddings,
-    the experts the host reads come from disk through the page cache at ``disk`` bytes/s (or ``"3.5GB/s"``;
-    None: 5 GB/s, banded 2-7), priced per row (:mod:`.page_cache`). A size under a MiB is taken for a missing unit
-    and refused (``vram=8``: write ``"8GiB"``). Modelled, not measured:
-    :attr:`Estimate.assumptions` lists what every number rests on; ``band_tok_s`` what the unknowns allow."""
-    if isinstance(context, bool) or not isinstance(context, int) or context < 1:
-        raise ValueError(f"context={context!r}: give the tokens the KV cache must hold, an integer >= 1 "
-                         "(e.g. 4096).")
-    if context > 2**27:  # beyond any model's positions: a typo, refused before pricing it
-        raise ValueError(f"context={context!r}: at most 2**27 tokens (no model has more positions).")
-    _check_numbers(overhead=overhead, eta_host=eta_host, seed=seed)
-    if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or not 0 <= depth <= context):
-        raise ValueError(f"depth={depth!r}: give the tokens already in the KV cache while decoding, an integer in "
-                         f"[0, context={context}], or None when unknown.")
+             placement: str | None = None, ram=None, disk=None, progress: bool = False) -> Estimate:
+    """Expected batch-1 decode TPOT and tokens/s of every strategy for the model of ``config`` (a ``config.json``
+    path, its folder, a dict or a bundled name) on ``gpu`` (a catalog name such as ``"rtx3060"``, a profile name or
+    a HardwareProfile) with ``vram`` (a number of bytes, or ``"12GB"`` / ``"12GiB"``: a card's memory is binary,
+    so "12GB" is 12 GiB; default: the card's), beside ``host`` (its memory ``"ddr5-5600x2"``, a measured GB/s,
+    ``"calibrated"``, a HostCPU or a name in ``sl.HOSTS``; None: not given, the band spans the desktop range), its
+    weights in ``weights`` (``"q4_k_m"``, ``"mxfp4"``, ``"bf16"``, ``"<experts>+<dense>"``; default: the
+    checkpoint's own format, else bf16), KV cache at ``context`` tokens, decoding at ``depth`` tokens in the cache
+    (None: unknown, priced at the full context and banded down to empty). Routing: ``trace`` when given, else
+    synthetic matched to the family's published locality (:mod:`.workload`). ``placement``: the llama.cpp flags
+    you run today (``"-ngl 20"``, ``"--n-cpu-moe 20"``, ``"--cpu-moe --moe-cache-mib 6000"``, ``-ot`` patterns:
+    :mod:`.flags`), priced as given in a row ``yours``. ``ram``: host RAM free for the model's weights (None:
+    assumed to hold them all); where it cannot hold every routed expert beside the embeddings, the experts the host
+    reads come from disk at ``disk`` bytes/s (None: the profile's 5 GB/s, banded 2-7), through the replay's disk
+    tier. Modelled, not measured: :attr:`Estimate.assumptions` lists what every number rests on."""
+    _check(context, depth, overhead, eta_host, seed)
     v = _size(vram, "vram", "'24GB' or '8GiB'")
     ram_b = _size(ram, "ram", "'32GB' or '64GiB'")
     disk_b = _size(disk, "disk", "'3.5GB/s' (bytes per second)", rate=True)
@@ -244,92 +170,206 @@ def estimate(config, gpu: "str | HardwareProfile" = "rtx4090", vram=None, host=N
     geom = geometry_from_config(config)
     prec = precision_for(geom, weights)
     budget = vram_budget(geom, prec, machine.vram, context, overhead)
-    routing, label = routing_for(trace, geom, seed=seed)
+    yours = parse_placement(placement, geom) if placement is not None else None  # refused before any replay
     central = Scenario(machine, prec, eta_host, context if depth is None else depth)
-    pages = page_cache(geom, prec, machine.ram, routing)
-    unknown = unknowns(central, context, depth is not None) + ([disk_unknown(central)] if pages else [])
-    rows, placements = [], {}
-    for name, counts, params, extra in _placements(geom, budget, routing):
-        if isinstance(counts, dict):  # a sweep of one parameter (global_lru's cpu_share): keep the fastest
-            counts = {sh: _with_disk(pages, c, budget.slots) for sh, c in counts.items()}
-            share, counts = min(counts.items(), key=lambda sc: _price(geom, central, sc[1], extra).total_ms)
-            params = {**params, "cpu_share": share}
-        else:
-            counts = _with_disk(pages, counts, budget.slots)
-        placements[name] = params
-        rows.append(_priced_row(name, geom, central, unknown, counts, params, extra))
-    draft, spec = speculative_rows(geom, budget, routing, _WARMUP, prec.experts.bits)
-    for name, counts, pre, params in spec:
-        placements[name] = params
-        counts = _with_disk(pages, counts, params["slots_per_layer"] * geom.moe_layers)
-        rows.append(_speculative_row(name, geom, central, unknown, counts, pre, params, draft))
-    yours = None
-    if placement is not None:
-        yours = parse_placement(placement, geom)
-        params = {"flags": yours.flags, "n_host_layers": yours.n_host, "cache_mib": yours.cache_mib,
-                  "cpu_share": yours.cpu_share, "fits": yours.gpu_expert_bytes(geom, budget.expert_bytes)
-                  <= budget.experts + 1.0, "notes": list(yours.notes)}
-        placements["yours"] = params
-        counts = _with_disk(pages, _user_counts(yours, routing, budget),
-                            int(yours.gpu_expert_bytes(geom, budget.expert_bytes) // budget.expert_bytes))
-        rows.append(_priced_row("yours", geom, central, unknown, counts, params, {}))
+    bits = None if budget.all_fit else draft_bits(geom, prec.experts.bits, budget.experts, budget.expert_bytes)
+    wl = workload(geom, _config_dict(config), bits, trace, seed)
+    host_budget = _host_budget(geom, prec, machine, wl)
+    options = {"hardware": machine.profile(eta_host), "weights": prec, "depth": central.depth, "trace_level": "steps",
+               **({"host_budget": host_budget} if host_budget else {})}
+    unknown = unknowns(central, context, depth is not None) + ([disk_unknown(central)] if host_budget else [])
+    if yours is not None:
+        yours.check_fit(geom, prec, machine.vram, context, overhead)
+    rows, placements, not_priced, replayed = [], {}, {}, {}
+    for name, st, opts in _rows(budget, yours):
+        if st is not None and st.role in NOT_A_DEPLOYMENT:
+            not_priced[name] = NOT_A_DEPLOYMENT[st.role]
+            continue
+        strategy = st.name if st else "static_split"
+        try:
+            metrics, params = _replay(wl, strategy, {**options, **opts})
+        except (BudgetTooSmall, ValueError) as exc:
+            if name == YOURS:
+                raise ValueError(f"placement={placement!r}: {exc}") from None
+            not_priced[name] = _why_not(exc)
+            continue
+        placements[name], replayed[name] = params, (strategy, opts)
+        rows.append(_row(name, st, metrics, params, geom, central, unknown, yours))
+    if not rows:
+        raise ValueError(f"no strategy fits: {not_priced}")
     table = pd.DataFrame(rows).sort_values("tpot_ms", kind="stable").reset_index(drop=True)
-    e = Estimate(geom, machine, prec, context, budget, table, label,
-                 _assumptions(machine, prec, label, overhead, eta_host)
-                 + [_ram_assumption(geom, budget, machine, pages)],
-                 placements)
-    e.depth, e.unknowns = depth, {u.name: u.why for u in unknown}
-    if spec:
+    e = Estimate(geom, machine, prec, context, budget, table, wl.label, [], placements, depth,
+                 {u.name: u.why for u in unknown}, not_priced, _pick(table))
+    if wl.draft_bits and table.speculative.any():
         e.unknowns["draft acceptance"] = (f"speculative rows only: {ACCEPTANCE_RANGE[0]}-{ACCEPTANCE_RANGE[1]} per "
-                                          f"token ({draft.describe()})")
-    e._inputs = {"routing": routing, "central": central, "unknowns": unknown}
+                                          "token against the measured one (the bundled model's)")
+    e._inputs = {"workload": wl, "central": central, "unknowns": unknown, "options": options, "rows": replayed,
+                 "yours": yours}
+    e.assumptions = _assumptions(e, host_budget)
     return e
 
 
-def _price(geom: ModelGeometry, sc: Scenario, counts: replay.Counts, extra: dict) -> TokenTime:
-    return price_token(geom, sc.precision, sc.machine, counts, sc.depth, sc.eta, **extra)
+# ------------------------------------------------------------------------------------------------------- rows
+
+def _rows(budget: VramBudget, yours: "UserPlacement | None"):
+    """(row name, strategy or None, replay options) of every row: each strategy, or the resident placement where
+    every expert fits (every strategy is it there), then the user's flags."""
+    if budget.all_fit:
+        yield RESIDENT, None, {"expert_budget": 1.0}
+    else:
+        for name, st in STRATEGIES.items():
+            yield name, st, {"expert_budget": int(budget.experts)}
+    if yours is not None:
+        yield YOURS, yours.strategy, yours.replay_options(budget)
 
 
-def _priced_row(name, geom, central: Scenario, unknown, counts, params, extra) -> dict:
-    """One table row: the central price, and the band from each unknown's ends."""
-    t = _price(geom, central, counts, extra)
-    swings = {u.name: (_price(geom, u.slow, counts, extra).tokens_per_s,
-                       _price(geom, u.fast, counts, extra).tokens_per_s) for u in unknown}
-    return _row(name, t, counts, params, combine(t.tokens_per_s, swings))
+def _replay(wl: Workload, strategy: str, options: dict) -> tuple[dict, dict]:
+    """The row's metrics (means over the workload's sequences) and its placement's parameters, from a replay."""
+    setup, _ = replay_setup(wl.trace, strategy, **{k: v for k, v in options.items() if k != "trace_level"})
+    results = replay(wl.trace, strategy, **options)
+    keys = [k for k, v in results[0].metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    metrics = {k: float(np.mean([r.metrics[k] for r in results])) for k in keys}
+    split = setup.split
+    params = {"slots_per_layer": list(split.slots_per_layer), "draft_bytes": split.draft_bytes,
+              "expert_bytes": split.expert_bytes, "budget_bytes": split.budget_bytes,
+              "k": setup.strategy.k if setup.strategy.speculative else None,
+              "draft_bits": (setup.draft.quant.bits if setup.strategy.speculative else None),
+              "strategy": setup.strategy.name, "gpu_layers": getattr(setup.cost, "gpu_layers", None)}
+    return metrics, params
 
 
-def _speculative_row(name, geom, central: Scenario, unknown, counts, prefetched, params, draft) -> dict:
-    """A speculative strategy's row: per committed token, with the draft's acceptance as one more unknown."""
-    t = window_time(geom, central, counts, prefetched, draft)
-    swings = {u.name: (window_time(geom, u.slow, counts, prefetched, draft).tokens_per_s,
-                       window_time(geom, u.fast, counts, prefetched, draft).tokens_per_s) for u in unknown}
-    swings["draft acceptance"] = tuple(window_time(geom, central, counts, prefetched, draft, a).tokens_per_s
-                                       for a in ACCEPTANCE_RANGE)
-    per = draft.tokens_per_window()
-    shown = replay.Counts(counts.device / per, counts.copied / per, counts.host / per, counts.host_trips / per,
-                          None if counts.disk is None else counts.disk / per)
-    return _row(name, t, shown, params, combine(t.tokens_per_s, swings))
+def _row(name: str, st: "Strategy | None", m: dict, params: dict, geom: ModelGeometry, central: Scenario,
+         unknown: list[Unknown], yours: "UserPlacement | None") -> dict:
+    """One table row: the replay's figures, and the band its closed form moves it to."""
+    tps = m["tokens_per_s"]
+    counts = _counts(m, geom, params)
+    spec = bool(st is not None and st.speculative)
+    overlap = bool(st is not None and st.miss in ("host", "auto", "balance") and not st.static)
+    gpu_layers = params.get("gpu_layers")
+    mid = price_token(central.cost(geom, gpu_layers), counts, geom.top_k, central.depth, overlap).total_ms
+    swings = {}
+    for u in unknown:
+        ends = [price_token(s.cost(geom, gpu_layers), counts, geom.top_k, s.depth, overlap).total_ms
+                for s in (u.slow, u.fast)]
+        swings[u.name] = tuple(tps * mid / t for t in ends)
+    if spec:  # a window's time held, the tokens it commits moved by the acceptance
+        k = params["k"] if isinstance(params["k"], int) else 8
+        a = m.get("acceptance_rate")
+        a = a if a is not None and math.isfinite(a) else ACCEPTANCE_RANGE[1]
+        swings["draft acceptance"] = tuple(tps * _per_window(x, k) / _per_window(a, k) for x in ACCEPTANCE_RANGE)
+    lo, hi, dominant = combine(tps, swings)
+    return {"strategy": name, "tokens_per_s": tps, "band_tok_s": f"{lo:.3g}-{hi:.3g}", "low_tok_s": lo,
+            "high_tok_s": hi, "dominant_unknown": dominant, "tpot_ms": m["tpot_ms"], "hit_rate": m["hit_rate"],
+            "copies_per_token": m["h2d_bytes_per_token"] / params["expert_bytes"],
+            "host_experts_per_token": m["host_experts_per_token"], "stall_ms": m["stall_ms_per_token"],
+            "host_ms": m["host_ms_per_token"], "disk_reads_per_token": m.get("disk_reads_per_token", 0.0),
+            "disk_ms": m.get("disk_ms_per_token", 0.0), "acceptance": m.get("acceptance_rate", float("nan")),
+            "placement": _placement_text(name, st, params, geom, yours), "runs_as": _runs_as(name, st, yours),
+            "speculative": spec, "in_specter_lab": name != YOURS,
+            "description": st.description if st is not None and name != YOURS else ""}
 
 
-def _user_counts(p: UserPlacement, routing: np.ndarray, budget: VramBudget) -> replay.Counts:
-    """Where the user's flags run each routed expert: resident layers on the GPU; the host layers' experts on the
-    host, or through the expert cache (a global LRU over the host layers only) when ``--moe-cache-mib`` is set."""
-    k = routing.shape[2]
-    host = np.array(p.host_layers, dtype=bool)
-    static = replay.static_layers(list(~host), k)
-    if not p.cache_mib or not host.any():
-        return static
-    slots = int(p.cache_mib * 2**20 // budget.expert_bytes)
-    sub = replay.global_lru(routing[:, host, :], slots, _WARMUP, p.cpu_share)
-    parts = [a.copy() for a in (static.device, static.copied, static.host, static.host_trips)]
-    for a, b in zip(parts, (sub.device, sub.copied, sub.host, sub.host_trips)):
-        a[host] = b
-    return replay.Counts(*parts)
+def _per_window(a: float, k: int) -> float:
+    """Tokens a window of ``k`` drafts commits when each is accepted with probability ``a`` independently."""
+    return 1.0 + sum(a ** i for i in range(1, k + 1))
 
 
-def _with_disk(pages: "PageCache | None", counts: replay.Counts, gpu_slots: int) -> replay.Counts:
-    """A row's counts with its disk reads, the GPU holding ``gpu_slots`` experts (no page cache: none)."""
-    return counts if pages is None else pages.with_disk(counts, gpu_slots)
+def _counts(m: dict, geom: ModelGeometry, params: dict) -> Counts:
+    """Where a row's routed experts ran per token, spread evenly over the MoE layers (what the closed form reads
+    to move the row to an unknown's ends)."""
+    L, k = geom.moe_layers, geom.top_k
+    copies = m["h2d_bytes_per_token"] / params["expert_bytes"]
+    host = m["host_experts_per_token"]
+    device = max(0.0, L * k - copies - host)
+    disk = m.get("disk_reads_per_token", 0.0)
+    per = lambda x: np.full(L, x / L)
+    return Counts(per(device), per(copies), per(host), per(min(float(L), host)), per(disk) if disk else None)
+
+
+def _pick(table: pd.DataFrame) -> str | None:
+    """The planner's pick among the rows it would weigh (its candidates), by its own rule."""
+    ranked = [(s, t) for s, t in zip(table.strategy, table.tpot_ms) if s in STRATEGIES and s not in NOT_CANDIDATES]
+    return ranked[planner_choice(ranked)][0] if ranked else None
+
+
+def _placement_text(name: str, st: "Strategy | None", p: dict, geom: ModelGeometry,
+                    yours: "UserPlacement | None") -> str:
+    """The placement in a few words, with its numbers."""
+    slots = p["slots_per_layer"]
+    if name == YOURS:
+        return yours.describe(geom, slots)
+    if name == RESIDENT or (st is not None and st.static and all(s == geom.num_experts for s in slots)):
+        return "every expert on the GPU"
+    if st.static:
+        on_gpu = sum(1 for s in slots if s)
+        return f"experts of the last {on_gpu} MoE layers on the GPU, the first {len(slots) - on_gpu} on the host CPU"
+    where = (f"one pool of {sum(slots)} expert slots over all layers" if st.pool == "global" else
+             f"{min(slots)} expert slots/layer")
+    if st.speculative:
+        where += (f", int{p['draft_bits']}-g64 draft {p['draft_bytes'] / 2**30:.2f} GiB (MODELLED), K={p['k']}")
+    return where
+
+
+def _runs_as(name: str, st: "Strategy | None", yours: "UserPlacement | None") -> str:
+    if name == YOURS:
+        return "llama.cpp (your flags)"
+    if name == RESIDENT:
+        return "llama.cpp -ngl 99 (every engine)"
+    return st.elsewhere or "specter_lab only"
+
+
+def _why_not(exc: Exception) -> str:
+    text = str(exc).split(": ", 1)[-1] if isinstance(exc, BudgetTooSmall) else str(exc)
+    return ("does not fit: " + text) if isinstance(exc, BudgetTooSmall) else text
+
+
+# ------------------------------------------------------------------------------------------------------- inputs
+
+def _config_dict(config) -> dict:
+    """The config as the trace keeps it (a dict with its model_type)."""
+    cfg = load_config(config)
+    return cfg.to_dict()
+
+
+def _host_budget(geom: ModelGeometry, prec: WeightPrecision, m: Machine, wl: Workload) -> int | None:
+    """The replay's disk tier where ``ram`` cannot hold every routed expert beside the embeddings: a host cache of
+    as many experts (at the weights' format) as the RAM holds, in the replayed model's own bytes (None: no disk)."""
+    if m.ram is None:
+        return None
+    embed = geom.embed_params * prec.dense.bytes_per_weight
+    if m.ram <= embed:
+        raise ValueError(f"ram={m.ram / 2**30:.2f} GiB cannot hold the embeddings the host keeps "
+                         f"({embed / 2**30:.2f} GiB for {geom.name}): give the RAM free for the model's weights.")
+    slots = int((m.ram - embed) // (geom.expert_params * prec.experts.bytes_per_weight))
+    if slots >= geom.moe_layers * geom.num_experts:
+        return None
+    native = _native_expert_bytes(wl)
+    return max(1, slots) * native
+
+
+def _native_expert_bytes(wl: Workload) -> int:
+    """One routed expert in the replayed skeleton's own dtype (what the disk tier counts its slots in)."""
+    from ..analysis.replay import skeleton_info
+
+    info = skeleton_info(wl.trace.config)
+    first = info.layers[0]
+    return sum(math.prod(getattr(first.experts, n).shape[1:]) * getattr(first.experts, n).element_size()
+               for n in first.param_names)
+
+
+def _vram(v: float | None, gpu: HardwareProfile, card: GPU | None) -> float:
+    if v is None:
+        if card is not None:
+            return card.vram_gb * 2**30
+        if gpu.device_memory is None:
+            raise ValueError(f"vram= is needed: profile {gpu.name} records no device memory. Give e.g. vram='24GB'.")
+        return float(gpu.device_memory)
+    if card is not None and v > card.vram_gb * 2**30 * 1.001:
+        sizes = sorted({f"{g.vram_gb:g}GB" for g in GPU_FAMILIES.get(card.family, [card])})
+        raise ValueError(f"vram={v / 2**30:.2f} GiB is more than the {card.name} has ({card.vram_gb:g} GiB): use at "
+                         f"most '{card.vram_gb:g}GB'" + (f" (this family comes with {sizes})" if len(sizes) > 1 else "")
+                         + ", or name the card with more memory.")
+    return v
 
 
 _TOO_FEW_BYTES = 2**20  # no machine has less than a MiB of memory (or a MiB/s of disk): a unit was left out
@@ -337,15 +377,16 @@ _TOO_FEW_BYTES = 2**20  # no machine has less than a MiB of memory (or a MiB/s o
 
 def _size(value, name: str, example: str, rate: bool = False) -> float | None:
     """``vram=`` / ``ram=`` / ``disk=``: bytes (``rate``: bytes/s, a trailing "/s" allowed) as a number or a
-    size string; None stays None. A size under a MiB is refused: ``vram=8`` means 8 GiB to its writer, not 8
-    bytes, and priced as bytes it would only say that nothing fits."""
+    size string; None stays None. Memory sizes are binary whatever their label ("12GB" of a card or of RAM is
+    12 GiB: that is what the chips hold); a rate's GB is decimal, as disks and links are sold. A size under a MiB
+    is refused: ``vram=8`` means 8 GiB to its writer, not 8 bytes."""
     if value is None:
         return None
     fix = f"{name}={value!r}: give bytes as a positive number or a size such as {example}."
     if isinstance(value, str):
         try:
             text = value.strip()
-            n = float(parse_bytes(text.removesuffix("/s") if rate else text, name))
+            n = float(parse_bytes(text.removesuffix("/s") if rate else text, name, binary=not rate))
         except ValueError:
             raise ValueError(fix) from None
     elif isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value) and value > 0:
@@ -358,24 +399,17 @@ def _size(value, name: str, example: str, rate: bool = False) -> float | None:
     return n
 
 
-def _ram_assumption(geom: ModelGeometry, budget: VramBudget, m: Machine, pages) -> str:
-    experts = budget.experts_total
-    if m.ram is None:
-        return (f"host RAM NOT GIVEN: assumed to hold every routed expert ({experts / 2**30:.1f} GiB) and the "
-                "embeddings; give ram= (and disk=) to price experts read from disk")
-    if pages is None:
-        return (f"host RAM {m.ram / 2**30:.1f} GiB holds every routed expert ({experts / 2**30:.1f} GiB) beside the "
-                "embeddings: nothing is read from disk")
-    return (f"host RAM {m.ram / 2**30:.1f} GiB holds {pages.slots} of the {geom.moe_layers * geom.num_experts} "
-            f"routed experts ({experts / 2**30:.1f} GiB) beside the embeddings; the experts the host reads come from "
-            f"disk when the page cache misses them, modelled as one LRU with the GPU's expert slots over the routing, "
-            f"each read {m.gpu.disk_latency * 1e6:.0f} us + its bytes at {m.disk_bandwidth / 1e9:.1f} GB/s, the "
-            "layer waiting for it (disk_ms, disk_reads_per_token; estimate/page_cache.py); decode only, the "
-            "prefill table does not price it")
-
-
-def _check_numbers(overhead, eta_host, seed) -> None:
+def _check(context, depth, overhead, eta_host, seed) -> None:
     """The numeric arguments of :func:`estimate`, refused before the config is read (a NaN would price silently)."""
+    if isinstance(context, bool) or not isinstance(context, int) or context < 1:
+        raise ValueError(f"context={context!r}: give the tokens the KV cache must hold, an integer >= 1 "
+                         "(e.g. 4096).")
+    if context > 2**27:  # beyond any model's positions: a typo, refused before pricing it
+        raise ValueError(f"context={context!r}: at most 2**27 tokens (no model has more positions).")
+    if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or not 0 <= depth <= context):
+        raise ValueError(f"depth={depth!r}: give the tokens already in the KV cache while decoding, an integer in "
+                         f"[0, context={context}], or None when unknown.")
+
     def number(v) -> bool:
         return isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v)
 
@@ -387,89 +421,50 @@ def _check_numbers(overhead, eta_host, seed) -> None:
         raise ValueError(f"seed={seed!r}: an integer.")
 
 
-def _placements(geom: ModelGeometry, budget: VramBudget, routing: np.ndarray):
-    """(strategy, counts, its parameters, pricing options) for every strategy the VRAM allows."""
-    L, E, k = geom.moe_layers, geom.num_experts, geom.top_k
-    if budget.all_fit:  # every cache would hold everything: they are all the resident placement
-        yield "resident", replay.resident(L, k), {"layers_on_gpu": L}, {}
-        yield "on_demand", replay.on_demand(L, k), {}, {}
-        return
-    on_gpu = min(L, int(budget.experts // (E * budget.expert_bytes)))
-    # llama.cpp --n-cpu-moe N keeps the experts of the first N layers on the host
-    yield "static_split", replay.static_layers([l >= L - on_gpu for l in range(L)], k), \
-        {"layers_on_gpu": on_gpu, "n_cpu_moe": L - on_gpu}, {}
-    slots = budget.slots
-    per_layer = max(0, min(E, slots // L))
-    yield "global_lru", {share: replay.global_lru(routing, slots, _WARMUP, share) for share in _CPU_SHARES}, \
-        {"slots": slots}, {}
-    yield "fiddler", replay.hot_set(routing, per_layer, _WARMUP), {"slots_per_layer": per_layer}, {}
-    if per_layer >= 1:
-        yield "host_lru", replay.layer_lru(routing, per_layer, _WARMUP, miss="reuse"), \
-            {"slots_per_layer": per_layer}, {}
-        yield "lru", replay.layer_lru(routing, per_layer, _WARMUP), {"slots_per_layer": per_layer}, {}
-    yield "on_demand", replay.on_demand(L, k), {}, {}
-
-
-def _row(name: str, t: TokenTime, counts: replay.Counts, params: dict, band: tuple[float, float, str]) -> dict:
-    what, engine = PLACEMENTS[name]
-    lo, hi, dominant = band
-    return {"strategy": name, "tpot_ms": t.total_ms, "tokens_per_s": t.tokens_per_s,
-            "band_tok_s": f"{lo:.3g}-{hi:.3g}", "low_tok_s": lo, "high_tok_s": hi, "dominant_unknown": dominant,
-            "hit_rate": counts.hit_rate,
-            "copies_per_token": counts.copies_per_token, "host_experts_per_token": counts.host_per_token,
-            "device_ms": t.device_ms, "link_ms": t.link_ms, "host_ms": t.host_ms, "trips_ms": t.trips_ms,
-            "disk_ms": t.disk_ms, "disk_reads_per_token": 0.0 if counts.disk is None else float(counts.disk.sum()),
-            "placement": _placement_text(name, params, what), "runs_as": engine,
-            "in_specter_lab": name in STRATEGIES or name == "resident"}
-
-
-def _placement_text(name: str, params: dict, what: str) -> str:
-    """The placement in a few words, with its numbers."""
-    n = params.get("slots_per_layer")
-    text = {
-        "static_split": lambda: (f"experts of the last {params['layers_on_gpu']} layers on the GPU, the first "
-                                 f"{params['n_cpu_moe']} on the host CPU"),
-        "global_lru": lambda: (f"one LRU of {params['slots']} slots over all layers; misses copied" +
-                               (f", {params['cpu_share']:.0%} of them on the host CPU" if params["cpu_share"] else "")),
-        "fiddler": lambda: f"{n} most routed experts/layer pinned on the GPU; the rest on the host CPU",
-        "host_lru": lambda: f"LRU of {n} experts/layer; misses reused lately copied, the rest on the host CPU",
-        "lru": lambda: f"LRU of {n} experts/layer; misses copied",
-        **{sp: (lambda sp=sp: f"{PLACEMENTS[sp][0].split(';')[1].strip()}; {n} full-precision slots/layer, "
-                              f"K={params['k']}, int{params['draft_bits']} draft {params['draft_gib']:.2f} GiB, acceptance "
-                              f"{params['acceptance']:.3f} (MODELLED)") for sp in ("spec_lru", "specter", "specter_host")},
-        "yours": lambda: (f"{params['flags']}: {params['n_host_layers']} expert layers in host memory"
-                          + (f", an expert cache of {params['cache_mib']:g} MiB" if params["cache_mib"] else "")
-                          + ("" if params["fits"] else " (DOES NOT FIT: more expert bytes in VRAM than it has)")),
-    }.get(name)
-    return text() if text else what
-
-
-def _assumptions(m: Machine, prec: WeightPrecision, label: str, overhead: float, eta: float) -> list[str]:
+def _assumptions(e: Estimate, host_budget) -> list[str]:
+    m, prec, geom = e.machine, e.precision, e.model
     h = m.host_cpu
     host = (f"host {h.name}: {h.dram_delivered / 1e9:.1f} GB/s delivered DRAM ({h.source})" if m.host else
             f"HOST NOT GIVEN: priced at {h.dram_delivered / 1e9:.0f} GB/s delivered DRAM, the band spans "
             f"{h.delivered_band[0] / 1e9:.0f}-{h.delivered_band[1] / 1e9:.0f} GB/s ({h.source})")
     gpu = (f"GPU {m.card.name} ({m.card.memory}, {m.card.pcie}; {m.card.source})" if m.card else f"GPU {m.gpu.name}")
-    return [
-        "modelled, not measured: a llama.cpp-class engine at batch 1 (graphs, one fused MoE kernel a layer, "
-        "device and host parts of a layer run one after the other)",
+    wl = e.workload
+    out = [
+        f"modelled, not measured: every row is sl.replay of the routing below on the llama.cpp-class clock "
+        f"'{m.hardware_name}@llama.cpp' (graphs, one fused MoE kernel a layer; pricing/llamacpp.py), the device and "
+        "host lanes overlapping as the row's own schedule runs them; e.replay_options() repeats it",
         f"{gpu}: {m.vram_bandwidth / 1e9:.0f} GB/s datasheet VRAM x decode efficiency by format "
         f"(experts {prec.experts.name} {prec.experts.gpu_efficiency}, dense {prec.dense.name} "
         f"{prec.dense.gpu_efficiency}: {prec.experts.source}); link {m.gpu.pcie_bandwidth / 1e9:.1f} GB/s; "
         f"{m.gpu.kernel_time * 1e6:.1f} us per kernel, kernels counted on a tiny sibling of the family",
-        f"{host}; the host reaches {eta:.3f} of it in a batch-1 expert matvec (fitted to the fit rows of "
-        "sl.bench.consumer_anchors())",
+        f"{host}; the host reaches {e._inputs['central'].eta:.3f} of it in a batch-1 expert matvec (fitted to the "
+        "fit rows of sl.bench.consumer_anchors())",
         "band_tok_s: the unknowns (host DRAM bandwidth, host matvec efficiency, GPU format efficiency, link "
-        "bandwidth, context depth when not given) each moved to its ends, combined in quadrature on a log scale; "
-        "dominant_unknown names the widest (Estimate.unknowns says each range and why)",
+        "bandwidth, context depth when not given, the draft's acceptance) each moved to its ends on the clock's "
+        "closed form (estimate/lanes.py) with the row's replayed placement held, combined in quadrature on a log "
+        "scale; dominant_unknown names the widest (Estimate.unknowns says each range and why)",
         f"weights {prec.label}: experts {prec.experts.bits} bits/weight, dense {prec.dense.bits}; embeddings on "
-        "the host; KV cache at 2 bytes/value, read at the stated depth (default: the full context)",
-        f"runtime overhead {overhead / 2**30:.2f} GiB of VRAM (CUDA context + compute buffers)",
-        f"routing: {label}; {_TOKENS - _WARMUP} decode tokens replayed after {_WARMUP} warm-up tokens",
-        "speculative rows (spec_lru, specter, specter_host; only where a draft narrower than the experts fits beside "
-        "one full-precision slot per layer) are MODELLED: an RTN-g64 draft of every expert resident (the dense "
-        "weights shared), K=8, per-token acceptance and forecast recall measured at the draft's bits on the bundled "
-        f"model (routing/importing.MEASURED_DRAFT), acceptance banded {ACCEPTANCE_RANGE[0]}-{ACCEPTANCE_RANGE[1]}; "
-        "sl.plan measures them on a loaded model",
-        "not estimated: " + "; ".join(f"{n} ({why})" for n, why in NOT_ESTIMATED.items()),
+        f"the host; KV cache at 2 bytes/value, read at {e._inputs['central'].depth} tokens, each layer to its window",
+        f"{e.budget.describe()}",
+        f"routing: {e.routing_label}; a {PROMPT}-token prompt warms the caches, then {TOKENS} decode tokens are "
+        "priced" if wl.draft_bits is not None or not isinstance(e.routing_label, str) or "recorded" not in
+        e.routing_label else f"routing: {e.routing_label}",
+        (f"speculative rows are MODELLED: an int{wl.draft_bits}-g64 RTN draft of every expert resident (the widest "
+         "narrower than the experts that fits beside one slot per layer), forecast recall and per-token "
+         "acceptance measured at its bits on the bundled model (traces/importing.MEASURED_DRAFT); sl.plan measures "
+         "them on a loaded model" if wl.draft_bits else
+         "speculative rows: no draft narrower than the experts fits beside one full-precision slot per layer"),
+        "pre-gated rows (gate_lookahead, pregate_split) are MODELLED: the next layer's router names each expert with "
+        "the bundled model's measured recall (traces/importing.MEASURED_GATE_RECALL)",
+        ("host RAM NOT GIVEN: assumed to hold every routed expert and the embeddings; give ram= (and disk=) to "
+         "price experts read from disk" if m.ram is None else
+         "host RAM holds every routed expert beside the embeddings: nothing is read from disk" if not host_budget
+         else f"host RAM {m.ram / 2**30:.1f} GiB: the experts it cannot hold are read from disk at "
+              f"{m.disk_bandwidth / 1e9:.1f} GB/s + {m.gpu.disk_latency * 1e6:.0f} us a read, through the replay's "
+              "disk tier (an LRU host cache of the experts RAM holds)"),
+        f"the planner's pick: its own rule (run/strategies.planner_choice: the fastest, a speculative row only if "
+        f"10 % ahead of the best plain one) among the rows that are its candidates",
     ]
+    if e.not_priced:
+        out.append("not priced: " + "; ".join(f"{n} ({why})" for n, why in e.not_priced.items()))
+    return out

@@ -14,12 +14,14 @@ of the best any size reaches.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import pandas as pd
 
-from . import replay
+from ..caching.simulate import simulate
+from ..model.geometry import ModelGeometry
+from ..traces.trace_file import RoutingTrace
+from .lanes import Counts, price_token
 
 __all__ = ["CacheSizing", "cache_sizing", "ENOUGH"]
 
@@ -49,19 +51,25 @@ class CacheSizing:
                 f"{1 - ENOUGH:.0%}; the VRAM leaves {self.budget_mib:.0f} MiB. Use {self.command()}.")
 
 
-def cache_sizing(geom, budget, routing: np.ndarray, tokens_per_s: Callable[[replay.Counts], float], warmup: int,
-                 points: int = 8) -> CacheSizing:
-    """The cliff and the knee for ``geom`` at ``budget`` (an estimate's :class:`~.budget.VramBudget`), from a
-    replay of ``routing`` through a global LRU at sizes between the cliff and every routed expert (all layers'
-    experts in host memory, as ``--cpu-moe --moe-cache-mib`` runs), each priced by ``tokens_per_s``."""
+def cache_sizing(geom: ModelGeometry, budget, trace: RoutingTrace, central, points: int = 8) -> CacheSizing:
+    """The cliff and the knee for ``geom`` at ``budget`` (an estimate's :class:`~.vram.VramBudget`), from the cache
+    simulator's global LRU (:func:`~specter_lab.caching.simulate.simulate`, the store's own policy) over the
+    estimate's routing at sizes between the cliff and every routed expert (all layers' experts in host memory, as
+    ``--cpu-moe --moe-cache-mib`` runs), each priced by the estimate's clock in closed form (``central``: its
+    :class:`~.bands.Scenario`; :mod:`.lanes`)."""
+    routing = np.concatenate([np.concatenate([s.prefill, s.decode]) for s in trace.sequences]).astype(np.int64)
+    warmup = len(trace.sequences[0].prefill)
+    cost = central.cost(geom)
     cycle = geom.moe_layers * geom.top_k  # experts in one token cycle
     above = np.geomspace(cycle, budget.experts_total / budget.expert_bytes, points)
     sizes = np.unique(np.round(np.concatenate([cycle * np.array([0.5, 0.7, 0.8, 0.9, 0.95]), above])).astype(int))
     rows = []
     for slots in sizes.tolist():
-        c = replay.global_lru(routing, slots, warmup)
-        rows.append({"cache_mib": slots * budget.expert_bytes / MiB, "hit_rate": c.hit_rate,
-                     "tokens_per_s": tokens_per_s(c)})
+        s = simulate(routing, slots, pool="global", warmup=warmup)
+        n = max(1, s.steps)
+        counts = Counts(s.hits / n, s.loads / n, s.bypassed / n, s.bypass_steps / n)
+        rows.append({"cache_mib": slots * budget.expert_bytes / MiB, "hit_rate": s.hit_rate,
+                     "tokens_per_s": price_token(cost, counts, geom.top_k, central.depth).tokens_per_s})
     sweep = pd.DataFrame(rows)
     top = sweep.tokens_per_s.max()
     enough = float(sweep[sweep.tokens_per_s >= ENOUGH * top].cache_mib.min())

@@ -13,7 +13,7 @@ from ..errors import ConfigError
 from .config_check import build_config, build_meta_model, check_moe_info, read_config_json
 from .inspect import inspect_model, text_config
 
-__all__ = ["ModelGeometry", "geometry_from_config", "load_config", "CONFIG_DIR", "BUNDLED_CONFIGS"]
+__all__ = ["ModelGeometry", "geometry_from_config", "load_config", "kv_layout", "CONFIG_DIR", "BUNDLED_CONFIGS"]
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "data" / "configs"
 # config.json of real models, written from their public model cards (the published rows use them)
@@ -40,6 +40,8 @@ class ModelGeometry:
     kv_window: list[int | None]  # per decoder layer: sliding window (None = the whole context)
     checkpoint_format: str | None = None  # quantization the checkpoint ships in (config quantization_config)
     layer_types: list[str] = field(default_factory=list)
+    moe_decoder_index: tuple[int, ...] = ()  # per MoE layer: its decoder layer's index
+    hidden: int = 0
 
     @property
     def dense_layers(self) -> int:
@@ -114,7 +116,7 @@ def geometry_from_config(config: Any, arg: str = "config") -> ModelGeometry:
     check_moe_info(info, arg)
     tc = text_config(cfg)
     embed = model.get_input_embeddings()
-    kv, window, kinds = _kv_layout(tc, info)
+    kv, window, kinds = kv_layout(tc.to_dict(), info.kv_dim, len(info.decoder_layers or []) or info.num_layers)
     return ModelGeometry(
         name=str(getattr(cfg, "_estimate_name", cfg.model_type)), model_type=info.model_type,
         moe_layers=info.num_layers, decoder_layers=len(info.decoder_layers or []) or info.num_layers,
@@ -122,20 +124,21 @@ def geometry_from_config(config: Any, arg: str = "config") -> ModelGeometry:
         dense_params_per_moe_layer=info.dense_params_per_layer, dense_layer_params=info.dense_layer_params,
         head_params=info.head_params, embed_params=int(embed.weight.numel()) if embed is not None else 0,
         total_params=sum(p.numel() for p in model.parameters()), kv_bytes_per_token=kv, kv_window=window,
-        checkpoint_format=checkpoint_format, layer_types=kinds)
+        checkpoint_format=checkpoint_format, layer_types=kinds,
+        moe_decoder_index=tuple(l.decoder_index for l in info.layers), hidden=info.hidden)
 
 
-def _kv_layout(tc, info) -> tuple[list[float], list[int | None], list[str]]:
-    """Bytes per cached token and window per decoder layer. MLA caches its compressed latent (kv_lora_rank +
-    rope dims); sliding layers keep ``sliding_window`` tokens; linear-attention / recurrent layers keep a fixed
-    state (priced as no per-token KV)."""
-    n = len(info.decoder_layers or []) or info.num_layers
-    kinds = list(getattr(tc, "layer_types", None) or ["full_attention"] * n)
-    if getattr(tc, "kv_lora_rank", None):
-        per = 2.0 * (tc.kv_lora_rank + getattr(tc, "qk_rope_head_dim", 0))
+def kv_layout(tc: dict, kv_dim: int, n: int) -> tuple[list[float], list[int | None], list[str]]:
+    """Bytes per cached token (16-bit) and window per decoder layer, from a text config as a dict (``kv_dim``: KV
+    heads x head dim; ``n``: decoder layers). MLA caches its compressed latent (kv_lora_rank + rope dims); sliding
+    layers keep ``sliding_window`` tokens; linear-attention / recurrent layers keep a fixed state (priced as no
+    per-token KV)."""
+    kinds = list(tc.get("layer_types") or ["full_attention"] * n)
+    if tc.get("kv_lora_rank"):
+        per = 2.0 * (tc["kv_lora_rank"] + (tc.get("qk_rope_head_dim") or 0))
     else:
-        per = 2.0 * 2 * info.kv_dim
-    sliding = getattr(tc, "sliding_window", None)
+        per = 2.0 * 2 * kv_dim
+    sliding = tc.get("sliding_window")
     kv, window = [], []
     for kind in kinds[:n]:
         recurrent = "linear" in kind or "mamba" in kind or "recurrent" in kind

@@ -44,6 +44,7 @@ class MoEModelInfo:
     expert_params: int  # one routed expert (max over layers)
     eos_token_ids: list[int] = field(default_factory=list)
     model_type: str = ""  # the family (config.model_type), named in refusals
+    config: dict = field(default_factory=dict, repr=False)  # the text config as a dict (what a clock may read)
 
     @property
     def num_layers(self) -> int:
@@ -161,4 +162,15 @@ def inspect_model(model: nn.Module) -> MoEModelInfo:
         expert_params=max(l.expert_params for l in layers),
         eos_token_ids=_eos_ids(model, config),
         model_type=str(getattr(config, "model_type", "") or type(model).__name__),
+        config=_as_dict(config),
     )
+
+
+def _as_dict(config) -> dict:
+    """A config as a plain dict (a transformers config's ``to_dict``; {} without one)."""
+    if config is None:
+        return {}
+    try:
+        return config.to_dict()
+    except Exception:  # noqa: BLE001 - a model whose config cannot be dumped simply gives the clocks less to read
+        return {}

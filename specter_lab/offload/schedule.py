@@ -154,7 +154,7 @@ class LayerSchedule:
         return self.clock.model_span(duration)
 
     def _dense_span(self, fwd: ForwardInfo, layer: int, n_tokens: int, phase: str) -> None:
-        self.trace.span(phase, layer, -1, self.model_span(self.cost.dense_layer_time(n_tokens, fwd.pos0)))
+        self.trace.span(phase, layer, -1, self.model_span(self.cost.dense_layer_time(n_tokens, fwd.pos0, layer)))
 
     # ------------------------------------------------------------------ target
     def _target(self, fwd, layer, counts, n_tokens, math):
@@ -185,7 +185,7 @@ class LayerSchedule:
                 self._named[layer + 1] = {e for e, _ in predicted}
                 predicted = self._worth_copying_ahead(fwd, layer, predicted, counts, on_device, jobs, now, n_tokens)
             self._gate_prefetch(layer + 1, predicted)
-        outs = {e: self._compute(fwd, layer, e, counts[e], store.lookup(layer, e), math) for e in on_device}
+        outs = self._compute_all(fwd, layer, on_device, counts, math)
         store.pinned = {}
         # Fewer slots than experts: stream the rest through slots whose experts are done.
         pending = set(deferred)  # streamed ones leave it as they are computed
@@ -199,6 +199,21 @@ class LayerSchedule:
         host_outs = self._join_host(fwd, layer, jobs)
         self._refresh(fwd, layer, counts)
         return outs, host_outs
+
+    def _compute_all(self, fwd, layer: int, experts: list[int], counts, math) -> dict[int, Any]:
+        """:meth:`_compute` of each resident expert in turn (its slot's lookups inlined: this runs for every expert
+        of every replayed layer)."""
+        store, clock, trace, cost = self.store, self.clock, self.trace, self.cost
+        s = store.slots[layer]
+        where, ready, copy_id, phase, full = s.where, s.ready, s.copy_id, fwd.phase, trace.full
+        outs = {}
+        for e in experts:
+            slot = where[e]
+            fn = math.device(e, store.weights(layer, slot)) if math is not None else None
+            span, outs[e] = clock.compute(cost.expert_time(counts[e]), fn, after=(ready[slot],))
+            trace.span(phase, layer, e, span, copy_id=copy_id[slot] if full else None)
+            store.mark_used(layer, slot, span.end)
+        return outs
 
     def _compute(self, fwd, layer: int, e: int, n: int, slot: int, math):
         store = self.store
@@ -257,7 +272,8 @@ class LayerSchedule:
         """The forecast of layer ``layer + 1`` cut to its residents and the misses the split would copy if their
         copies started now, ahead of that layer's router by this layer's remaining work (:meth:`_layer_left`) and
         the next dense part."""
-        ahead = self._layer_left(layer, counts, on_device, jobs, now) + self.cost.dense_layer_time(n_tokens, fwd.pos0)
+        ahead = (self._layer_left(layer, counts, on_device, jobs, now)
+                 + self.cost.dense_layer_time(n_tokens, fwd.pos0, layer + 1))
         keep = set(self.miss.copies_ahead(self, layer + 1, dict(predicted), ahead))
         where = self.store.slots[layer + 1].where
         return [(e, c) for e, c in predicted if e in keep or e in where]
@@ -284,6 +300,9 @@ class LayerSchedule:
         if now is None and self.clock.readable_midrun:
             return experts
         s = self.store.slots[layer]
+        is_ready, where, ready = self.clock.is_ready, s.where, s.ready
+        if all(is_ready(ready[where[e]], now) for e in experts):  # the common case: nothing in flight
+            return experts
 
         def landing(e: int) -> tuple[int, int]:
             slot = s.where[e]
@@ -342,7 +361,10 @@ class LayerSchedule:
             else:
                 weights = {n: h[e] for n, h in self.host_weights[layer].items()}
             fn = math.host(e, weights) if math is not None else None
-            jobs[e] = self.clock.host(self.host_time(counts[e]), fn if fn is not None else _nothing, after=after)
+            # the layer's first host expert also pays the activations' round trip, where the engine prices one
+            trip = self.cost.host_trip_time(layer) if not jobs else 0.0
+            jobs[e] = self.clock.host(self.host_time(counts[e]) + trip, fn if fn is not None else _nothing,
+                                      after=after)
             if hslot is not None:
                 tier.used(hslot, jobs[e][0].end)
             if event:
@@ -440,8 +462,8 @@ class LayerSchedule:
         ``distinct``: expected distinct experts per layer (the K governor's measured curve). Without it every
         token is assumed to bring top_k new experts, which overstates long windows: consecutive tokens share."""
         c = self.cost
-        dense = c.dense_layer_time(n_tokens, context)
-        return sum([dense + x for x in self._routed_estimate(n_tokens, distinct)]) + c.head_time(n_tokens)
+        return sum([c.dense_layer_time(n_tokens, context, i) + x
+                    for i, x in enumerate(self._routed_estimate(n_tokens, distinct))]) + c.head_time(n_tokens, context)
 
     def _routed_estimate(self, n_tokens: int, distinct) -> list[float]:
         """Per layer, the routed experts' part of :meth:`verify_estimate` (no context in it: the K governor asks
@@ -466,7 +488,7 @@ def host_lane_time(cost, n: int, host_weight_bytes: float | None = None) -> floa
     """Host lane seconds for one expert on n tokens: the host reads the expert at its copy's width
     (``host_weight_bytes``; None: the deployment dtype's), and the activations cross the link both ways."""
     wb = host_weight_bytes or cost.weight_bytes
-    return cost.host_expert_time(n, weight_bytes=wb) + 2 * 4 * cost.hidden * n / cost.profile.pcie_bandwidth
+    return cost.host_expert_time(n, weight_bytes=wb) + cost.host_transfer_time(n)
 
 
 def _nothing() -> None:

@@ -205,7 +205,7 @@ class ExpertStore:
         pol, where = self.policies[layer], self.slots[layer].where
         if self.pool == "global":  # the shared policy ranks every layer: keep to this layer's residents
             return pol.victim(_Protected(layer, protected), among=_OfLayer(layer, where))
-        return pol.victim(_Protected(layer, protected))
+        return pol.victim({(layer, e) for e in protected})  # a layer's own policy: its keys are all this layer's
 
     def resident(self, layer: int) -> set[int]:
         return set(self.slots[layer].where)

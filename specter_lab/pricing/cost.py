@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..errors import OptionError
 from .opcount import OpCounts, op_counts
 from .profiles import HardwareProfile
 from .shapes import CostShape, get_cost_shape
@@ -43,7 +44,7 @@ def piece_time(profile: HardwareProfile, flops: float, nbytes: float, count: Cou
     """max(device, host) of one forward piece with ``count`` = (aten ops, kernels, matmuls) dispatched, plus
     ``syncs`` host synchronisations (:func:`sync_time` each)."""
     ops, kernels, matmuls = (max(0.0, c) for c in count)
-    if profile.execution == "compiled":
+    if profile.execution != "eager":  # graphs (compiled, or a llama.cpp-class engine): no per-op host dispatch
         kernels, host = max(1.0, 2.0 * matmuls), 0.0
     else:
         host = ops * profile.host_op_cost
@@ -83,6 +84,11 @@ class CostModel:
     @property
     def projected(self) -> bool:
         return self.shape_name is not None
+
+    @property
+    def engine(self) -> str:
+        """Which engine class prices the ops: the profile's execution (``eager`` / ``compiled``)."""
+        return self.profile.execution
 
     @property
     def execution(self) -> str:
@@ -162,8 +168,18 @@ class CostModel:
         out = self._memo[key] = self.depth_scale * (t + dispatch + 2 * p.copy_latency)
         return out
 
-    def dense_layer_time(self, n_tokens: int, context: int) -> float:
-        """Attention + norms + router + shared experts of one MoE layer over n tokens with ``context`` cached."""
+    def host_transfer_time(self, n_tokens: int) -> float:
+        """A host expert's activations to the host and its output back over the link (fp32, n tokens)."""
+        return 2 * 4 * self.hidden * n_tokens / self.profile.pcie_bandwidth
+
+    def host_trip_time(self, layer: int) -> float:
+        """What a layer pays once for handing work to the host beyond each expert's own transfer (none here: each
+        host expert's copy latencies are in :meth:`host_expert_time`)."""
+        return 0.0
+
+    def dense_layer_time(self, n_tokens: int, context: int, layer: int | None = None) -> float:
+        """Attention + norms + router + shared experts of one MoE layer over n tokens with ``context`` cached
+        (every layer alike here: ``layer`` is for engines that price layers apart)."""
         key = ("dense", n_tokens, context)
         t = self._memo.get(key)
         if t is None:
@@ -172,8 +188,9 @@ class CostModel:
             t = self._memo[key] = self.depth_scale * self._op(flops, nbytes, self._count("moe_layer"), "moe_layer")
         return t
 
-    def head_time(self, n_tokens: int) -> float:
-        """LM head (+ final norm, embeddings, the decode step and any dense layers) for n tokens."""
+    def head_time(self, n_tokens: int, context: int = 0) -> float:
+        """LM head (+ final norm, embeddings, the decode step and any dense layers) for n tokens (``context``: for
+        engines that price the dense layers' KV cache)."""
         key = ("head", n_tokens)
         t = self._memo.get(key)
         if t is None:
@@ -188,10 +205,39 @@ class CostModel:
 
 
 def build_cost_model(info, profile: HardwareProfile, cost_shape: "str | CostShape | None" = None,
-                     weight_bytes: float = 2.0, implementation: str = "specter") -> CostModel:
+                     weight_bytes: float = 2.0, implementation: str = "specter", weights=None,
+                     depth: "int | None" = None, gpu_layers: "int | None" = None,
+                     kv_type: "str | None" = None) -> CostModel:
     """A CostModel for a loaded model (``info`` is a :class:`specter_lab.model.MoEModelInfo`), with the aten ops
-    of ``implementation`` (the runtime's own by default) counted for the model's family, or the cost shape's."""
+    of ``implementation`` (the runtime's own by default) counted for the model's family, or the cost shape's.
+    A ``llama.cpp`` profile builds the llama.cpp-class engine (:mod:`.llamacpp`), whose ``weights`` format,
+    KV ``depth`` and ``gpu_layers`` (-ngl) the other engines do not read (they refuse them)."""
     shape = get_cost_shape(cost_shape)
+    if profile.execution != "llama.cpp":
+        for name, value in (("weights", weights), ("depth", depth), ("gpu_layers", gpu_layers), ("kv_type", kv_type)):
+            if value is not None:
+                raise OptionError(f"{name}={value!r} prices a llama.cpp-class engine: give hardware='"
+                                  f"{profile.name}@llama.cpp', or drop {name}=.", name, value, ("None",))
+        return _torch_cost(info, profile, shape, weight_bytes, implementation)
+    from .llamacpp import kernel_counts, llama_cpp_cost
+
+    family = shape.family if shape is not None else (info.model_type or "qwen2_moe")
+    top_k = info.top_k if shape is None else shape.top_k
+    base = _torch_cost(info, profile, shape, weight_bytes, "grouped_mm")
+    sizes = None if shape is not None else _llama_sizes(info)
+    if gpu_layers is not None and (isinstance(gpu_layers, bool) or not isinstance(gpu_layers, int) or gpu_layers < 0):
+        raise OptionError(f"gpu_layers={gpu_layers!r}: the decoder layers on the GPU (llama.cpp -ngl), an integer "
+                          ">= 0, or None for all.", "gpu_layers", gpu_layers, ("None", "0, 1, ..."))
+    if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or depth < 0):
+        raise OptionError(f"depth={depth!r}: tokens in the KV cache while decoding, an integer >= 0, or None for "
+                          "the run's own positions.", "depth", depth, ("None", "0, 4096, ..."))
+    return llama_cpp_cost(base, weights, sizes, kernel_counts(op_counts(family, "grouped_mm", top_k)), depth,
+                          gpu_layers, kv_type)
+
+
+def _torch_cost(info, profile: HardwareProfile, shape: "CostShape | None", weight_bytes: float,
+                implementation: str) -> CostModel:
+    """The eager / compiled engine's cost model (the pieces priced by :func:`piece_time`)."""
     family = shape.family if shape is not None else (info.model_type or "qwen2_moe")
     ops = op_counts(family, implementation, info.top_k if shape is None else shape.top_k)
     if shape is None:
@@ -208,6 +254,22 @@ def build_cost_model(info, profile: HardwareProfile, cost_shape: "str | CostShap
     return CostModel(profile, shape.expert_params, shape.dense_params, shape.vocab * shape.hidden,
                      shape.kv_bytes_per_token_per_layer, shape.hidden, weight_bytes,
                      head_scale=min(1.0, info.num_layers / shape.num_layers), **common)
+
+
+def _llama_sizes(info):
+    """Per-layer KV and the dense decoder layers of the model ``info`` describes, for the llama.cpp-class engine
+    (its config's layer kinds and windows; every layer full attention without one)."""
+    from ..model.geometry import kv_layout
+    from .llamacpp import LlamaSizes
+
+    n = len(info.decoder_layers) if info.decoder_layers is not None else info.num_layers
+    kv, window, _ = kv_layout(info.config or {}, info.kv_dim, n)
+    moe = [l.decoder_index for l in info.layers]
+    dense = [i for i in range(n) if i not in set(moe)]
+    n_dense = len(dense)
+    return LlamaSizes(kv=tuple((kv[i], window[i]) for i in moe), decoder_of=tuple(moe),
+                      dense_kv=tuple((kv[i], window[i]) for i in dense),
+                      dense_layer_params=info.dense_layer_params // n_dense if n_dense else 0, decoder_layers=n)
 
 
 def _dense_decoder_layers(info) -> int:

@@ -21,9 +21,12 @@ GB = 1e9
 __all__ = ["HardwareProfile", "PROFILES", "DEFAULT_PROFILE", "get_profile", "profile_dir", "GB", "EXECUTIONS",
            "HOST_OP_COST", "KERNEL_TIME", "HostCPU", "HOSTS", "get_host", "with_host_cpu", "CONSUMER_GPUS",
            "DramMeasurement", "DRAM_MEASUREMENTS", "DELIVERED_FRACTION", "DELIVERED_FRACTION_RANGE",
-           "gpu_profile", "resolve_gpu", "catalog_profile", "DISK_BANDWIDTH", "DISK_LATENCY"]
+           "gpu_profile", "resolve_gpu", "catalog_profile", "DISK_BANDWIDTH", "DISK_LATENCY", "HOST_DECODE_EFFICIENCY",
+           "HOST_EFFICIENCY_RANGE"]
 
-EXECUTIONS = ("eager", "compiled")
+# How a run's ops are priced: eager PyTorch (host dispatch per aten op), compiled (graphs), or a llama.cpp-class
+# engine (graphs, one fused MoE kernel a layer, GGUF/MXFP4 formats: pricing/llamacpp.py)
+EXECUTIONS = ("eager", "compiled", "llama.cpp")
 # Defaults derived from the published batch-1 table (``sl.bench.published()``; ``specter_lab/pricing/published.py``
 # holds the rows and the derivation; a test checks these constants still match it):
 #  * HOST_OP_COST: host seconds per aten op in eager PyTorch + transformers = the geometric-mean fit of
@@ -47,6 +50,12 @@ KERNEL_TIME = 3.6e-6
 # (dataclasses.replace(profile, disk_bandwidth=..., disk_latency=...)).
 DISK_BANDWIDTH = 5e9
 DISK_LATENCY = 80e-6
+# The share of the host's delivered DRAM bandwidth a batch-1 quantized expert matvec reaches in a llama.cpp-class
+# engine (dequantization and thread barriers cost the rest): fitted to the published consumer rows tagged ``fit``
+# (consumer.derive_host_efficiency(); tests/test_consumer.py checks it still matches), banded by the lowest and
+# highest value a single fit row reproduces. Only the llama.cpp-class engine reads it.
+HOST_DECODE_EFFICIENCY = 0.497
+HOST_EFFICIENCY_RANGE = (0.396, 0.671)
 
 
 @dataclass(frozen=True)
@@ -77,6 +86,7 @@ class HardwareProfile:
     hbm_datasheet: float | None = None  # datasheet VRAM bandwidth, bytes/s (what per-format decode efficiency scales)
     disk_bandwidth: float = DISK_BANDWIDTH  # the disk tier: checkpoint file → host RAM, bytes/s (one reader)
     disk_latency: float = DISK_LATENCY  # fixed cost of one read from the checkpoint file, s
+    host_efficiency: float = HOST_DECODE_EFFICIENCY  # share of delivered DRAM a host expert matvec reaches (llama.cpp)
 
     def __post_init__(self) -> None:
         if self.execution not in EXECUTIONS:
@@ -89,6 +99,8 @@ class HardwareProfile:
                 raise ValueError(f"HardwareProfile.{f} must be > 0, got {getattr(self, f)!r}")
         if self.copy_latency < 0 or self.launch_overhead < 0 or self.disk_latency < 0:
             raise ValueError("HardwareProfile latencies must be >= 0")
+        if not 0 < self.host_efficiency <= 1:
+            raise ValueError(f"HardwareProfile.host_efficiency must be in (0, 1], got {self.host_efficiency!r}")
 
     @property
     def clock_label(self) -> str:

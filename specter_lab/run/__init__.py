@@ -5,6 +5,8 @@ them to a live model.
 Tools above this folder (the estimator, the planner) read the strategy table through the names exported here.
 """
 
-from .strategies import AUTO, BASELINES, STRATEGIES, Strategy, describe, get_strategy, strategy_names
+from .strategies import (AUTO, BASELINES, NOT_CANDIDATES, PLANNER_MARGIN, STRATEGIES, Strategy, describe,
+                         get_strategy, planner_choice, strategy_names)
 
-__all__ = ["STRATEGIES", "Strategy", "get_strategy", "BASELINES", "AUTO", "strategy_names", "describe"]
+__all__ = ["STRATEGIES", "Strategy", "get_strategy", "BASELINES", "AUTO", "strategy_names", "describe",
+           "NOT_CANDIDATES", "PLANNER_MARGIN", "planner_choice"]

@@ -61,12 +61,25 @@ def split_budget(info, expert_budget, draft_bytes: int, expert_bytes: int, strat
     return BudgetSplit(budget, draft_bytes, slots, expert_bytes)
 
 
-def split_static(info, expert_budget, expert_bytes: int, strategy: str) -> BudgetSplit:
+def split_static(info, expert_budget, expert_bytes: int, strategy: str,
+                 host_layers: "list[int] | None" = None) -> BudgetSplit:
     """llama.cpp's ``--n-cpu-moe N`` at equal memory: whole layers' experts on the device, from the last layer
     back, as many as the budget holds; the first N layers keep every expert on the host (0 slots). What is left
-    of the budget below one whole layer stays unused, as it does there."""
+    of the budget below one whole layer stays unused, as it does there. ``host_layers``: the layers on the host
+    given (llama.cpp's ``-ot`` / ``--n-cpu-moe`` as typed), the others on the device; refused with the numbers
+    (:class:`BudgetTooSmall`) when those do not fit the budget."""
     full = expert_bytes * sum(l.num_experts for l in info.layers)
     budget = parse_budget(0.5 if expert_budget is None else expert_budget).resolve(full)
+    if host_layers is not None:
+        on_host = set(host_layers)
+        slots = [0 if i in on_host else l.num_experts for i, l in enumerate(info.layers)]
+        need = sum(slots) * expert_bytes
+        if need > budget:
+            raise BudgetTooSmall(
+                f"host_layers={sorted(on_host)}: the other {sum(1 for s in slots if s)} layers' experts take "
+                f"{need:,} B on the device, more than expert_budget={expert_budget!r} ({budget:,} B) for strategy "
+                f"{strategy!r}: keep more layers on the host.", need, need / full)
+        return BudgetSplit(budget, 0, slots, expert_bytes)
     slots, left = [0] * info.num_layers, budget
     for i in reversed(range(info.num_layers)):
         need = info.layers[i].num_experts * expert_bytes

@@ -89,7 +89,7 @@ def _check_rewindable(model, info: MoEModelInfo, strategy: str, verify: str = "b
 
 # The keyword options an Engine passes to resolve() as given (the named ones it also plans with).
 _SETUP_OPTIONS = {"eviction", "prefetch", "chunking", "shared_slots", "cpu_share", "trace", "host_dtype", "ignore_eos",
-                  "verify", "host_budget"}
+                  "verify", "host_budget", "weights", "depth", "gpu_layers", "host_layers", "kv_type"}
 
 
 class Engine:
@@ -108,6 +108,11 @@ class Engine:
             pin the planner's speculative candidates: it decides whether to speculate, with your draft and K.
         hardware: a profile name in ``sl.PROFILES``, a :class:`HardwareProfile`, or ``"cuda"`` (real clock).
         cost_shape: price experts as a named real model (``sl.COST_SHAPES``); results are labelled projected.
+        weights, depth, gpu_layers: with a llama.cpp-class profile (``hardware="rtx3060-12gb-pcie4@llama.cpp"``),
+            the weights' format (``"q4_k_m"``, ``"mxfp4+q8_0"``), the KV cache read at ``depth`` tokens, and
+            llama.cpp's ``-ngl`` (decoder layers on the GPU; the rest whole on the host, with a static split).
+        host_layers: the MoE layers a static split (``static_split``) keeps on the host, as llama.cpp's
+            ``--n-cpu-moe`` / ``-ot`` place them, instead of as many as the budget leaves.
         eviction, prefetch, chunking, shared_slots, cpu_share: override the strategy's (for ablations;
             ``cpu_share`` is ``global_lru``'s share of misses computed on the host).
         host_dtype: the precision host execution computes in (``"float32"``, ``"bfloat16"``; None: the experts'

@@ -193,17 +193,23 @@ class RunSetup:
 
 
 def _split(info, st: Strategy, draft: DraftSpec, cost: CostModel, cost_shape, expert_budget,
-           cache_slots) -> tuple[BudgetSplit, float]:
-    """Slots per layer after the resident draft (or whole layers for a static split), and one draft expert's
-    packed bytes."""
+           cache_slots, host_layers=None) -> tuple[BudgetSplit, float]:
+    """Slots per layer after the resident draft (or whole layers for a static split: ``host_layers`` given, or as
+    many as the budget holds from the last layer back), and one draft expert's packed bytes."""
     eb = cost.expert_bytes
     per_draft = draft_expert_bytes(info, draft.quant, cost_shape, cost.expert_params)
     dbytes = int(per_draft * draft_device_experts(info, draft)) if st.speculative else 0
+    forced = sorted(set(host_layers or ()) | set(getattr(cost, "host_moe_layers", ())))
+    if forced and not places_whole_layers(st):
+        raise ValueError(f"strategy={st.name!r} keeps a cache of experts per layer, but host_layers= / gpu_layers= "
+                         "(llama.cpp's -ot / --n-cpu-moe / -ngl) place whole layers on the host: use "
+                         "strategy='static_split'.")
     if places_whole_layers(st):
         if cache_slots is not None:
             raise ValueError(f"strategy={st.name!r} places whole layers, not slots: give expert_budget=, "
                              "not cache_slots=.")
-        split = split_static(info, expert_budget, eb, st.name)
+        given = host_layers is not None or bool(forced)
+        split = split_static(info, expert_budget, eb, st.name, forced if given else None)
     elif cache_slots is not None:
         split = split_slots(info, cache_slots, dbytes, eb, st.name)
     else:
@@ -219,12 +225,18 @@ def resolve(info: MoEModelInfo, strategy: "str | Strategy" = "specter", *,
             chunking: "str | tuple[float, ...] | None" = None, shared_slots: bool | None = None,
             cpu_share: float | None = None, trace: str = "full", host_dtype: "str | torch.dtype | None" = None,
             ignore_eos: bool = False, verify: str = "batched",
-            host_budget: "float | int | str | None" = None) -> RunSetup:
+            host_budget: "float | int | str | None" = None, weights=None, depth: int | None = None,
+            gpu_layers: int | None = None, host_layers=None, kv_type: str | None = None) -> RunSetup:
     """Check every argument and resolve them into a :class:`RunSetup` for the model ``info`` describes (a live
     model's or a weightless skeleton's: only sizes are read). Nothing runs, nothing is allocated.
 
     The arguments are the Engine's (see :class:`~specter_lab.run.engine.Engine`); ``strategy`` is a name in
-    ``sl.STRATEGIES`` or a :class:`Strategy` (a plan is resolved by the Engine, which runs the planner)."""
+    ``sl.STRATEGIES`` or a :class:`Strategy` (a plan is resolved by the Engine, which runs the planner).
+    ``weights`` / ``depth`` / ``gpu_layers`` / ``kv_type`` price a llama.cpp-class engine
+    (``hardware="...@llama.cpp"``: the weights' format, the KV cache read at ``depth`` tokens, llama.cpp's ``-ngl``,
+    the KV cache's type); ``host_layers``: the MoE layers
+    a static split keeps on the host (llama.cpp's ``--n-cpu-moe`` / ``-ot``), instead of as many as the budget
+    leaves."""
     if trace not in TRACE_LEVELS:
         raise ValueError(f"trace={trace!r}: use 'full' (every copy, span and routing: the views need it) or "
                          "'steps' (steps and tokens only: a speed run on CUDA pays for no per-op events).")
@@ -246,11 +258,27 @@ def resolve(info: MoEModelInfo, strategy: "str | Strategy" = "specter", *,
     native = getattr(first.experts, first.param_names[0]).dtype
     wbytes = native.itemsize if clocks.measured else 2.0
     cost = build_cost_model(info, clocks.profile, shape, weight_bytes=wbytes,
-                            implementation=dispatch_implementation(st))
-    split, per_draft = _split(info, st, draft_cfg, cost, shape, expert_budget, cache_slots)
+                            implementation=dispatch_implementation(st), weights=weights, depth=depth,
+                            gpu_layers=gpu_layers, kv_type=kv_type)
+    split, per_draft = _split(info, st, draft_cfg, cost, shape, expert_budget, cache_slots,
+                              _layer_list(host_layers, info.num_layers))
     return RunSetup(st, draft_cfg, clocks, shape, cost, split, per_draft, trace, None if hdt == native else hdt,
                     budget_given=cache_slots is None, ignore_eos=bool(ignore_eos), verify=verify,
                     host_budget=resolve_host_budget(info, host_budget))
+
+
+def _layer_list(host_layers, n: int) -> "list[int] | None":
+    """``host_layers=``: MoE layer indices in [0, n), checked (None stays None)."""
+    if host_layers is None:
+        return None
+    try:
+        layers = [int(l) for l in host_layers if not isinstance(l, bool) and int(l) == l]
+    except (TypeError, ValueError):
+        layers = None
+    if layers is None or len(layers) != len(list(host_layers)) or any(not 0 <= l < n for l in layers):
+        raise ValueError(f"host_layers={host_layers!r}: MoE layer indices in [0, {n}) whose experts stay on the "
+                         "host (llama.cpp's --n-cpu-moe N is range(N) minus the dense first layers).")
+    return sorted(set(layers))
 
 
 def native_expert_bytes(info: MoEModelInfo) -> int:

@@ -19,7 +19,8 @@ import math
 from dataclasses import dataclass, fields, replace
 from typing import Literal, Union, get_args
 
-__all__ = ["Strategy", "STRATEGIES", "BASELINES", "AUTO", "get_strategy", "strategy_names", "describe", "Prefetch",
+__all__ = ["Strategy", "STRATEGIES", "BASELINES", "AUTO", "get_strategy", "strategy_names", "describe",
+           "NOT_CANDIDATES", "PLANNER_MARGIN", "planner_choice", "Prefetch",
            "Eviction", "Miss", "Pool", "Chunking", "Dispatch", "Role", "PREFETCH", "EVICTION", "MISS", "POOL",
            "DISPATCH", "ROLES"]
 
@@ -107,6 +108,10 @@ class Strategy:
     dispatch: Dispatch = "specter"  # whose counted expert dispatch (aten ops, host syncs) prices the run
     refresh: bool = False  # copy a layer's most used non-resident expert when the link is idle
     description: str = ""
+    # What runs this placement today outside specter_lab, in a user's words ("" : specter_lab only), and the
+    # llama.cpp flags that express it ("" : none do; {n_cpu_moe} / {cache_mib} are filled from the placement)
+    elsewhere: str = ""
+    llama_cpp: str = ""
     # What the row is to a comparison (not a mechanism: the assembly never reads it): a baseline the paper's
     # method is compared with, the paper's method or an extension of it, a replica of an artifact's costs, or a
     # reference that reads the true routing.
@@ -156,22 +161,26 @@ class Strategy:
 STRATEGIES: dict[str, Strategy] = {
     s.name: s
     for s in [
-        Strategy("on_demand", eviction="lru", keep=False, description="plain offloading: load each routed expert "
+        Strategy("on_demand", elsewhere="accelerate-style offload (device_map with a CPU share)",
+                 eviction="lru", keep=False, description="plain offloading: load each routed expert "
                  "when asked, keep nothing (accelerate-style)"),
-        Strategy("lru", eviction="lru", description="per-layer LRU expert cache, no prediction (mixtral-offloading's "
+        Strategy("lru", elsewhere="mixtral-offloading",
+                 eviction="lru", description="per-layer LRU expert cache, no prediction (mixtral-offloading's "
                  "policy, run lean: immutable host copies, a copy stream, one sync per layer)"),
         Strategy("mixtral_offloading", eviction="lru", writeback=True, single_stream=True,
                  dispatch="mixtral_offloading", role="replica", description="Mixtral-Offloading as Specter's artifact runs it: per-"
                  "layer LRU, every miss also writes the evicted expert back to the host, copies and experts on one "
                  "stream, its DeepSeek dispatch (~19 host syncs per layer at top-6, unfused expert MLPs)"),
-        Strategy("global_lru", eviction="lru", pool="global", description="one LRU over a slot pool shared by "
+        Strategy("global_lru", elsewhere="llama.cpp --cpu-moe --moe-cache-mib", llama_cpp="--cpu-moe --moe-cache-mib {cache_mib}",
+                 eviction="lru", pool="global", description="one LRU over a slot pool shared by "
                  "every layer, misses copied (llama.cpp --moe-cache-mib; cpu_share= computes a share of misses on "
                  "the host, --moe-cache-cpu-share)"),
         Strategy("gate_lookahead", prefetch="gate", eviction="lru",
                  description="prefetch one layer ahead with the next layer's router (pre-gated MoE style)"),
         Strategy("spec_lru", speculative=True, prefetch="none", eviction="lru",
                  description="speculative decoding with the quantized draft; demand loads + LRU"),
-        Strategy("specmoeoff", speculative=True, prefetch="draft", chunking=(0.2, 0.6), eviction="lru", k=3,
+        Strategy("specmoeoff", elsewhere="SpecMoEOff (research code)",
+                 speculative=True, prefetch="draft", chunking=(0.2, 0.6), eviction="lru", k=3,
                  description="SpecMoEOff as re-implemented by the paper: K=3, top-M prefetch at draft fractions "
                  "0.2 and 0.6"),
         Strategy("specter", speculative=True, prefetch="draft", chunking="adaptive", eviction="lru", k=8,
@@ -180,7 +189,8 @@ STRATEGIES: dict[str, Strategy] = {
         Strategy("specter_plus", speculative=True, prefetch="draft", chunking="budgeted", eviction="forecast",
                  k="auto", role="specter", description="beyond the paper: furthest-forecast eviction, bandwidth-aware prefetch, "
                  "K governor"),
-        Strategy("fiddler", miss="host", description="Fiddler-style: the device keeps what the prompt loaded "
+        Strategy("fiddler", elsewhere="ktransformers GPU experts / Fiddler",
+                 miss="host", description="Fiddler-style: the device keeps what the prompt loaded "
                  "(its most used experts, LRU), every later miss is computed on the host CPU, nothing is copied"),
         Strategy("host_lru", miss="auto", description="LRU cache that copies a miss only when its expected reuse "
                  "pays for the copy, else computes it on the host CPU (llama.cpp / ktransformers users' choice, "
@@ -189,7 +199,8 @@ STRATEGIES: dict[str, Strategy] = {
                  "used expert, counts decaying per use of the layer (the field's best online policy, layer+LFU), "
                  "misses copied"),
         Strategy("host_lfu", miss="auto", eviction="lfu_decay", description="host_lru with decayed-LFU eviction"),
-        Strategy("split_lru", miss="balance", description="per-token split (HybriMoE, DALI): the device computes "
+        Strategy("split_lru", elsewhere="HybriMoE / DALI (research code)",
+                 miss="balance", description="per-token split (HybriMoE, DALI): the device computes "
                  "the resident experts while the host computes the misses placed there, each miss to the lane that "
                  "ends the layer sooner, a copy credited with its expected reuse; LRU cache"),
         Strategy("split_lfu", miss="balance", eviction="lfu_decay", description="split_lru with decayed-LFU "
@@ -202,7 +213,8 @@ STRATEGIES: dict[str, Strategy] = {
         Strategy("split_arc", miss="balance", eviction="arc", description="split_lru with adaptive replacement "
                  "(ARC) eviction: recency against repeated use, balanced by which ghost list a returning expert "
                  "comes from"),
-        Strategy("static_split", miss="host", static=True, description="llama.cpp --n-cpu-moe N at equal "
+        Strategy("static_split", elsewhere="llama.cpp --n-cpu-moe N / -ot", llama_cpp="--n-cpu-moe {n_cpu_moe}",
+                 miss="host", static=True, description="llama.cpp --n-cpu-moe N at equal "
                  "memory: whole layers' experts on the device, the first N layers' experts computed on the host"),
         Strategy("specter_host", speculative=True, prefetch="draft", chunking="adaptive", eviction="lru", k=8,
                  miss="host", reuse=2, role="specter", description="specter's draft and lookahead prefetch of the experts the window "
@@ -229,6 +241,31 @@ AUTO_DESCRIPTION = ("the planner's choice for this model, budget and hardware (s
 # What the paper's method is compared with at equal memory: every row whose role is a baseline (not Specter or
 # its extensions, not a replica of an artifact's implementation costs, not a reference reading the true routing).
 BASELINES: tuple[str, ...] = tuple(n for n, s in STRATEGIES.items() if s.role == "baseline")
+
+
+# The planner's candidates come from the strategy table: every non-speculative row, and the speculative rows that
+# are searched over draft variant × K. A row left out says why here, so a new strategy is a candidate unless
+# someone writes down why not (tests/test_strategy_lists.py holds the table and these lists together). The planner
+# (sl.plan) and the estimate (sl.estimate) both choose with :func:`planner_choice`.
+NOT_CANDIDATES = {
+    "on_demand": "keeps nothing: lru at the same budget holds everything it holds and more",
+    "mixtral_offloading": "a replica of an artifact's implementation costs, not a configuration anyone would pick",
+    "spec_lru": "specter_plus searched over draft × K with demand loads covers it (its prefetch only adds)",
+    "specmoeoff": "a re-implementation for the paper's comparison; specter_plus's search covers its K and draft",
+    "specter": "the paper's fixed K=8 int4: one point of specter_plus's search over draft × K",
+    "oracle": "reads the target's true routing: a reference, not something a run can do",
+}
+PLANNER_MARGIN = 0.1  # a speculative pick must beat the best plain one by this share (see planner_choice)
+
+
+def planner_choice(ranked: "list[tuple[str, float]]", margin: float = PLANNER_MARGIN) -> int:
+    """Which of ``ranked`` (strategy name, predicted TPOT), fastest first, the planner picks: the fastest,
+    unless it speculates and beats the best plain strategy by less than ``margin`` (a few short calibration runs
+    are noisy, and a near-tie there became a loss on other prompts). Returns its index."""
+    plain = next((i for i, (name, _) in enumerate(ranked) if not get_strategy(name).speculative), None)
+    if plain not in (None, 0) and ranked[0][1] > (1 - margin) * ranked[plain][1]:
+        return plain
+    return 0
 
 
 def strategy_names(with_auto: bool = True) -> list[str]:

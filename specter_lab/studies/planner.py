@@ -32,7 +32,8 @@ from ..analysis.bound import bound_tpots
 from ..analysis.replay import skeleton
 from ..traces.trace_file import RoutingTrace
 from .runs import SKIPPED, Cell, PromptRuns, as_source, run_cells, sweep_executor
-from ..run.strategies import BASELINES, STRATEGIES, get_strategy
+from ..run.strategies import (BASELINES, NOT_CANDIDATES, PLANNER_MARGIN, STRATEGIES, get_strategy,
+                              planner_choice)
 
 __all__ = ["Plan", "plan", "default_candidates", "regime_map"]
 
@@ -57,19 +58,6 @@ class Plan:
     def _repr_html_(self) -> str:
         head = f"<b>plan:</b> {self.label} — predicted TPOT {self.predicted_tpot_ms:.3f} ms"
         return head + self.table.to_html(index=False, float_format=lambda v: f"{v:.3f}")
-
-
-# The planner's candidates come from the strategy table: every non-speculative row, and the speculative rows
-# that are searched over draft variant × K. A row left out says why here, so a new strategy is a candidate unless
-# someone writes down why not (tests/test_strategy_lists.py holds the table and these lists together).
-NOT_CANDIDATES = {
-    "on_demand": "keeps nothing: lru at the same budget holds everything it holds and more",
-    "mixtral_offloading": "a replica of an artifact's implementation costs, not a configuration anyone would pick",
-    "spec_lru": "specter_plus searched over draft × K with demand loads covers it (its prefetch only adds)",
-    "specmoeoff": "a re-implementation for the paper's comparison; specter_plus's search covers its K and draft",
-    "specter": "the paper's fixed K=8 int4: one point of specter_plus's search over draft × K",
-    "oracle": "reads the target's true routing: a reference, not something a run can do",
-}
 
 
 def candidate_strategies() -> tuple[list[str], list[str]]:
@@ -144,7 +132,7 @@ def _replayable(cand, trace: RoutingTrace) -> bool:
 
 def plan(model, tokenizer, hardware="rtx4090-pcie4", expert_budget=0.5, prompts: Sequence | None = None,
          cost_shape: str | None = None, max_new_tokens: int = 32, candidates=None, progress: bool = True,
-         margin: float = 0.1, draft=None, k: "int | str | None" = None, trace: RoutingTrace | None = None,
+         margin: float = PLANNER_MARGIN, draft=None, k: "int | str | None" = None, trace: RoutingTrace | None = None,
          executor: "Executor | str | None" = "auto") -> Plan:
     """Choose strategy, draft variant, bits, K and slot split for this model, budget and hardware.
 
@@ -208,14 +196,8 @@ def _bound_ms(trace: RoutingTrace, expert_budget, hardware, cost_shape) -> float
 
 
 def _choose(ranked: pd.DataFrame, margin: float) -> pd.Series:
-    """The fastest candidate, unless it speculates and beats the best plain strategy by less than ``margin``: a
-    few short calibration runs are noisy, and a near-tie there became a loss on other prompts."""
-    best = ranked.iloc[0]
-    plain = ranked[~ranked._strategy.map(lambda s: get_strategy(s).speculative)]
-    if len(plain) and best._strategy != plain.iloc[0]._strategy and \
-            best.predicted_tpot_ms > (1 - margin) * plain.iloc[0].predicted_tpot_ms:
-        best = plain.iloc[0]
-    return best
+    """The candidate :func:`~specter_lab.run.strategies.planner_choice` picks of ``ranked`` (fastest first)."""
+    return ranked.iloc[planner_choice(list(zip(ranked._strategy, ranked.predicted_tpot_ms)), margin)]
 
 
 def _row(label: str, strategy: str, opts: dict, runs: PromptRuns) -> dict[str, Any]:
