@@ -18,7 +18,7 @@ import torch
 
 from .estimate import estimate
 from .pricing.profiles import HOST_DECODE_EFFICIENCY
-from .estimate.consumer import consumer_summary
+from .estimate.consumer import PROPERTY_FAMILIES, consumer_summary, flag_property
 from .model import BUNDLED, load_model
 from .model.checkpoint_check import check_checkpoint
 from .model.memory import plan_memory
@@ -300,6 +300,10 @@ def _bench_consumer(a) -> int:
     print("\nErrors by group (|simulated / published midpoint - 1|; in_band: the published figure or range meets "
           "the printed band):")
     print(_fmt(summary))
+    prop = flag_property()
+    print(f"\nThe flags' property (estimate/consumer.flag_property): {prop['pairs']} random llama.cpp flag sets in "
+          f"pairs over {len(PROPERTY_FAMILIES)} families, {prop['ordered']} pairs where one keeps strictly more on the "
+          f"host: {len(prop['violations'])} priced faster than the other.")
     return 0
 
 

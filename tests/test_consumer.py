@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from specter_lab.estimate.consumer import (CONSUMER_ROWS, TOLERANCE, consumer_summary, derive_host_efficiency)
-from specter_lab.estimate.pricing import HOST_DECODE_EFFICIENCY, HOST_EFFICIENCY_RANGE
+from specter_lab.pricing.profiles import HOST_DECODE_EFFICIENCY, HOST_EFFICIENCY_RANGE
 from specter_lab.pricing.published import PUBLISHED_ROWS
 from specter_lab.studies import bench
 

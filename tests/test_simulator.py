@@ -6,7 +6,8 @@ from dataclasses import replace
 import pytest
 
 import specter_lab as sl
-from specter_lab.pricing.cost import build_cost_model, piece_time, sync_time
+from specter_lab.pricing.cost import piece_time, sync_time
+from specter_lab.pricing.engines import build_cost_model
 from specter_lab.pricing.opcount import op_counts
 from specter_lab.pricing.profiles import HOST_OP_COST, KERNEL_TIME, PROFILES, get_profile
 from specter_lab.pricing.shapes import get_cost_shape

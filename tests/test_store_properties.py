@@ -30,7 +30,7 @@ import specter_lab as sl
 from conftest import hf_greedy
 from specter_lab.caching.policies import ONLINE, make_policy
 from specter_lab.offload.clock import SimClock
-from specter_lab.pricing.cost import build_cost_model
+from specter_lab.pricing.engines import build_cost_model
 from specter_lab.pricing.profiles import PROFILES
 from specter_lab.offload.hostexec import CopyMisses
 from specter_lab.offload.runtime import ForwardInfo, OffloadRuntime

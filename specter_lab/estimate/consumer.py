@@ -253,3 +253,40 @@ def consumer_summary(df: pd.DataFrame | None = None) -> pd.DataFrame:
                     "max_abs_error": float(g.abs_error.max()), "in_band": int(g.in_band.sum()),
                     "band_coverage": float(g.in_band.mean())})
     return pd.DataFrame(out)
+
+
+# ------------------------------------------------------------------------------------------ the flags' property
+
+PROPERTY_FAMILIES = ("deepseek-v2-lite", "qwen3-30b-a3b", "mixtral-8x7b", "gpt-oss-20b")
+PROPERTY_MACHINES = (("rtx3060", "ddr4-3200x2"), ("rtx4090", "ddr5-6000x2"), ("rtx2080", "i9-10900x-ddr4-2933"),
+                     ("gtx1060", "i5-7600k-ddr4-3000"))
+
+
+def flag_property(n: int = 1000, seed: int = 0, weights: str = "q4_k_m") -> dict:
+    """Random llama.cpp flag sets (:func:`~.flags.random_flags`) over four families and four machines, in pairs:
+    where one keeps strictly more on the host than the other, it must not be priced faster on the same clock.
+    Returns the pairs drawn, those ordered that way, and the violations (each a flag pair)."""
+    import numpy as np
+
+    from .flags import keeps_more_on_host, parse_placement, random_flags
+
+    rng = np.random.default_rng(seed)
+    ordered, violations = 0, []
+    for i in range(n):
+        family = PROPERTY_FAMILIES[i % len(PROPERTY_FAMILIES)]
+        gpu, host = PROPERTY_MACHINES[(i // len(PROPERTY_FAMILIES)) % len(PROPERTY_MACHINES)]
+        g = _geometry(family)
+        a, b = (parse_placement(random_flags(g, rng), g) for _ in range(2))
+        if keeps_more_on_host(b, a, g):
+            a, b = b, a
+        if not keeps_more_on_host(a, b, g):
+            continue
+        ordered += 1
+        profile, card = resolve_gpu(gpu)
+        sc = Scenario(Machine(profile, card.vram_gb * GiB, get_host(host), card), get_precision(weights),
+                      HOST_DECODE_EFFICIENCY, 4096)
+        price = lambda p: price_token(sc.cost(g, p.gpu_layers), static_layers([not h for h in p.host_layers],
+                                                                               g.top_k), g.top_k, sc.depth).total_ms
+        if price(b) < price(a):
+            violations.append((family, gpu, a.flags, b.flags))
+    return {"pairs": n, "ordered": ordered, "violations": violations}

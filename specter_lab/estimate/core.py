@@ -146,7 +146,7 @@ class Estimate:
 def estimate(config, gpu: "str | HardwareProfile" = "rtx4090", vram=None, host=None, weights=None,
              context: int = 4096, trace=None, overhead: float = RUNTIME_OVERHEAD,
              eta_host: float = HOST_DECODE_EFFICIENCY, seed: int = 0, depth: int | None = None,
-             placement: str | None = None, ram=None, disk=None, progress: bool = False) -> Estimate:
+             placement: str | None = None, ram=None, disk=None, tokens: int = TOKENS) -> Estimate:
     """Expected batch-1 decode TPOT and tokens/s of every strategy for the model of ``config`` (a ``config.json``
     path, its folder, a dict or a bundled name) on ``gpu`` (a catalog name such as ``"rtx3060"``, a profile name or
     a HardwareProfile) with ``vram`` (a number of bytes, or ``"12GB"`` / ``"12GiB"``: a card's memory is binary,
@@ -160,8 +160,11 @@ def estimate(config, gpu: "str | HardwareProfile" = "rtx4090", vram=None, host=N
     :mod:`.flags`), priced as given in a row ``yours``. ``ram``: host RAM free for the model's weights (None:
     assumed to hold them all); where it cannot hold every routed expert beside the embeddings, the experts the host
     reads come from disk at ``disk`` bytes/s (None: the profile's 5 GB/s, banded 2-7), through the replay's disk
-    tier. Modelled, not measured: :attr:`Estimate.assumptions` lists what every number rests on."""
+    tier. ``tokens``: decode tokens replayed per row (after a prompt that warms the caches). Modelled, not measured:
+    :attr:`Estimate.assumptions` lists what every number rests on."""
     _check(context, depth, overhead, eta_host, seed)
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 2:
+        raise ValueError(f"tokens={tokens!r}: decode tokens to replay per row, an integer >= 2 (default {TOKENS}).")
     v = _size(vram, "vram", "'24GB' or '8GiB'")
     ram_b = _size(ram, "ram", "'32GB' or '64GiB'")
     disk_b = _size(disk, "disk", "'3.5GB/s' (bytes per second)", rate=True)
@@ -173,7 +176,7 @@ def estimate(config, gpu: "str | HardwareProfile" = "rtx4090", vram=None, host=N
     yours = parse_placement(placement, geom) if placement is not None else None  # refused before any replay
     central = Scenario(machine, prec, eta_host, context if depth is None else depth)
     bits = None if budget.all_fit else draft_bits(geom, prec.experts.bits, budget.experts, budget.expert_bytes)
-    wl = workload(geom, _config_dict(config), bits, trace, seed)
+    wl = workload(geom, _config_dict(config), bits, trace, seed, tokens=tokens)
     host_budget = _host_budget(geom, prec, machine, wl)
     options = {"hardware": machine.profile(eta_host), "weights": prec, "depth": central.depth, "trace_level": "steps",
                **({"host_budget": host_budget} if host_budget else {})}
@@ -446,9 +449,9 @@ def _assumptions(e: Estimate, host_budget) -> list[str]:
         f"weights {prec.label}: experts {prec.experts.bits} bits/weight, dense {prec.dense.bits}; embeddings on "
         f"the host; KV cache at 2 bytes/value, read at {e._inputs['central'].depth} tokens, each layer to its window",
         f"{e.budget.describe()}",
-        f"routing: {e.routing_label}; a {PROMPT}-token prompt warms the caches, then {TOKENS} decode tokens are "
-        "priced" if wl.draft_bits is not None or not isinstance(e.routing_label, str) or "recorded" not in
-        e.routing_label else f"routing: {e.routing_label}",
+        f"routing: {e.routing_label}; " + (f"{wl.trace.tokens} tokens replayed, the first {len(wl.trace.sequences[0].prefill)}"
+                                           " a prompt that warms the caches" if not e.routing_label.startswith("recorded")
+                                           else "replayed as recorded"),
         (f"speculative rows are MODELLED: an int{wl.draft_bits}-g64 RTN draft of every expert resident (the widest "
          "narrower than the experts that fits beside one slot per layer), forecast recall and per-token "
          "acceptance measured at its bits on the bundled model (traces/importing.MEASURED_DRAFT); sl.plan measures "

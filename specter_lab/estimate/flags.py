@@ -404,3 +404,34 @@ class _Read:
         kv = max(self.kv.values(), key=lambda t: KV_TYPES[t])
         return UserPlacement(self.flags, tuple(host), self.gpu_layers, cache, self.share, self.context, kv,
                              self.ubatch, self.no_mmap, self.mlock, tuple(self.notes))
+
+
+# ------------------------------------------------------------------------------------------ the flags' property
+
+def random_flags(geom: ModelGeometry, rng) -> str:
+    """A random llama.cpp flag set for ``geom``'s model: -ngl, --n-cpu-moe, --cpu-moe and -ot rules in any mix."""
+    parts = []
+    if rng.random() < 0.5:
+        parts.append(f"-ngl {int(rng.integers(0, geom.decoder_layers + 2))}")
+    roll = rng.random()
+    if roll < 0.15:
+        parts.append("--cpu-moe")
+    elif roll < 0.6:
+        parts.append(f"--n-cpu-moe {int(rng.integers(0, geom.decoder_layers + 1))}")
+    if rng.random() < 0.4:
+        blocks = sorted({int(b) for b in rng.choice(geom.moe_decoder_index, size=int(rng.integers(1, 4)))})
+        parts.append("-ot 'blk\\.(" + "|".join(map(str, blocks)) + ")\\.ffn_.*_exps\\.=CPU'")
+    if rng.random() < 0.3:
+        parts.append(f"-c {int(rng.choice([2048, 4096, 8192]))}")
+    return " ".join(parts) or "-ngl 99"
+
+
+def keeps_more_on_host(a: UserPlacement, b: UserPlacement, geom: ModelGeometry) -> bool:
+    """Does ``b`` keep everything ``a`` keeps on the host, and strictly more?"""
+    experts = all(hb or not ha for ha, hb in zip(a.host_layers, b.host_layers))
+    dec_a, dec_b = a.host_decoder_layers(geom), b.host_decoder_layers(geom)
+    head_a = a.gpu_layers is not None and a.gpu_layers <= geom.decoder_layers
+    head_b = b.gpu_layers is not None and b.gpu_layers <= geom.decoder_layers
+    if not (experts and dec_b >= dec_a and (head_b or not head_a)):
+        return False
+    return b.host_layers != a.host_layers or dec_b > dec_a or head_b != head_a

@@ -28,7 +28,8 @@ from ..offload.runtime import OffloadRuntime
 from ..offload.schedule import DraftSource
 from ..offload.store import ExpertStore
 from ..predict import KGovernor
-from ..pricing.cost import CostModel, build_cost_model
+from ..pricing.cost import CostModel
+from ..pricing.engines import build_cost_model
 from ..pricing.profiles import HardwareProfile
 from ..pricing.shapes import CostShape, get_cost_shape
 from ..records.metrics import compute_metrics

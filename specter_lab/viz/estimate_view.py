@@ -56,7 +56,7 @@ class EstimateExplorer:
 
     def __init__(self, config: str = "qwen3-30b-a3b", gpu: str = "rtx3060", vram: str = "12GB",
                  host: str = "ddr4-3200x2", weights: str = "q4_k_m", prompt: int = 2048, context: int = 4096,
-                 ram: str = "", run_now: bool = True) -> None:
+                 ram: str = "", run_now: bool = True, tokens: int = 64) -> None:
         import ipywidgets as W
 
         from ..estimate import estimate  # noqa: F401 - fail here, not on the first click, if it cannot load
@@ -89,6 +89,7 @@ class EstimateExplorer:
         self._controls = [W.HBox([self.config, self.gpu, self.vram, self.ram]),
                           W.HBox([self.host, self.weights, self.prompt, self.context, self.button])]
         self.box = W.VBox()
+        self.tokens = tokens  # decode tokens replayed per row: fewer than the CLI's, so a change answers quickly
         self.summary: dict[str, Any] | None = None
         if run_now:
             self.run()
@@ -111,7 +112,7 @@ class EstimateExplorer:
         try:
             e = estimate(self.config.value, gpu=self.gpu.value, vram=self.vram.value or None,
                          host=self.host.value or None, weights=self.weights.value, context=self.context.value,
-                         ram=self.ram.value.strip() or None)
+                         ram=self.ram.value.strip() or None, tokens=self.tokens)
             s = self.summary = e.summary(prompt=self.prompt.value)
         except (ValueError, FileNotFoundError) as exc:
             self.status.value = f"<span style='color:#b00'>{html.escape(str(exc))}</span>"
@@ -120,8 +121,8 @@ class EstimateExplorer:
         host = "" if s["host_given"] else " (no host given: the band covers a desktop's range)"
         self.status.value = (f"<b>{html.escape(s['model'])}</b> on {html.escape(s['machine'])}, "
                              f"{html.escape(s['weights'])}{host}: fastest <b>{s['best']}</b>, "
-                             f"{lo:.1f}–{hi:.1f} tok/s (widest unknown: {html.escape(s['dominant_unknown'])}). "
-                             "MODELLED from the config, not measured.")
+                             f"{lo:.1f}–{hi:.1f} tok/s (widest unknown: {html.escape(s['dominant_unknown'])}); the "
+                             f"planner's pick <b>{s['pick']}</b>. MODELLED from the config, not measured.")
         self.table.value = estimate_table(s["table"])._repr_html_()
         sizing = s["cache_sizing"]
         self._show_figure = sizing is not None  # every expert fits in VRAM: no cache to size
@@ -132,8 +133,7 @@ class EstimateExplorer:
         self._layout()
         ttft = s["prefill"]
         first = "" if ttft is None else (f"time to first token at {self.prompt.value} prompt tokens: "
-                                         f"{ttft.ttft_s.iloc[0]:.2f} s ({ttft.strategy.iloc[0]}, band "
-                                         f"{ttft.ttft_band_s.iloc[0]} s)<br>")
+                                         f"{ttft.ttft_s.iloc[0]:.2f} s ({ttft.strategy.iloc[0]}, modelled)<br>")
         cache = "" if sizing is None else html.escape(sizing.describe()) + "<br>"
         self.commands.value = (f"{first}{cache}<pre style='white-space:pre-wrap'>{html.escape(s['llama_cpp'])}\n"
                                f"{html.escape(s['engine_call'])}</pre>")
