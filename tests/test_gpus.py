@@ -19,7 +19,13 @@ def test_every_card_has_its_numbers_and_a_source():
     assert len(CARDS) >= 100
     for card in CARDS.values():
         assert card.vram_gb > 0 and card.bandwidth_gbs > 0 and card.tflops > 0, card
-        assert card.pcie_gen in (3, 4, 5) and card.pcie_lanes in (4, 8, 16), card
+        if card.unified_memory:  # Apple: no link to cross
+            assert (card.pcie_gen, card.pcie_lanes, card.link_raw) == (0, 0, 0.0), card
+            assert card.vendor == "apple" and card.backends == ("metal",), card
+        else:
+            assert card.pcie_gen in (3, 4, 5) and card.pcie_lanes in (4, 8, 16), card
+            assert card.link_raw > 0, card
+        assert card.vendor in ("nvidia", "amd", "intel", "apple") and card.backends, card
         assert card.source.startswith("https://"), card
     # the families the issue names, with their memory variants
     for name in ("rtx3060", "rtx3060ti", "rtx4060", "rtx4060ti", "rtx4070", "rtx5060ti", "rtx5070", "rtx5080",
@@ -30,7 +36,9 @@ def test_every_card_has_its_numbers_and_a_source():
 
 
 @pytest.mark.parametrize("card,bus,gbps", [("rtx3060-12gb", 192, 15), ("rtx3060-8gb", 128, 15),
-                                           ("rtx4060ti-16gb", 128, 18), ("rtx5080", 256, 30), ("rtx3090", 384, 19.5)])
+                                           ("rtx4060ti-16gb", 128, 18), ("rtx5080", 256, 30), ("rtx3090", 384, 19.5),
+                                           ("rx7900xtx", 384, 20), ("rx6800xt", 256, 16), ("rx9070xt", 256, 20),
+                                           ("arcb580", 192, 19), ("arca770-16gb", 256, 17.5)])
 def test_bandwidth_is_bus_width_times_data_rate(card, bus, gbps):
     assert CARDS[card].bandwidth_gbs == pytest.approx(bus / 8 * gbps)
 
@@ -42,6 +50,20 @@ def test_names_resolve_as_people_type_them():
     assert find_gpu("GeForce RTX 4060 Ti 16GB").key == "rtx4060ti-16gb"
     assert find_gpu("a4000").key == "rtxa4000" and find_gpu("4070 laptop").key == "rtx4070laptop"
     assert find_gpu("w7800").key == "radeonprow7800"
+
+
+def test_other_vendors_resolve_as_people_type_them():
+    assert find_gpu("rx7900xt").key == "rx7900xt" and find_gpu("RX 7900 XTX").key == "rx7900xtx"
+    assert find_gpu("AMD Radeon RX 7800 XT").key == "rx7800xt" and find_gpu("9070 xt").key == "rx9070xt"
+    assert find_gpu("RX 9060 XT 8GB").key == "rx9060xt-8gb" and find_gpu("w7900").key == "radeonprow7900"
+    assert find_gpu("arc b580").key == "arcb580" and find_gpu("Intel Arc A770 8GB").key == "arca770-8gb"
+    assert find_gpu("m2 max").key == "m2max-32gb" and find_gpu("M2 Max 96GB").key == "m2max-96gb"
+    assert find_gpu("Apple M4 Max", vram=128e9).key == "m4max-128gb"
+    # the x8 cards, and the Max bins whose memory size picks the bandwidth
+    assert CARDS["rx7600xt"].pcie == "PCIe 4.0 x8" and CARDS["arcb580"].pcie_lanes == 8
+    assert CARDS["m4max-36gb"].bandwidth_gbs == 410 and CARDS["m4max-48gb"].bandwidth_gbs == 546
+    assert {g.vendor for g in CARDS.values()} == {"nvidia", "amd", "intel", "apple"}
+    assert CARDS["rx6800"].tensor_cores is False and CARDS["rx7900xtx"].backends == ("rocm", "vulkan")
 
 
 def test_unknown_names_get_the_closest_matches():

@@ -13,6 +13,21 @@ band (``LAPTOP_SPREAD``). The FP32 rates of the laptop and RTX PRO Blackwell row
 The rows were entered from the vendors' pages as published, not fetched when this file was written (no network
 on the build machine): a number found wrong is a one-line fix, with its source.
 
+Other vendors (``vendor``, ``backends``): AMD Radeon RX 6000/7000/9000 and Radeon PRO (ROCm/HIP and Vulkan builds of
+llama.cpp), Intel Arc A/B and Arc Pro (SYCL and Vulkan), Apple M1-M4 (Metal). AMD and Intel rows state memory as
+AMD/Intel do (bus width x data rate), FP32 at boost clock as the vendor's "peak single precision" figure (RDNA3/RDNA4:
+the dual-issue figure AMD quotes). ``tensor_cores`` marks matrix units llama.cpp can use for prefill GEMMs: RDNA3/RDNA4
+WMMA (HIP MMQ/rocWMMA flash attention, Vulkan KHR_coopmat where the driver exposes it), Intel XMX (SYCL oneDNN/oneMKL
+GEMM, Vulkan coopmat on Battlemage); RDNA2 has none. Which backend a user runs, and how much of the datasheet bandwidth
+it reaches, is not a catalog number: ``backends`` lists what runs on the card, nothing more.
+
+Apple Silicon rows are unified memory (``unified_memory=True``): one row per memory size Apple sells for the chip
+(keyed ``m4max-64gb`` like the other "-<N>gb" rows; for the Max chips the size also picks the GPU bin and with it
+the bandwidth), the bandwidth as Apple states it, no PCIe link (``pcie_gen == pcie_lanes == 0``, ``link_raw == 0``).
+``vram_gb`` is the whole unified memory: macOS lets the GPU wire only part of it (Metal's recommended working set,
+about 2/3-3/4 by default), which is the estimator's business, not the catalog's. Apple publishes GPU TFLOPS for M1/M2
+only; the M3/M4 figures are approximate (cores x 128 FP32 lanes x 2 x clock, secondary sources), prefill only.
+
 :func:`specter_lab.pricing.profiles.gpu_profile` turns a row into the :class:`~specter_lab.pricing.profiles.HardwareProfile` the cost model
 prices (effective link = raw PCIe x ``LINK_EFFICIENCY``, effective VRAM = 0.8 x datasheet as the hand-set
 profiles do); a card that already has a hand-set profile (the GPUs of the published rows) returns that one.
@@ -30,7 +45,8 @@ __all__ = ["GPU", "CARDS", "GPU_FAMILIES", "find_gpu", "LINK_EFFICIENCY", "LINK_
 
 GiB = 2**30
 # Raw PCIe bandwidth per lane and direction, GB/s (128b/130b encoding): 3.0 8 GT/s, 4.0 16 GT/s, 5.0 32 GT/s.
-PCIE_LANE_GBPS = {3: 0.985, 4: 1.969, 5: 3.938}
+# Generation 0: no PCIe link (Apple unified memory); GPU.link_raw is 0 there.
+PCIE_LANE_GBPS = {0: 0.0, 3: 0.985, 4: 1.969, 5: 3.938}
 # Pinned cudaMemcpyAsync reaches ~0.76-0.79 of raw on the hand-set profiles (12 of 15.75 GB/s on PCIe 3.0 x16,
 # 25 of 31.5 on 4.0 x16, 50 of 63 on 5.0 x16); the band spans what bandwidthTest reports on healthy desktops.
 LINK_EFFICIENCY = 0.78
@@ -40,6 +56,9 @@ LAPTOP_SPREAD = 0.12  # +/- on a laptop part's VRAM bandwidth: the OEM sets the 
 _NV = "https://www.nvidia.com/en-us/"
 _GF = _NV + "geforce/graphics-cards/"
 _TPU = "cross-checked against the TechPowerUp GPU database"
+_AMD = "https://www.amd.com/en/products/graphics/desktops/radeon/"
+_INTEL = "https://www.intel.com/content/www/us/en/products/docs/discrete-gpus/arc/desktop/"
+_APPLE = "https://support.apple.com/en-us/specs"
 # One source per family: NVIDIA's spec page (memory size, interface width, memory type/speed, PCIe).
 SOURCES = {
     "gtx10": _GF + "compare/?section=compare-specs (GeForce 10 series specs)",
@@ -60,6 +79,48 @@ SOURCES = {
                "GDDR6, 256-bit, 864 GB/s, PCIe 4.0 x16); in the catalog because a published row runs on it",
     "datacenter": _NV + "data-center/ (T4, A10, A40, L4, L40, L40S, A100, H100, H200 datasheets: bandwidth stated; "
                         "P40/P100/V100 from the Tesla datasheets)",
+    # ---- added for issue 53. Entered from the vendors' spec pages as remembered (no network on the build machine),
+    # except where a stored copy was read: each family says which. A number found wrong is a one-line fix.
+    "amd-rdna2": _AMD + "6000-series/ (amd-radeon-rx-6600, -6600-xt, -6650-xt, -6700-xt, -6750-xt, -6800, -6800-xt, "
+                        "-6900-xt, -6950-xt spec pages: memory size, interface, effective memory speed, bandwidth, "
+                        "PCIe 4.0 x8 on the 66x0 cards, peak single precision at boost); from memory of those pages, "
+                        "not re-read here",
+    "amd-rdna3": _AMD + "7000-series/ (amd-radeon-rx-7600, -7600-xt, -7700-xt, -7800-xt, -7900-gre, -7900xt, -7900xtx "
+                        "spec pages; PCIe 4.0 x8 on the 7600/7600 XT; FP32 is AMD's dual-issue peak); from memory of "
+                        "those pages, not re-read here (the 7900 XT's 20 GB agrees with the 19.98 GB that llmfit's "
+                        "community files record for it)",
+    "amd-rdna4": _AMD + "9000-series/ (amd-radeon-rx-9060xt, -9070, -9070xt spec pages); RX 9060 XT cross-checked "
+                        "against a stored TechPowerUp review "
+                        "(techpowerup.com/review/asus-radeon-rx-9060-xt-prime-oc-16-gb: 128-bit 20 Gbps GDDR6, 320 "
+                        "GB/s) and AMD's launch figures as reported (PCIe 5.0 x16, 25.6 TFLOPS at 3.13 GHz boost); RX "
+                        "9070/9070 XT from memory of AMD's pages",
+    "amd-rdna3-pro": "https://www.amd.com/en/products/graphics/workstations/radeon-pro/w7900.html (AMD spec page: 48 "
+                     "GB GDDR6 ECC, 384-bit, 864 GB/s, PCIe 4.0 x16, 61.3 TFLOPS FP32); from memory of that page",
+    "intel-arc-a": _INTEL + "a-series/ and the Arc A380/A580/A750/A770 ark pages (memory size, interface, speed, "
+                            "bandwidth, PCIe 4.0 x8 on the A380; FP32 = Xe cores x 128 lanes x 2 x graphics clock); "
+                            "from memory of those pages, not re-read here",
+    "intel-arc-b": _INTEL + "b-series/ and the Arc B570/B580 ark pages (both PCIe 4.0 x8); from memory of those "
+                            "pages, not re-read here",
+    "intel-arc-pro": "https://www.intel.com/content/www/us/en/products/docs/discrete-gpus/arc/workstations/"
+                     "b-series/overview.html (Arc Pro B50 16 GB 128-bit, B60 24 GB 192-bit, both PCIe 5.0 x8); "
+                     "B50 clock and FP32 (2600 MHz, 10.65 TFLOPS) cross-checked against stored spec-aggregator pages "
+                     "(chipversus.com, hmc-tech.com); B60 from memory",
+    "apple-m1": _APPLE + " (MacBook Air/Pro M1, MacBook Pro 14/16 M1 Pro/Max, Mac Studio M1 Max/Ultra tech specs) and "
+                         "the Apple newsroom launch posts: unified memory sizes sold, memory bandwidth as Apple "
+                         "states it (68.25 / 200 / 400 / 800 GB/s), GPU TFLOPS as Apple states them (2.6 / 5.2 / 10.4 "
+                         "/ 21; the 48-core Ultra scaled by core count); from memory of those pages",
+    "apple-m2": _APPLE + " (MacBook Air M2, MacBook Pro M2 Pro/Max, Mac Studio M2 Ultra tech specs) and newsroom "
+                         "posts: 100 / 200 / 400 / 800 GB/s, GPU TFLOPS as Apple states them (3.6 / 6.8 / 13.6 / "
+                         "27.2; the 60-core Ultra scaled by core count); from memory of those pages",
+    "apple-m3": _APPLE + " (MacBook Air/Pro M3, MacBook Pro M3 Pro/Max, Mac Studio M3 Ultra tech specs) and newsroom "
+                         "posts: 100 / 150 / 300 (30-core GPU) or 400 (40-core GPU) / 819 GB/s; Apple publishes no "
+                         "TFLOPS for M3: the figures are approximate (secondary sources; smaller GPU bins scaled by "
+                         "core count), prefill only; from memory",
+    "apple-m4": _APPLE + " (MacBook Air/Pro M4, Mac mini/MacBook Pro M4 Pro, MacBook Pro/Mac Studio M4 Max tech "
+                         "specs) and newsroom posts: 120 / 273 / 410 (32-core GPU) or 546 (40-core GPU) GB/s; there "
+                         "is no M4 Ultra (the 2025 Mac Studio pairs M4 Max with M3 Ultra); Apple publishes no TFLOPS "
+                         "for M4: approximate (secondary sources; the 32-core Max scaled by core count), prefill "
+                         "only; from memory",
 }
 
 
@@ -80,6 +141,9 @@ class GPU:
     tensor_cores: bool = True
     profile: str | None = None  # a hand-set profile in PROFILES stands for this card
     memory: str = ""
+    vendor: str = "nvidia"  # nvidia | amd | intel | apple
+    backends: tuple[str, ...] = ("cuda", "vulkan")  # llama.cpp backends that run on the card
+    unified_memory: bool = False  # GPU and host share one memory (Apple): no PCIe link, vram_gb is the whole memory
 
     @property
     def family(self) -> str:
@@ -87,21 +151,43 @@ class GPU:
 
     @property
     def pcie(self) -> str:
+        if not self.pcie_gen:
+            return "no PCIe link (unified memory)"
         return f"PCIe {self.pcie_gen}.0 x{self.pcie_lanes}"
 
     @property
     def link_raw(self) -> float:
-        """Raw host-to-device bandwidth, bytes/s."""
-        return PCIE_LANE_GBPS[self.pcie_gen] * self.pcie_lanes * GB
+        """Raw host-to-device bandwidth, bytes/s (0 for unified memory: there is no link to cross)."""
+        if not self.pcie_gen or not self.pcie_lanes:
+            return 0.0
+        return PCIE_LANE_GBPS.get(self.pcie_gen, 0.0) * self.pcie_lanes * GB
 
 
-def _row(key, name, vram, src, arch, pcie, tflops, bus=None, gbps=None, bw=None, mem="GDDR6", **kw) -> GPU:
-    """A catalog row: bandwidth from bus width x data rate (as NVIDIA's pages state them), or as stated (``bw``)."""
-    gen, lanes = (int(x) for x in pcie.split("x"))
+def _row(key, name, vram, src, arch, pcie, tflops, bus=None, gbps=None, bw=None, mem="GDDR6", note="", **kw) -> GPU:
+    """A catalog row: bandwidth from bus width x data rate (as NVIDIA's pages state them), or as stated (``bw``).
+    ``pcie`` is "<gen>x<lanes>", or "none" for unified memory (no link)."""
+    gen, lanes = (0, 0) if pcie == "none" else (int(x) for x in pcie.split("x"))
     bandwidth = bw if bw is not None else bus / 8 * gbps
-    memory = f"{vram} GB {mem}" + (f", {bus}-bit at {gbps:g} Gbps" if bus else "")
-    return GPU(key, name, float(vram), float(bandwidth), gen, lanes, float(tflops), arch, SOURCES[src] + "; " + _TPU,
-               memory=memory, **kw)
+    memory = f"{vram} GB {mem}" + (f", {bus}-bit at {gbps:g} Gbps" if bus else "") + (f"; {note}" if note else "")
+    # the rows added for issue 53 say in their own SOURCES text what was cross-checked, and against what
+    source = SOURCES[src] if src.startswith(("amd-rdna", "intel-", "apple-")) else SOURCES[src] + "; " + _TPU
+    return GPU(key, name, float(vram), float(bandwidth), gen, lanes, float(tflops), arch, source, memory=memory, **kw)
+
+
+def _amd(*a, **kw) -> GPU:
+    """An AMD Radeon row: ROCm (HIP) and Vulkan builds of llama.cpp."""
+    return _row(*a, vendor="amd", backends=("rocm", "vulkan"), **kw)
+
+
+def _intel(*a, **kw) -> GPU:
+    """An Intel Arc row: SYCL and Vulkan builds of llama.cpp."""
+    return _row(*a, vendor="intel", backends=("sycl", "vulkan"), **kw)
+
+
+def _apple(key, name, mem_gb, src, arch, bw, tflops, mem, note="") -> GPU:
+    """An Apple Silicon row: unified memory of ``mem_gb``, bandwidth as Apple states it, Metal, no PCIe link."""
+    return _row(key, name, mem_gb, src, arch, "none", tflops, bw=bw, mem=mem, note=note, vendor="apple",
+                backends=("metal",), unified_memory=True)
 
 
 _ROWS: list[GPU] = [
@@ -218,8 +304,106 @@ _ROWS: list[GPU] = [
          mem="GDDR7"),
     _row("rtxpro6000", "RTX PRO 6000 Blackwell", 96, "blackwell-pro", "blackwell", "5x16", 125.0, 512, 28,
          mem="GDDR7"),
-    # ---- AMD, where a published row exists (sl.bench.consumer_anchors())
-    _row("radeonprow7800", "AMD Radeon PRO W7800", 48, "amd-pro", "rdna3", "4x16", 45.2, bw=864),
+    # ---- AMD Radeon PRO (RDNA3 workstation): the W7800 because a published row runs on it
+    _amd("radeonprow7800", "AMD Radeon PRO W7800", 48, "amd-pro", "rdna3", "4x16", 45.2, bw=864),
+    _amd("radeonprow7900", "AMD Radeon PRO W7900", 48, "amd-rdna3-pro", "rdna3", "4x16", 61.3, 384, 18),
+    # ---- AMD Radeon RX 6000 (RDNA2, PCIe 4.0; the 66x0 cards x8): no matrix units, llama.cpp runs dp4a-class kernels
+    _amd("rx6600", "AMD Radeon RX 6600", 8, "amd-rdna2", "rdna2", "4x8", 8.93, 128, 14, tensor_cores=False),
+    _amd("rx6600xt", "AMD Radeon RX 6600 XT", 8, "amd-rdna2", "rdna2", "4x8", 10.6, 128, 16, tensor_cores=False),
+    _amd("rx6650xt", "AMD Radeon RX 6650 XT", 8, "amd-rdna2", "rdna2", "4x8", 10.8, 128, 17.5, tensor_cores=False),
+    _amd("rx6700xt", "AMD Radeon RX 6700 XT", 12, "amd-rdna2", "rdna2", "4x16", 13.21, 192, 16, tensor_cores=False),
+    _amd("rx6750xt", "AMD Radeon RX 6750 XT", 12, "amd-rdna2", "rdna2", "4x16", 13.31, 192, 18, tensor_cores=False),
+    _amd("rx6800", "AMD Radeon RX 6800", 16, "amd-rdna2", "rdna2", "4x16", 16.17, 256, 16, tensor_cores=False),
+    _amd("rx6800xt", "AMD Radeon RX 6800 XT", 16, "amd-rdna2", "rdna2", "4x16", 20.74, 256, 16, tensor_cores=False),
+    _amd("rx6900xt", "AMD Radeon RX 6900 XT", 16, "amd-rdna2", "rdna2", "4x16", 23.04, 256, 16, tensor_cores=False),
+    _amd("rx6950xt", "AMD Radeon RX 6950 XT", 16, "amd-rdna2", "rdna2", "4x16", 23.65, 256, 18, tensor_cores=False),
+    # ---- AMD Radeon RX 7000 (RDNA3, PCIe 4.0; the 7600 / 7600 XT x8): WMMA units
+    _amd("rx7600", "AMD Radeon RX 7600", 8, "amd-rdna3", "rdna3", "4x8", 21.75, 128, 18),
+    _amd("rx7600xt", "AMD Radeon RX 7600 XT", 16, "amd-rdna3", "rdna3", "4x8", 22.57, 128, 18),
+    _amd("rx7700xt", "AMD Radeon RX 7700 XT", 12, "amd-rdna3", "rdna3", "4x16", 35.17, 192, 18),
+    _amd("rx7800xt", "AMD Radeon RX 7800 XT", 16, "amd-rdna3", "rdna3", "4x16", 37.32, 256, 19.5),
+    _amd("rx7900gre", "AMD Radeon RX 7900 GRE", 16, "amd-rdna3", "rdna3", "4x16", 45.98, 256, 18),
+    _amd("rx7900xt", "AMD Radeon RX 7900 XT", 20, "amd-rdna3", "rdna3", "4x16", 51.48, 320, 20),
+    _amd("rx7900xtx", "AMD Radeon RX 7900 XTX", 24, "amd-rdna3", "rdna3", "4x16", 61.39, 384, 20),
+    # ---- AMD Radeon RX 9000 (RDNA4, PCIe 5.0 x16): WMMA units
+    _amd("rx9060xt-16gb", "AMD Radeon RX 9060 XT 16GB", 16, "amd-rdna4", "rdna4", "5x16", 25.64, 128, 20),
+    _amd("rx9060xt-8gb", "AMD Radeon RX 9060 XT 8GB", 8, "amd-rdna4", "rdna4", "5x16", 25.64, 128, 20),
+    _amd("rx9070", "AMD Radeon RX 9070", 16, "amd-rdna4", "rdna4", "5x16", 36.13, 256, 20),
+    _amd("rx9070xt", "AMD Radeon RX 9070 XT", 16, "amd-rdna4", "rdna4", "5x16", 48.66, 256, 20),
+    # ---- Intel Arc A (Alchemist / Xe-HPG, PCIe 4.0; the A380 x8) and B (Battlemage / Xe2, PCIe 4.0 x8): XMX units
+    _intel("arca380", "Intel Arc A380", 6, "intel-arc-a", "xe-hpg", "4x8", 4.1, 96, 15.5),
+    _intel("arca580", "Intel Arc A580", 8, "intel-arc-a", "xe-hpg", "4x16", 10.4, 256, 16),
+    _intel("arca750", "Intel Arc A750", 8, "intel-arc-a", "xe-hpg", "4x16", 14.7, 256, 16),
+    _intel("arca770-16gb", "Intel Arc A770 16GB", 16, "intel-arc-a", "xe-hpg", "4x16", 17.2, 256, 17.5),
+    _intel("arca770-8gb", "Intel Arc A770 8GB", 8, "intel-arc-a", "xe-hpg", "4x16", 17.2, 256, 16),
+    _intel("arcb570", "Intel Arc B570", 10, "intel-arc-b", "xe2", "4x8", 11.5, 160, 19),
+    _intel("arcb580", "Intel Arc B580", 12, "intel-arc-b", "xe2", "4x8", 13.7, 192, 19),
+    _intel("arcprob50", "Intel Arc Pro B50", 16, "intel-arc-pro", "xe2", "5x8", 10.65, 128, 14),
+    _intel("arcprob60", "Intel Arc Pro B60", 24, "intel-arc-pro", "xe2", "5x8", 12.3, 192, 19),
+    # ---- Apple Silicon: unified memory, one row per size sold; bandwidth as Apple states it; Metal; no PCIe link
+    _apple("m1-8gb", "Apple M1 (8-core GPU) 8GB", 8, "apple-m1", "m1", 68.25, 2.6, "LPDDR4X-4266, 128-bit"),
+    _apple("m1-16gb", "Apple M1 (8-core GPU) 16GB", 16, "apple-m1", "m1", 68.25, 2.6, "LPDDR4X-4266, 128-bit"),
+    _apple("m1pro-16gb", "Apple M1 Pro (16-core GPU) 16GB", 16, "apple-m1", "m1", 200, 5.2, "LPDDR5-6400, 256-bit",
+           note="a 14-core GPU bin has the same bandwidth"),
+    _apple("m1pro-32gb", "Apple M1 Pro (16-core GPU) 32GB", 32, "apple-m1", "m1", 200, 5.2, "LPDDR5-6400, 256-bit"),
+    _apple("m1max-32gb", "Apple M1 Max (32-core GPU) 32GB", 32, "apple-m1", "m1", 400, 10.4, "LPDDR5-6400, 512-bit",
+           note="a 24-core GPU bin has the same bandwidth"),
+    _apple("m1max-64gb", "Apple M1 Max (32-core GPU) 64GB", 64, "apple-m1", "m1", 400, 10.4, "LPDDR5-6400, 512-bit"),
+    _apple("m1ultra-64gb", "Apple M1 Ultra (48-core GPU) 64GB", 64, "apple-m1", "m1", 800, 15.9,
+           "LPDDR5-6400, 1024-bit", note="48-core GPU bin (Apple quotes 21 TFLOPS for the 64-core one)"),
+    _apple("m1ultra-128gb", "Apple M1 Ultra (64-core GPU) 128GB", 128, "apple-m1", "m1", 800, 21.0,
+           "LPDDR5-6400, 1024-bit"),
+    _apple("m2-8gb", "Apple M2 (10-core GPU) 8GB", 8, "apple-m2", "m2", 100, 3.6, "LPDDR5-6400, 128-bit"),
+    _apple("m2-16gb", "Apple M2 (10-core GPU) 16GB", 16, "apple-m2", "m2", 100, 3.6, "LPDDR5-6400, 128-bit"),
+    _apple("m2-24gb", "Apple M2 (10-core GPU) 24GB", 24, "apple-m2", "m2", 100, 3.6, "LPDDR5-6400, 128-bit"),
+    _apple("m2pro-16gb", "Apple M2 Pro (19-core GPU) 16GB", 16, "apple-m2", "m2", 200, 6.8, "LPDDR5-6400, 256-bit"),
+    _apple("m2pro-32gb", "Apple M2 Pro (19-core GPU) 32GB", 32, "apple-m2", "m2", 200, 6.8, "LPDDR5-6400, 256-bit"),
+    _apple("m2max-32gb", "Apple M2 Max (38-core GPU) 32GB", 32, "apple-m2", "m2", 400, 13.6, "LPDDR5-6400, 512-bit",
+           note="a 30-core GPU bin has the same bandwidth"),
+    _apple("m2max-64gb", "Apple M2 Max (38-core GPU) 64GB", 64, "apple-m2", "m2", 400, 13.6, "LPDDR5-6400, 512-bit"),
+    _apple("m2max-96gb", "Apple M2 Max (38-core GPU) 96GB", 96, "apple-m2", "m2", 400, 13.6, "LPDDR5-6400, 512-bit"),
+    _apple("m2ultra-64gb", "Apple M2 Ultra (60-core GPU) 64GB", 64, "apple-m2", "m2", 800, 21.5,
+           "LPDDR5-6400, 1024-bit", note="60-core GPU bin (Apple quotes 27.2 TFLOPS for the 76-core one)"),
+    _apple("m2ultra-128gb", "Apple M2 Ultra (76-core GPU) 128GB", 128, "apple-m2", "m2", 800, 27.2,
+           "LPDDR5-6400, 1024-bit"),
+    _apple("m2ultra-192gb", "Apple M2 Ultra (76-core GPU) 192GB", 192, "apple-m2", "m2", 800, 27.2,
+           "LPDDR5-6400, 1024-bit"),
+    _apple("m3-8gb", "Apple M3 (10-core GPU) 8GB", 8, "apple-m3", "m3", 100, 4.1, "LPDDR5-6400, 128-bit"),
+    _apple("m3-16gb", "Apple M3 (10-core GPU) 16GB", 16, "apple-m3", "m3", 100, 4.1, "LPDDR5-6400, 128-bit"),
+    _apple("m3-24gb", "Apple M3 (10-core GPU) 24GB", 24, "apple-m3", "m3", 100, 4.1, "LPDDR5-6400, 128-bit"),
+    _apple("m3pro-18gb", "Apple M3 Pro (18-core GPU) 18GB", 18, "apple-m3", "m3", 150, 7.4, "LPDDR5-6400, 192-bit",
+           note="a 14-core GPU bin has the same bandwidth"),
+    _apple("m3pro-36gb", "Apple M3 Pro (18-core GPU) 36GB", 36, "apple-m3", "m3", 150, 7.4, "LPDDR5-6400, 192-bit"),
+    _apple("m3max-36gb", "Apple M3 Max (30-core GPU) 36GB", 36, "apple-m3", "m3", 300, 12.3, "LPDDR5-6400, 384-bit"),
+    _apple("m3max-48gb", "Apple M3 Max (40-core GPU) 48GB", 48, "apple-m3", "m3", 400, 16.4, "LPDDR5-6400, 512-bit"),
+    _apple("m3max-64gb", "Apple M3 Max (40-core GPU) 64GB", 64, "apple-m3", "m3", 400, 16.4, "LPDDR5-6400, 512-bit"),
+    _apple("m3max-96gb", "Apple M3 Max (30-core GPU) 96GB", 96, "apple-m3", "m3", 300, 12.3, "LPDDR5-6400, 384-bit"),
+    _apple("m3max-128gb", "Apple M3 Max (40-core GPU) 128GB", 128, "apple-m3", "m3", 400, 16.4,
+           "LPDDR5-6400, 512-bit"),
+    _apple("m3ultra-96gb", "Apple M3 Ultra (60-core GPU) 96GB", 96, "apple-m3", "m3", 819, 24.6,
+           "LPDDR5-6400, 1024-bit", note="60-core GPU bin; 256 GB with the 80-core GPU also sold"),
+    _apple("m3ultra-256gb", "Apple M3 Ultra (80-core GPU) 256GB", 256, "apple-m3", "m3", 819, 32.8,
+           "LPDDR5-6400, 1024-bit"),
+    _apple("m3ultra-512gb", "Apple M3 Ultra (80-core GPU) 512GB", 512, "apple-m3", "m3", 819, 32.8,
+           "LPDDR5-6400, 1024-bit"),
+    _apple("m4-16gb", "Apple M4 (10-core GPU) 16GB", 16, "apple-m4", "m4", 120, 4.3, "LPDDR5X-7500, 128-bit",
+           note="an 8-core GPU bin has the same bandwidth"),
+    _apple("m4-24gb", "Apple M4 (10-core GPU) 24GB", 24, "apple-m4", "m4", 120, 4.3, "LPDDR5X-7500, 128-bit"),
+    _apple("m4-32gb", "Apple M4 (10-core GPU) 32GB", 32, "apple-m4", "m4", 120, 4.3, "LPDDR5X-7500, 128-bit"),
+    _apple("m4pro-24gb", "Apple M4 Pro (20-core GPU) 24GB", 24, "apple-m4", "m4", 273, 9.2,
+           "LPDDR5X-8533, 256-bit", note="a 16-core GPU bin has the same bandwidth"),
+    _apple("m4pro-48gb", "Apple M4 Pro (20-core GPU) 48GB", 48, "apple-m4", "m4", 273, 9.2,
+           "LPDDR5X-8533, 256-bit"),
+    _apple("m4pro-64gb", "Apple M4 Pro (20-core GPU) 64GB", 64, "apple-m4", "m4", 273, 9.2,
+           "LPDDR5X-8533, 256-bit"),
+    _apple("m4max-36gb", "Apple M4 Max (32-core GPU) 36GB", 36, "apple-m4", "m4", 410, 14.7,
+           "LPDDR5X-8533, 384-bit"),
+    _apple("m4max-48gb", "Apple M4 Max (40-core GPU) 48GB", 48, "apple-m4", "m4", 546, 18.4,
+           "LPDDR5X-8533, 512-bit"),
+    _apple("m4max-64gb", "Apple M4 Max (40-core GPU) 64GB", 64, "apple-m4", "m4", 546, 18.4,
+           "LPDDR5X-8533, 512-bit"),
+    _apple("m4max-128gb", "Apple M4 Max (40-core GPU) 128GB", 128, "apple-m4", "m4", 546, 18.4,
+           "LPDDR5X-8533, 512-bit"),
     # ---- data-center / server cards people run at home or rent (bandwidth as the datasheet states it)
     _row("p40", "Tesla P40", 24, "datacenter", "pascal", "3x16", 11.8, bw=347, mem="GDDR5", tensor_cores=False),
     _row("p100", "Tesla P100 16GB", 16, "datacenter", "pascal", "3x16", 9.3, bw=732, mem="HBM2", tensor_cores=False),
@@ -245,10 +429,11 @@ for _g in _ROWS:
 
 def _norm(name: str) -> str:
     s = str(name).lower()
-    for word in ("nvidia", "geforce", "tesla", "amd"):
+    for word in ("nvidia", "geforce", "tesla", "amd", "intel", "apple", "(tm)", "(r)"):
         s = s.replace(word, "")
     s = re.sub(r"[\s_\-]", "", s).replace("mobile", "laptop").replace("notebook", "laptop")
-    return s.replace("blackwell", "")
+    # "Radeon RX 7900 XTX" is the RX 7900 XTX (the Radeon PRO cards keep their "radeonpro" keys)
+    return s.replace("blackwell", "").replace("radeonrx", "rx")
 
 
 _BY_NORM = {_norm(k): k for k in CARDS} | {_norm(f): f for f in GPU_FAMILIES}
@@ -261,7 +446,8 @@ def _suggest(key: str) -> list[str]:
 
 
 def find_gpu(name: str, vram: float | None = None) -> GPU:
-    """The catalog card ``name`` names (``"rtx3060"``, ``"RTX 4060 Ti 16GB"``, ``"a4000"``, ``"4070 laptop"``).
+    """The catalog card ``name`` names (``"rtx3060"``, ``"RTX 4060 Ti 16GB"``, ``"a4000"``, ``"4070 laptop"``,
+    ``"RX 7900 XTX"``, ``"arc b580"``, ``"M2 Max 64GB"``).
     A family with several memory sizes picks the one ``name`` ends in (``-8gb``), else the one nearest ``vram``
     bytes, else the first listed (the common one). Unknown: a ValueError naming ``gpu=`` and the closest names."""
     key = _norm(name)
@@ -270,7 +456,7 @@ def find_gpu(name: str, vram: float | None = None) -> GPU:
     if key not in _BY_NORM and m and m.group(1) in _BY_NORM:
         key, hint = m.group(1), float(m.group(2))
     if key not in _BY_NORM:
-        for prefix in ("rtx", "gtx", "rtxa", "radeonpro", "radeon"):
+        for prefix in ("rtx", "gtx", "rtxa", "radeonpro", "radeon", "rx", "arc", "arcpro"):
             if prefix + key in _BY_NORM:
                 key = prefix + key
                 break
