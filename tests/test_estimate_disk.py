@@ -74,7 +74,7 @@ def test_cli_ram(capsys):
     assert main(["estimate", "--config", "mixtral-8x7b", "--gpu", "rtx3060", "--weights", "q4_k_m",
                  "--ram", "16GB", "--disk", "3.5GB/s", "--wide"]) == 0
     out = capsys.readouterr().out
-    assert "disk_ms" in out and "3.5 GB/s" in out and "16.0 GiB RAM for weights" in out
+    assert "disk" in out and "3.5 GB/s" in out and "16.0 GiB RAM for weights" in out
 
 
 def test_the_explorer_takes_ram():

@@ -14,6 +14,9 @@ single swing is named as the one that dominates. The unknowns:
 * **GPU format efficiency**: the fraction of datasheet VRAM bandwidth a decode kernel reaches in the weights'
   format: measured on one card for q4_0 / q4_k_m / q2_k (+/-15 % carried to another card), assumed for the
   others (+/-25 %); a laptop part adds its OEM memory clock (``LAPTOP_SPREAD``);
+* **backend efficiency**: the format efficiencies are measured with llama.cpp's CUDA backend; on another backend
+  (ROCm, Vulkan, Metal, SYCL) nothing here measures them, so the central figure keeps CUDA's and the band spans
+  ``BACKEND_RANGE`` of it (said so: never silently borrowed);
 * **link bandwidth**: pinned PCIe copies at ``LINK_EFFICIENCY_RANGE`` of raw (only strategies that copy);
 * **context depth**: tokens in the KV cache while decoding, when ``depth=`` is not given: from empty (fast) to
   the full ``context`` (slow, the central figure);
@@ -34,13 +37,45 @@ from ..pricing.profiles import HOST_EFFICIENCY_RANGE
 from .lanes import Machine
 
 __all__ = ["Scenario", "Unknown", "unknowns", "disk_unknown", "combine", "MEASURED_FORMATS", "FORMAT_SPREAD",
-           "DISK_RANGE"]
+           "DISK_RANGE", "BACKEND_RANGE", "BACKEND_EFFICIENCY", "backend_factor", "on_backend"]
 
 # Reading multi-MB experts from a desktop NVMe drive: a PCIe 3.0 drive to a PCIe 4.0 one (sequential-class reads;
 # the central figure is the profile's DISK_BANDWIDTH, 5 GB/s). An assumption, not a measurement.
 DISK_RANGE = (2e9, 7e9)
 MEASURED_FORMATS = ("q4_0", "q4_k_m", "q2_k", "bf16", "fp16")  # bf16: the profiles' effective/datasheet ratio
 FORMAT_SPREAD = {"measured": 0.15, "assumed": 0.25}
+MEASURED_ARCH = "pascal"  # the one card the formats' efficiencies were measured on (quantprobe's GTX 1060)
+NEWER_ARCH_UPSIDE = 0.35  # another architecture's kernels may reach this much more (an assumption)
+# Device time per kernel beyond its bytes: the profiles' KERNEL_TIME is transformers' compiled figure (an A100
+# row); llama.cpp launches its graph's kernels faster on a recent card (about 1 us a kernel: an assumption)
+KERNEL_RANGE = (1.0e-6, 3.6e-6)
+# A backend without a measurement of its own: its kernels' share of what CUDA's reach, from much slower to a little
+# faster. Published rows on one card and model disagree by this much between backends (RX 9070 XT gpt-oss-20b:
+# ROCm 0.84x of Vulkan, lmstudio-bug-tracker#574; RTX 4090: Vulkan 1.6x an older CUDA build): an assumption.
+BACKEND_RANGE = (0.6, 1.1)
+# A backend with a fit row of its own (consumer.py's rows with fits="backend"): its kernels' efficiency in the
+# weights' format relative to the CUDA-measured figures, the value that row reproduces exactly
+# (consumer.derive_backend_efficiency(); tests/test_consumer.py checks they still match). Banded +/-15 %, as a
+# format measured on one card.
+BACKEND_EFFICIENCY = {("amd", "vulkan"): 1.098, ("amd", "rocm"): 0.931, ("apple", "metal"): 1.123}
+BACKEND_SPREAD = 0.15
+
+
+def backend_factor(m: Machine) -> tuple[float, bool]:
+    """(the machine's backend efficiency relative to the CUDA-measured formats, whether a fit row measured it):
+    the card's architecture's own where a row fitted one, else its vendor and backend's, else CUDA's (1.0)."""
+    vendor = m.card.vendor if m.card is not None else "nvidia"
+    arch = m.card.arch if m.card is not None else ""
+    for key in ((vendor, m.backend_name, arch), (vendor, m.backend_name)):
+        if key in BACKEND_EFFICIENCY:
+            return BACKEND_EFFICIENCY[key], True
+    return 1.0, m.backend_name == "cuda"
+
+
+def on_backend(p: WeightPrecision, m: Machine) -> WeightPrecision:
+    """``p`` with its efficiencies on the machine's backend (CUDA's, scaled by the backend's fitted factor)."""
+    f, _ = backend_factor(m)
+    return p if f == 1.0 else WeightPrecision(_scale_format(p.experts, f), _scale_format(p.dense, f))
 
 
 @dataclass(frozen=True)
@@ -91,14 +126,35 @@ def unknowns(c: Scenario, context: int, depth_given: bool) -> list[Unknown]:
     measured = p.experts.name in MEASURED_FORMATS and p.dense.name in MEASURED_FORMATS
     spread = FORMAT_SPREAD["measured" if measured else "assumed"]
     laptop = bool(m.card and m.card.laptop)
+    # measured on one Pascal card: a newer architecture's kernels may reach more (never past the datasheet)
+    newer = m.card is not None and m.card.arch != MEASURED_ARCH
     s_lo = (1 - spread) * ((1 - LAPTOP_SPREAD) if laptop else 1.0)
-    s_hi = min((1 + spread) * ((1 + LAPTOP_SPREAD) if laptop else 1.0), 1.0 / max(p.experts.gpu_efficiency,
-                                                                                   p.dense.gpu_efficiency))
+    s_hi = min((1 + spread + (NEWER_ARCH_UPSIDE if newer else 0.0)) * ((1 + LAPTOP_SPREAD) if laptop else 1.0),
+               1.0 / max(p.experts.gpu_efficiency, p.dense.gpu_efficiency))
     slow_p = WeightPrecision(_scale_format(p.experts, s_lo), _scale_format(p.dense, s_lo))
     fast_p = WeightPrecision(_scale_format(p.experts, s_hi), _scale_format(p.dense, s_hi))
     out.append(Unknown("GPU format efficiency", replace(c, precision=slow_p), replace(c, precision=fast_p),
                        f"{p.label}: {'measured on one card' if measured else 'assumed'}, +/-{spread:.0%}"
+                       + (f" (up to +{spread + NEWER_ARCH_UPSIDE:.0%} on {m.card.arch}: measured on {MEASURED_ARCH})"
+                          if newer else "")
                        + (f", laptop memory clock +/-{LAPTOP_SPREAD:.0%}" if laptop else "")))
+    k_lo, k_hi = KERNEL_RANGE
+    if m.gpu.kernel_time != k_lo:
+        out.append(Unknown("kernel overhead", replace(c, machine=replace(m, gpu=replace(m.gpu, kernel_time=max(
+            k_hi, m.gpu.kernel_time)))), replace(c, machine=replace(m, gpu=replace(m.gpu, kernel_time=k_lo))),
+            f"{k_lo * 1e6:g}-{max(k_hi, m.gpu.kernel_time) * 1e6:g} us a kernel: the central is transformers' "
+            "compiled figure; llama.cpp's CUDA graphs launch faster on a recent card"))
+    f, fitted = backend_factor(m)
+    if m.backend_name != "cuda" or f != 1.0:
+        lo, hi = (1 - BACKEND_SPREAD, 1 + BACKEND_SPREAD) if fitted else BACKEND_RANGE
+        why = (f"{m.backend_name} on {m.card.vendor if m.card else 'this GPU'}: {f:.2f}x CUDA's efficiency, fitted on one "
+               f"published row, +/-{BACKEND_SPREAD:.0%}" if fitted else
+               f"{m.backend_name}: no measurement of its kernels here; the central figure keeps CUDA's, the band "
+               f"{lo}-{hi} of it")
+        out.append(Unknown("backend efficiency",
+                           replace(c, precision=WeightPrecision(_scale_format(p.experts, lo), _scale_format(p.dense, lo))),
+                           replace(c, precision=WeightPrecision(_scale_format(p.experts, hi), _scale_format(p.dense, hi))),
+                           why))
     link = lambda r: replace(m, gpu=replace(m.gpu, pcie_bandwidth=m.gpu.pcie_bandwidth * r / LINK_EFFICIENCY))
     out.append(Unknown("link bandwidth", replace(c, machine=link(LINK_EFFICIENCY_RANGE[0])),
                        replace(c, machine=link(LINK_EFFICIENCY_RANGE[1])),

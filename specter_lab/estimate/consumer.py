@@ -17,17 +17,17 @@ those rows with the constant fitted on the others. Rows tagged ``check`` are nev
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import pandas as pd
 
-from .bands import Scenario, combine, unknowns
+from .bands import Scenario, combine, on_backend, unknowns
 from .lanes import Counts, Machine, price_token, resident, static_layers, uniform_hot_set
 from .vram import vram_budget
 from ..model.geometry import ModelGeometry, geometry_from_config
-from ..pricing.precision import get_precision
-from ..pricing.profiles import HOST_DECODE_EFFICIENCY, get_host, resolve_gpu
+from ..pricing.precision import WeightPrecision, get_precision
+from ..pricing.profiles import HOST_DECODE_EFFICIENCY, get_host, resolve_gpu, unified_gpu_bytes
 
 __all__ = ["ConsumerRow", "CONSUMER_ROWS", "consumer_anchors", "consumer_summary", "derive_host_efficiency",
            "simulate_consumer_row", "row_band", "TOLERANCE"]
@@ -55,6 +55,10 @@ class ConsumerRow:
     source: str
     role: str  # fit (the host efficiency is fitted on it) | check (never fitted: the test)
     note: str = ""
+    backend: str | None = None  # llama.cpp's backend as published (cuda, rocm, vulkan, metal, sycl); None: the card's
+    # what a fit row fits: "host" (the host matvec efficiency), "backend" (its vendor and backend's efficiency) or
+    # "arch" (its architecture's on its backend)
+    fits: str = "host"
 
     @property
     def split(self) -> str:
@@ -126,6 +130,33 @@ CONSUMER_ROWS: tuple[ConsumerRow, ...] = (
                 "kvcache-ai/ktransformers#1914 (8K column)", "check",
                 "as above at 8K: the published decode falls 13 % from 1K to 8K; the model's KV read alone moves it "
                 "less (a miss it says)"),
+    # issue 53's held-out rows (docs/research/estimates_round2.md: every row's source, and whether it is a repost).
+    # Never fitted. Rows read from a tool that times the whole request (llmfit) are a slight lower bound on decode.
+    ConsumerRow("Qwen3-30B-A3B-Instruct-2507 Q4_K_M", "qwen3-30b-a3b", "q4_k_m", "rtx2080-pcie3", "i9-10900x-ddr4-2933", 8.0, "llama-server -ngl 99 --n-cpu-moe 36 (llmfit bench --runs 3, single request)", "static_split", {"layers_on_gpu": 12}, (32.86, 36.7), 100, "AlexsJones/llmfit#755 (llmfit-core/data/community/nvidia-geforce-rtx-2080/1784193317-d01967fb.json)", "check", "36 of 48 expert layers on the host; 36.7 is the server's own decode figure, 32.86-34.81 llmfit's min-max (avg 33.72). llmfit's llamacpp TPS = output tokens / whole request wall time (a short prompt's prefill and the HTTP round trip included): a lower bound on decode; same box as the gpt-oss fit row (#775)"),
+    ConsumerRow("Qwen3-30B-A3B IQ4_XS experts / Q5_K attention / Q6_K output", "qwen3-30b-a3b", "iq4_xs+q5_k", "rtx4080", None, 16.0, "llama.cpp llama-sweep-bench -c 32768 -t 16 -ngl 100 -fa -ot \"blk\\.3[4-9]\\.ffn=CPU,blk\\.4[0-9]\\.ffn=CPU\"", "static_split", {"layers_on_gpu": 34}, (68.68, 68.68), 64, "ikawrakow/ik_llama.cpp discussion #357 (hybrid GPU+CPU tables; archived in the repo's github-data/discussions/)", "check", "TG128 at N_KV=0; the ffn override also puts those 14 layers' router and FFN norm on the host; host Ryzen 9 7950X (DDR5, speed not stated); weights format not in precision.py (IQ4_XS 4.25 bpw)"),
+    ConsumerRow("Qwen3-30B-A3B IQ4_XS experts / Q5_K attention / Q6_K output", "qwen3-30b-a3b", "iq4_xs+q5_k", "rtx4080", None, 16.0, "llama.cpp llama-sweep-bench -c 32768 -t 16 -ngl 100 -fa -ot \"blk\\.3[4-9]\\.ffn=CPU,blk\\.4[0-9]\\.ffn=CPU\"", "static_split", {"layers_on_gpu": 34}, (63.15, 63.15), 4160, "ikawrakow/ik_llama.cpp discussion #357 (hybrid GPU+CPU tables; archived in the repo's github-data/discussions/)", "check", "as above, TG128 starting at N_KV=4096"),
+    ConsumerRow("Qwen3-30B-A3B IQ4_XS experts / Q5_K attention / Q6_K output", "qwen3-30b-a3b", "iq4_xs+q5_k", "rtx4080", None, 16.0, "llama.cpp llama-sweep-bench -c 32768 -t 16 -ngl 100 -fa -ot \"blk\\.3[4-9]\\.ffn=CPU,blk\\.4[0-9]\\.ffn=CPU\"", "static_split", {"layers_on_gpu": 34}, (58.68, 58.68), 8256, "ikawrakow/ik_llama.cpp discussion #357 (hybrid GPU+CPU tables; archived in the repo's github-data/discussions/)", "check", "as above, TG128 starting at N_KV=8192"),
+    ConsumerRow("Qwen3-30B-A3B IQ4_XS experts / Q5_K attention / Q6_K output", "qwen3-30b-a3b", "iq4_xs+q5_k", "rtx4080", None, 16.0, "ik_llama.cpp llama-sweep-bench -c 32768 -t 16 -ngl 100 -fa -rtr -fmoe -ot \"blk\\.3[4-9]\\.ffn=CPU,blk\\.4[0-9]\\.ffn=CPU\"", "static_split", {"layers_on_gpu": 34}, (76.74, 76.74), 64, "ikawrakow/ik_llama.cpp discussion #357 (hybrid GPU+CPU tables; archived in the repo's github-data/discussions/)", "check", "the same box and split in ik_llama.cpp (run-time repacked host experts, fused MoE): 1.12x mainline at N_KV=0 (69.93 at 4096, 63.75 at 8192)"),
+    ConsumerRow("gpt-oss-20b MXFP4 (ggml-org GGUF)", "gpt-oss-20b", "mxfp4+q8_0", "rtx4080", None, 16.0, "llama.cpp llama-sweep-bench -c 30720 -ub 2048 -t 1 -ngl 100 (all on the GPU; default SWA cache)", "resident", {}, (186.13, 186.13), 256, "ikawrakow/ik_llama.cpp discussion #758 (CUDA performance, llama.cpp tables; archived copy in a github-data/ folder)", "check", "TG512 from N_KV=0 (186.09 with --swa-full)"),
+    ConsumerRow("gpt-oss-20b MXFP4 (ggml-org GGUF)", "gpt-oss-20b", "mxfp4+q8_0", "rtx4080", None, 16.0, "llama.cpp llama-sweep-bench -c 30720 -ub 2048 -t 1 -ngl 100 (all on the GPU; default SWA cache)", "resident", {}, (165.66, 165.66), 4352, "ikawrakow/ik_llama.cpp discussion #758 (CUDA performance, llama.cpp tables; archived copy in a github-data/ folder)", "check", "TG512 from N_KV=4096: 0.89x of depth 0 (159.87 with --swa-full, 0.86x)"),
+    ConsumerRow("gpt-oss-20b MXFP4 (ggml-org GGUF)", "gpt-oss-20b", "mxfp4+q8_0", "rtx4080", None, 16.0, "llama.cpp llama-sweep-bench -c 30720 -ub 2048 -t 1 -ngl 100 (all on the GPU; default SWA cache)", "resident", {}, (162.28, 162.28), 8448, "ikawrakow/ik_llama.cpp discussion #758 (CUDA performance, llama.cpp tables; archived copy in a github-data/ folder)", "check", "TG512 from N_KV=8192: 0.87x of depth 0 (154.43 with --swa-full, 0.83x)"),
+    ConsumerRow("gpt-oss-20b Q4_K_M GGUF", "gpt-oss-20b", "mxfp4+q4_k_m", "rtx3060-12gb", None, 12.0, "llama-bench -n 128 -p 512,4096 -pg 4096,128 -ngl 99 -r 2, Vulkan build (tg128)", "resident", {}, (83.96, 83.96), 64, "geerlingguy/ai-benchmarks#40 (README 'gpt-oss 20b' table, Intel Core Ultra 265K host)", "check", "Vulkan on an NVIDIA card; model file named gpt-oss-20b-Q4_K_M.gguf in the issue checklist (#39): its dense-tensor format not read (experts assumed MXFP4, as such GGUFs keep them); 11.6 GB on a 12 GB card: check the fit", backend="vulkan"),
+    ConsumerRow("gpt-oss-20b Q4_K_M GGUF", "gpt-oss-20b", "mxfp4+q4_k_m", "rtx4070ti", None, 12.0, "llama-bench -n 128 -p 512,4096 -pg 4096,128 -ngl 99 -r 2, Vulkan build (tg128)", "resident", {}, (163.14, 163.14), 64, "geerlingguy/ai-benchmarks#45 (README 'gpt-oss 20b' table, Intel Core Ultra 265K host)", "check", "as the RTX 3060 row: Vulkan, same file and method", backend="vulkan"),
+    ConsumerRow("gpt-oss-20b Q4_K_M GGUF", "gpt-oss-20b", "mxfp4+q4_k_m", "rtx4090", None, 24.0, "llama-bench -n 128 -p 512,4096 -pg 4096,128 -ngl 99 -r 2, Vulkan build 086a63e3a (tg128)", "resident", {}, (279.65, 279.65), 64, "geerlingguy/ai-benchmarks#43 (README 'gpt-oss 20b' table, Intel Core Ultra 265K host)", "check", "1.6x the existing 4090 check row (llama.cpp#16649, CUDA, 167-173): another build and backend", backend="vulkan"),
+    ConsumerRow("Qwen3-30B-A3B Q4_K_M", "qwen3-30b-a3b", "q4_k_m", "rtx5090", None, 32.0, "llama-bench -ngl 99 -fa 1 -p 1024 -n 400, b10741 CUDA 13.3 Windows release binaries (tg400)", "resident", {}, (134.18, 134.18), 200, "ggml-org/llama.cpp#28196 (control row, same rig)", "check", "134.18 +/- 1.84 over 5 reps; Windows 11"),
+    ConsumerRow("Qwen3-30B-A3B-Instruct-2507 Q4_K_M", "qwen3-30b-a3b", "q4_k_m", "rx7900xt", None, 20.0, "llama-server -ngl 99, Vulkan (RADV, Mesa 25.0.7), ctx 4096 (llmfit bench --runs 3)", "resident", {}, (132.54, 162.7), 100, "AlexsJones/llmfit#808 (llmfit-core/data/community/amd-radeon-rx-7900-xt/1785258762-ee642f2d.json)", "check", "avg 151.77; host i9-10900X (not needed: resident). llmfit's llamacpp TPS = output tokens / whole request wall time (a short prompt's prefill and the HTTP round trip included): a lower bound on decode", backend="vulkan"),
+    ConsumerRow("gpt-oss-20b MXFP4", "gpt-oss-20b", "mxfp4+q8_0", "rx7900xt", None, 20.0, "llama-server -ngl 99, Vulkan (RADV, Mesa 25.0.7), ctx 4096 (llmfit bench --runs 3)", "resident", {}, (153.4, 167.53), 150, "AlexsJones/llmfit#808 (llmfit-core/data/community/amd-radeon-rx-7900-xt/1785258762-ee642f2d.json)", "check", "avg 162.61; same file as the RTX 2080 rows (gpt-oss-20b-MXFP4.gguf). llmfit's llamacpp TPS = output tokens / whole request wall time (a short prompt's prefill and the HTTP round trip included): a lower bound on decode", backend="vulkan"),
+    ConsumerRow("DeepSeek-Coder-V2-Lite-Instruct Q4_K_M (V2-Lite arch.)", "deepseek-v2-lite", "q4_k_m", "rx7900xt", None, 20.0, "llama-server -ngl 99, Vulkan (RADV, Mesa 25.0.7), ctx 4096 (llmfit bench --runs 3)", "resident", {}, (173.84, 197.07), 130, "AlexsJones/llmfit#808 (llmfit-core/data/community/amd-radeon-rx-7900-xt/1785258762-ee642f2d.json)", "fit", "avg 187.82. llmfit's llamacpp TPS = output tokens / whole request wall time (a short prompt's prefill and the HTTP round trip included): a lower bound on decode", backend="vulkan", fits="backend"),
+    ConsumerRow("gpt-oss-20b (converted to GGUF by the user, MXFP4 experts)", "gpt-oss-20b", "mxfp4+q8_0", "rx7900xt", "ddr4-3200x2", 20.0, "llama-server --ctx-size 0 --jinja -b 4096 -ub 4096 -ngl 99 -fa -cmoe (ROCm 6.4.1, b6194)", "static_split", {"layers_on_gpu": 0}, (20.0, 20.0), 500, "ggml-org/llama.cpp discussion #15396 (reply on the AMD part; read from a stored mirror, www.webkkk.net/ggml-org/llama.cpp/discussions/15396)", "check", "'~20tok/s' as reported by the webui; every expert on the host (Ryzen 9 5900X, dual-channel DDR4-3200 CL16, 32 GB); dense tensors' format of the user's own conversion unknown; context not published (500 assumed); repost of the GitHub thread", backend="rocm"),
+    ConsumerRow("gpt-oss-20b (converted to GGUF by the user, MXFP4 experts)", "gpt-oss-20b", "mxfp4+q8_0", "rx7900xt", "ddr4-3200x2", 20.0, "llama-server --ctx-size 0 --jinja -b 4096 -ub 4096 -ngl 99 -fa (ROCm 6.4.1, b6194)", "resident", {}, (94.0, 94.0), 500, "ggml-org/llama.cpp discussion #15396 (same reply)", "check", "'~94 tokens/second ... slowly going down as the context fills up' (webui); the full 128K context allocated, VRAM 'filled to the brim'; ROCm where the llmfit row is Vulkan: see backend notes", backend="rocm"),
+    ConsumerRow("Qwen3-VL-30B-A3B-Instruct Q4_K_M (unsloth; Qwen3-30B-A3B text stack)", "qwen3-30b-a3b", "q4_k_m", "rx6800", "ddr5-6000x2", 16.0, "llama-server -ngl 60 --n-cpu-moe 8 -c 8192 -ctk q8_0 -ctv q8_0 -fa -b 64 -ub 32 -t 12 --parallel 1 (ROCm)", "static_split", {"layers_on_gpu": 40}, (34.1, 34.1), 256, "mudkipdev/flake modules/models/README.md@42c76cf + modules/models/qwen3-vl.nix@c6495cc", "check", "8 of 48 expert layers on the host (Ryzen 9 9900X, 64 GB DDR5-6000, AM5: 2 channels); how the 34.1 was measured and at what depth is not stated (context 256 assumed); q8_0 KV cache; no mmproj in the flags", backend="rocm"),
+    ConsumerRow("openai/gpt-oss-20b GGUF (LM Studio)", "gpt-oss-20b", "mxfp4+q8_0", "rx9070xt", "ddr4-3200x2", 16.0, "LM Studio, Vulkan runtime, GPU offload 24/24, context 8096, flash attention on, KV on GPU", "resident", {}, (130.8, 132.75), 400, "lmstudio-ai/lmstudio-bug-tracker#574 (comment by SimSonic, 2025-10-11)", "check", "4 runs; host Ryzen 7 5700G, 64 GB DDR4-3200 (not needed: resident); published as 'GGUF MXFP8' (the MXFP4 release assumed); context not published (a ~500-word answer: 400 assumed)", backend="vulkan"),
+    ConsumerRow("openai/gpt-oss-20b GGUF (LM Studio)", "gpt-oss-20b", "mxfp4+q8_0", "rx9070xt", "ddr4-3200x2", 16.0, "LM Studio, ROCm (beta) runtime, GPU offload 24/24, context 8096, flash attention on, KV on GPU", "resident", {}, (109.27, 111.62), 400, "lmstudio-ai/lmstudio-bug-tracker#574 (comment by SimSonic, 2025-10-11)", "fit", "the same box and prompt as the Vulkan row: ROCm at 0.84x Vulkan", backend="rocm", fits="backend"),
+    ConsumerRow("gpt-oss-20b MXFP4", "gpt-oss-20b", "mxfp4+q8_0", "m4pro-24gb", None, 24.0, "llama-server -ngl 999, Metal (commit da5b448), ctx 4096 (llmfit bench --runs 3)", "resident", {}, (64.07, 67.97), 150, "AlexsJones/llmfit#812 (llmfit-core/data/community/apple-m4-pro/1785350891-d9aff26a.json)", "check", "avg 66.51; MacBook Pro Mac16,8, M4 Pro 20-core GPU, 24 GB, High Power Mode; unified memory. llmfit's llamacpp TPS = output tokens / whole request wall time (a short prompt's prefill and the HTTP round trip included): a lower bound on decode", backend="metal"),
+    ConsumerRow("Qwen3-30B-A3B-Instruct-2507 Q4_K_M", "qwen3-30b-a3b", "q4_k_m", "m4pro-24gb", None, 24.0, "llama-server -ngl 999, Metal (commit da5b448), ctx 4096 (llmfit bench --runs 3)", "resident", {}, (67.55, 72.06), 100, "AlexsJones/llmfit#812 (llmfit-core/data/community/apple-m4-pro/1785350891-d9aff26a.json)", "check", "avg 70.55; 17.3 GB resident in 24 GB unified memory ('offloaded N/N layers' verified per model). llmfit's llamacpp TPS = output tokens / whole request wall time (a short prompt's prefill and the HTTP round trip included): a lower bound on decode", backend="metal"),
+    ConsumerRow("DeepSeek-Coder-V2-Lite-Instruct Q4_K_M (V2-Lite arch.)", "deepseek-v2-lite", "q4_k_m", "m4pro-24gb", None, 24.0, "llama-server -ngl 999, Metal (commit da5b448), ctx 4096 (llmfit bench --runs 3)", "resident", {}, (88.14, 91.82), 130, "AlexsJones/llmfit#812 (llmfit-core/data/community/apple-m4-pro/1785350891-d9aff26a.json)", "fit", "avg 90.59. llmfit's llamacpp TPS = output tokens / whole request wall time (a short prompt's prefill and the HTTP round trip included): a lower bound on decode", backend="metal", fits="backend"),
+    ConsumerRow("gpt-oss-20b GGUF", "gpt-oss-20b", "mxfp4+q4_k_m", "m3ultra-512gb", None, 512.0, "llama-bench -n 128 -p 512,4096 -pg 4096,128 -ngl 99 -r 2, Metal (tg128)", "resident", {}, (115.29, 115.29), 64, "geerlingguy/ai-benchmarks#42 (README 'gpt-oss 20b' table)", "check", "Mac Studio M3 Ultra 32-core CPU / 80-core GPU, 512 GB (geerlingguy/sbc-reviews#95); the GGUF's quantization as in the RTX rows (not read)", backend="metal"),
+    ConsumerRow("gpt-oss-20b (llama.cpp Vulkan)", "gpt-oss-20b", "mxfp4+q8_0", "arca770-16gb", None, 16.0, "llama.cpp, Vulkan, Windows 11 (flags not published; a 20B model on a 16 GB card: resident assumed)", "resident", {}, (72.0, 72.0), 64, "openvinotoolkit/openvino#35199 (description, 2026-04-07)", "check", "read from the reporter's heading 'A770 llama.cpp (Vulkan) - 72 t/s' over a screenshot; format, flags, host and depth not published: weakest row here", backend="vulkan"),
 )
 
 
@@ -155,8 +186,9 @@ def _placement_label(row: ConsumerRow) -> str:
 
 
 def _machine(row: ConsumerRow) -> Machine:
-    gpu, card = resolve_gpu(row.gpu)
-    return Machine(gpu, row.vram_gib * GiB, get_host(row.host), card)
+    gpu, card = resolve_gpu(row.gpu, row.vram_gib * GiB)
+    vram = unified_gpu_bytes(row.vram_gib * GiB) if card is not None and card.unified_memory else row.vram_gib * GiB
+    return Machine(gpu, vram, get_host(row.host), card, backend=row.backend)
 
 
 def _counts(row: ConsumerRow) -> tuple[Counts, dict]:
@@ -171,10 +203,23 @@ def _counts(row: ConsumerRow) -> tuple[Counts, dict]:
     return static_layers([l >= L - on_gpu for l in range(L)], k), {}
 
 
+def _central(row: ConsumerRow, eta: float, backend: float | None = None) -> Scenario:
+    """The row's scenario: its machine, its weights on its backend (``backend``: that backend's factor instead of
+    the fitted one), host efficiency ``eta``, its depth."""
+    m = _machine(row)
+    p = get_precision(row.weights)
+    if backend is None:
+        p = on_backend(p, m)
+    elif backend != 1.0:
+        p = WeightPrecision(replace(p.experts, gpu_efficiency=p.experts.gpu_efficiency * backend),
+                            replace(p.dense, gpu_efficiency=p.dense.gpu_efficiency * backend))
+    return Scenario(m, p, eta, row.context)
+
+
 def _priced(row: ConsumerRow, eta: float, scenario: Scenario | None = None) -> float:
     """Simulated ms per token of ``row`` with host efficiency ``eta`` (or at ``scenario``)."""
     g = _geometry(row.config)
-    sc = scenario or Scenario(_machine(row), get_precision(row.weights), eta, row.context)
+    sc = scenario or _central(row, eta)
     counts, extra = _counts(row)
     cost = sc.cost(g, extra.get("gpu_layers"))
     return price_token(cost, counts, g.top_k, sc.depth, extra.get("overlap", False)).total_ms
@@ -183,28 +228,54 @@ def _priced(row: ConsumerRow, eta: float, scenario: Scenario | None = None) -> f
 def row_band(row: ConsumerRow, eta: float = HOST_DECODE_EFFICIENCY) -> tuple[float, float, str]:
     """(low, high, dominant unknown) tokens/s of ``row``: the estimate's band on the row's machine, its depth
     known (the row's context)."""
-    central = Scenario(_machine(row), get_precision(row.weights), eta, row.context)
+    central = _central(row, eta)
     mid = 1e3 / _priced(row, eta, central)
     swings = {u.name: (1e3 / _priced(row, eta, u.slow), 1e3 / _priced(row, eta, u.fast))
               for u in unknowns(central, row.context, depth_given=True)}
     return combine(mid, swings)
 
 
-def _row_eta(row: ConsumerRow) -> float:
-    """The host efficiency at which ``row`` is reproduced exactly (bisection: time falls as eta grows)."""
-    target = 1e3 / row.published_mid
+def _solve(priced, target_ms: float) -> float:
+    """The x in [1e-3, 20] at which ``priced(x)`` (falling as x grows) is ``target_ms`` (bisection, log scale)."""
     lo, hi = 1e-3, 20.0
     for _ in range(60):
         mid = math.sqrt(lo * hi)
-        lo, hi = (mid, hi) if _priced(row, mid) > target else (lo, mid)
+        lo, hi = (mid, hi) if priced(mid) > target_ms else (lo, mid)
     return math.sqrt(lo * hi)
+
+
+def _row_eta(row: ConsumerRow) -> float:
+    """The host efficiency at which ``row`` is reproduced exactly."""
+    return _solve(lambda eta: _priced(row, eta), 1e3 / row.published_mid)
+
+
+def _row_backend(row: ConsumerRow) -> float:
+    """The backend efficiency (relative to CUDA's) at which ``row`` is reproduced exactly."""
+    return _solve(lambda f: _priced(row, HOST_DECODE_EFFICIENCY, _central(row, HOST_DECODE_EFFICIENCY, f)),
+                  1e3 / row.published_mid)
+
+
+def _fitted_on(row: ConsumerRow) -> str | None:
+    return row.fits if row.split == "fit" else None
 
 
 def derive_host_efficiency(rows: tuple[ConsumerRow, ...] = CONSUMER_ROWS, exclude: int | None = None) -> float:
     """Geometric mean over the ``fit`` rows of the host efficiency each reproduces exactly; ``exclude`` leaves
     that row index out (the leave-one-out check)."""
-    etas = [_row_eta(r) for i, r in enumerate(rows) if r.split == "fit" and i != exclude]
+    etas = [_row_eta(r) for i, r in enumerate(rows) if _fitted_on(r) == "host" and i != exclude]
     return math.exp(sum(math.log(e) for e in etas) / len(etas))
+
+
+def derive_backend_efficiency(rows: tuple[ConsumerRow, ...] = CONSUMER_ROWS) -> dict[tuple[str, str], float]:
+    """Per (vendor, backend) with fit rows: the geometric mean of the backend efficiency each reproduces exactly
+    (what ``bands.BACKEND_EFFICIENCY`` holds)."""
+    found: dict[tuple[str, str], list[float]] = {}
+    for r in rows:
+        if _fitted_on(r) in ("backend", "arch"):
+            m = _machine(r)
+            key = (m.card.vendor, m.backend_name, m.card.arch) if r.fits == "arch" else (m.card.vendor, m.backend_name)
+            found.setdefault(key, []).append(_row_backend(r))
+    return {k: math.exp(sum(math.log(x) for x in v) / len(v)) for k, v in found.items()}
 
 
 def simulate_consumer_row(row: ConsumerRow, eta: float = HOST_DECODE_EFFICIENCY) -> float:
@@ -220,7 +291,7 @@ def consumer_anchors(rows: tuple[ConsumerRow, ...] = CONSUMER_ROWS) -> pd.DataFr
     for i, r in enumerate(rows):
         sim = simulate_consumer_row(r)
         loo = simulate_consumer_row(r, derive_host_efficiency(rows, exclude=i)) / r.published_mid \
-            if r.split == "fit" else None
+            if _fitted_on(r) == "host" else None
         lo, hi = r.published_tok_s
         ratio = sim / r.published_mid
         b_lo, b_hi, dominant = row_band(r)
@@ -233,7 +304,10 @@ def consumer_anchors(rows: tuple[ConsumerRow, ...] = CONSUMER_ROWS) -> pd.DataFr
             "in_published_range": lo * (1 - TOLERANCE) <= sim <= hi * (1 + TOLERANCE), "loo_ratio": loo,
             "band_tok_s": f"{b_lo:.3g}-{b_hi:.3g}", "band_low": b_lo, "band_high": b_hi,
             "in_band": b_lo <= hi and lo <= b_hi, "dominant_unknown": dominant, "abs_error": abs(ratio - 1),
-            "row_host_efficiency": _row_eta(r) if r.split == "fit" else None, "role": r.role, "split": r.split,
+            "row_host_efficiency": _row_eta(r) if _fitted_on(r) == "host" else None,
+            "row_backend_efficiency": _row_backend(r) if _fitted_on(r) in ("backend", "arch") else None,
+            "role": r.role,
+            "split": r.split,
             "weights": r.weights, "source": r.source, "note": r.note,
         })
     return pd.DataFrame(out)

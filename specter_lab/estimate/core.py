@@ -27,7 +27,7 @@ from ..errors import BudgetTooSmall
 from ..model.geometry import ModelGeometry, geometry_from_config, load_config
 from ..pricing.gpus import GPU, GPU_FAMILIES
 from ..pricing.precision import WeightPrecision
-from ..pricing.profiles import HOST_DECODE_EFFICIENCY, HardwareProfile, get_host, resolve_gpu
+from ..pricing.profiles import HOST_DECODE_EFFICIENCY, HardwareProfile, get_host, resolve_gpu, unified_gpu_bytes
 from ..run import NOT_CANDIDATES, STRATEGIES, Strategy, planner_choice
 from ..units import parse_bytes
 from .bands import Scenario, Unknown, combine, disk_unknown, unknowns
@@ -173,6 +173,11 @@ def estimate(config, gpu: "str | HardwareProfile" = "rtx4090", vram=None, host=N
     geom = geometry_from_config(config)
     prec = precision_for(geom, weights)
     budget = vram_budget(geom, prec, machine.vram, context, overhead)
+    if card is not None and card.unified_memory and not budget.all_fit:
+        raise ValueError(f"{geom.name} at {prec.label} does not fit the GPU's share of the {card.name}'s unified "
+                         f"memory: {budget.describe()}. Use a narrower format, a shorter context, give the GPU more "
+                         f"(vram=, up to {card.vram_gb:g}GB, with sudo sysctl iogpu.wired_limit_mb=...), or a Mac with "
+                         "more memory (llama.cpp would page experts from the SSD through mmap: not priced here).")
     yours = parse_placement(placement, geom) if placement is not None else None  # refused before any replay
     central = Scenario(machine, prec, eta_host, context if depth is None else depth)
     bits = None if budget.all_fit else draft_bits(geom, prec.experts.bits, budget.experts, budget.expert_bytes)
@@ -362,6 +367,8 @@ def _native_expert_bytes(wl: Workload) -> int:
 
 def _vram(v: float | None, gpu: HardwareProfile, card: GPU | None) -> float:
     if v is None:
+        if card is not None and card.unified_memory:
+            return unified_gpu_bytes(card.vram_gb * 2**30)  # the memory less what macOS keeps
         if card is not None:
             return card.vram_gb * 2**30
         if gpu.device_memory is None:

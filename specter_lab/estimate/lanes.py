@@ -42,6 +42,14 @@ class Machine:
     card: GPU | None = None
     ram: float | None = None  # bytes
     disk: float | None = None  # bytes/s
+    backend: str | None = None  # llama.cpp's backend (cuda, rocm, vulkan, metal, sycl); None: the card's first
+
+    @property
+    def backend_name(self) -> str:
+        """The backend that runs the GPU's kernels: the one given, else the card's first (CUDA on NVIDIA)."""
+        if self.backend:
+            return self.backend
+        return self.card.backends[0] if self.card is not None else "cuda"
 
     @property
     def disk_bandwidth(self) -> float:
@@ -60,6 +68,9 @@ class Machine:
     @property
     def label(self) -> str:
         gpu = self.card.name if self.card else self.gpu.name
+        if self.card is not None and self.card.unified_memory:
+            return (f"{gpu} ({self.vram / 2**30:.1f} GiB of {self.card.vram_gb:g} GiB unified memory for the GPU, "
+                    f"{self.backend_name})")
         host = self.host.name if self.host else "a host not given (a desktop DDR4-2666 to DDR5-6400 x2)"
         ram = f" ({self.ram / 2**30:.1f} GiB RAM for weights)" if self.ram is not None else ""
         return f"{gpu} ({self.vram / 2**30:.1f} GiB VRAM) + {host}{ram}"

@@ -45,6 +45,11 @@ FORMATS: dict[str, WeightFormat] = {
                      source="GGUF Q6_K: 210 bytes / 256; efficiency assumed as q4_k_m (k-quant unpacking)"),
         WeightFormat(name="q5_k_m", bits=5.6, gpu_efficiency=0.553,
                      source="GGUF Q5_K 5.5 bits, _M mix puts half the down projections in Q6_K; efficiency as q4_k_m"),
+        WeightFormat(name="q5_k", bits=5.5, gpu_efficiency=0.553,
+                     source="GGUF Q5_K: 176 bytes / 256; efficiency assumed as q4_k_m (k-quant unpacking)"),
+        WeightFormat(name="iq4_xs", bits=4.25, gpu_efficiency=0.553,
+                     source="GGUF IQ4_XS: 136 bytes / 256 (non-linear 4-bit + 6-bit scales); efficiency assumed as "
+                            "q4_k_m (a lookup per weight, like k-quant unpacking)"),
         WeightFormat(name="q4_k_m", bits=4.85, gpu_efficiency=0.553,
                      source=f"GGUF Q4_K 4.5 bits, _M mix puts half the down projections in Q6_K; efficiency {_QP}"),
         WeightFormat(name="q4_0", bits=4.5, gpu_efficiency=0.619, source=f"GGUF Q4_0: 18 bytes / 32; efficiency {_QP}"),

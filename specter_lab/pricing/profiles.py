@@ -262,10 +262,35 @@ def get_profile(hardware: "str | HardwareProfile | None") -> HardwareProfile:
 
 
 # ------------------------------------------------------------------ the GPU catalog as profiles
+# Unified memory (Apple): one memory for the GPU and the CPU, no link between them. What the GPU can hold is the
+# memory less what macOS and the apps keep: max(4 GiB, 15 %) here (Metal's recommendedMaxWorkingSetSize is lower,
+# 2/3-3/4, but llama.cpp allocates past it: a 24 GB M4 Pro runs Qwen3-30B-A3B Q4_K_M whole, AlexsJones/llmfit#812;
+# the iogpu.wired_limit_mb sysctl raises it). The CPU cores reach about half the chip's bandwidth. Both assumptions,
+# said where they are used.
+UNIFIED_OS_RESERVE = (4 * 2**30, 0.15)
+UNIFIED_HOST_SHARE = 0.5
+
+
+def unified_gpu_bytes(total: float) -> float:
+    """What a unified-memory chip's GPU can hold of ``total`` bytes (module constants: an assumption)."""
+    return total - max(UNIFIED_OS_RESERVE[0], UNIFIED_OS_RESERVE[1] * total)
+
+
 def gpu_profile(card: GPU) -> HardwareProfile:
     """The cost model's profile of ``card``: its hand-set profile when one exists (the published rows' GPUs),
     else built from the datasheet (effective link = raw PCIe x LINK_EFFICIENCY; effective VRAM = 0.8 x datasheet;
-    peak_flops = the FP32 shader rate, halved without tensor cores: an assumption that only prefill reads)."""
+    peak_flops = the FP32 shader rate, halved without tensor cores: an assumption that only prefill reads). A
+    unified-memory chip has no link: a "copy" is a copy inside its one memory, and ``device_memory`` is what its GPU
+    can hold (:func:`unified_gpu_bytes`)."""
+    if card.unified_memory:
+        bw = card.bandwidth_gbs * GB
+        return HardwareProfile(
+            name=f"{card.key}-unified", pcie_bandwidth=bw / 2, copy_latency=5e-6, hbm_bandwidth=0.8 * bw,
+            hbm_datasheet=bw, peak_flops=card.tflops * 1e12, launch_overhead=6e-6, pageable_bandwidth=bw / 2,
+            cpu_mem_bandwidth=UNIFIED_HOST_SHARE * bw, cpu_flops=1.0e12,
+            device_memory=unified_gpu_bytes(card.vram_gb * 2**30),
+            notes=f"{card.name}: {card.memory} unified = {card.bandwidth_gbs:g} GB/s, no PCIe link; the GPU holds "
+                  f"all but max(4 GiB, 15 %) of it ({card.source})")
     if card.profile:
         return replace(PROFILES[card.profile], hbm_datasheet=PROFILES[card.profile].hbm_datasheet
                        or card.bandwidth_gbs * GB)
@@ -288,7 +313,7 @@ def resolve_gpu(gpu: "str | HardwareProfile", vram: float | None = None) -> tupl
         return PROFILES[str(gpu)], next((c for c in CARDS.values() if c.profile == str(gpu)), None)
     built = catalog_profile(str(gpu))
     if built is not None:
-        return built, CARDS[str(gpu).rsplit("-pcie", 1)[0]]
+        return built, CARDS[str(gpu).rsplit("-pcie", 1)[0].removesuffix("-unified")]
     card = find_gpu(gpu, vram)
     return gpu_profile(card), card
 
@@ -298,5 +323,8 @@ def catalog_profile(name: str) -> HardwareProfile | None:
     ``hardware=`` resolves; None when ``name`` is not one."""
     key, sep, gen = name.rpartition("-pcie")
     if sep and key in CARDS and gen == str(CARDS[key].pcie_gen):
+        return gpu_profile(CARDS[key])
+    key, sep, _ = name.rpartition("-unified")
+    if sep and key in CARDS and CARDS[key].unified_memory:
         return gpu_profile(CARDS[key])
     return None
