@@ -23,7 +23,7 @@ LAYERS = [("*the public entry*", ["errors.py", "units.py"]),
           ("`run/`: one strategy on one model", "run"),
           ("`traces/`: routing as data", "traces"),
           ("`analysis/`: record, replay, the bound and the gap (drive the runtime)", "analysis"),
-          ("`estimate/`: estimates from a config alone (takes only `run/`'s public names)", "estimate"),
+          ("`estimator/`: estimates from a config alone, a replay on a llama.cpp-class clock (takes only `run/`'s public names)", "estimator"),
           ("`studies/`: things that run many engines or replays", "studies"),
           ("`viz/`: notebook views", "viz"),
           ("*entry points*", ["cli.py", "__init__.py"])]

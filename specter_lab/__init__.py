@@ -6,60 +6,71 @@ that forecasts routing (Specter, arXiv 2511.14102), and notebook views of what t
     engine = sl.Engine(model, tok, strategy="specter", expert_budget=0.5, hardware="rtx4090-pcie4")
     result = engine.generate("def fib(n):", max_new_tokens=32)
 
-This module is the top of the package: it imports the layers below it (see the README's code map), never the
-reverse. The notebook views (``sl.viz``) load on first use, so importing specter_lab loads neither plotly nor
-ipywidgets.
+This module is the top of the package: it names the layers below it (see the README's code map), never the
+reverse. Every name loads on first use (PEP 562), so ``import specter_lab`` imports neither torch nor transformers
+nor plotly: a config-only question (``sl.estimate``) pays only for what it reads.
 """
 
-from .errors import BudgetTooSmall, ConfigError, CopyFault, NotExact
-from .estimate import Estimate, estimate
-from .model import inspect_model, load_model, tiny_random_model
-from .model.checkpoint_check import CheckpointInfo, check_checkpoint
-from .model.memory import MemoryPlan, plan_memory
-from .model.fuse import fuse_experts
-from .errors import CheckpointError, NotEnoughMemory
-from .pricing.calibrate import calibrate
-from .pricing.hostcal import calibrate_host
-from .pricing.precision import FORMATS, WeightPrecision
-from .pricing.profiles import HOSTS, PROFILES, HardwareProfile, HostCPU
-from .pricing.shapes import COST_SHAPES, CostShape
-from .analysis.bound import BoundResult, bound
-from .analysis.gap import BoundGap, bound_gap
-from .traces.importing import gate_recall, import_routing
-from .traces.locality import less_local, lru_hit_curve
-from .analysis.record import record
-from .analysis.replay import replay
-from .traces.trace_file import RoutingTrace, TraceError, load_trace
-from .run.drafts import DRAFT_VARIANTS, DraftSpec
-from .run.engine import Engine, GenerationResult
-from .run.quant import QuantSpec
-from .run.strategies import STRATEGIES, Strategy
-# sl.bench, sl.paper and sl.planner are namespaces of studies; importing the planner registers sl.plan as the
-# planner behind strategy="auto".
-from .studies import bench, paper, planner
-from .studies.bench import compare, summarize
-from .studies.fidelity import fidelity
-from .studies.planner import Plan, plan, regime_map
-from .studies.prompts import heldout_prompts
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "Engine", "GenerationResult", "load_model", "inspect_model", "tiny_random_model", "HardwareProfile", "PROFILES",
-    "COST_SHAPES", "CostShape", "calibrate", "calibrate_host", "QuantSpec", "DraftSpec", "DRAFT_VARIANTS", "STRATEGIES", "Strategy",
-    "compare", "summarize", "fidelity", "plan", "Plan", "regime_map", "heldout_prompts", "BudgetTooSmall", "ConfigError",
-    "CopyFault", "NotExact", "viz", "paper", "record", "replay", "RoutingTrace", "load_trace", "TraceError", "bound",
-    "BoundResult", "estimate", "Estimate", "HOSTS", "HostCPU", "FORMATS", "WeightPrecision",
-    "import_routing", "gate_recall", "lru_hit_curve", "less_local", "bound_gap", "BoundGap",
-]
-__all__ += ["check_checkpoint", "CheckpointInfo", "plan_memory", "MemoryPlan", "CheckpointError", "NotEnoughMemory",
-            "fuse_experts"]
+# public name -> the module that defines it (relative to this package)
+_NAMES: dict[str, str] = {
+    **dict.fromkeys(["BudgetTooSmall", "ConfigError", "CopyFault", "NotExact", "CheckpointError", "NotEnoughMemory"],
+                    ".errors"),
+    **dict.fromkeys(["Estimate", "estimate"], ".estimator"),
+    **dict.fromkeys(["inspect_model", "load_model", "tiny_random_model"], ".model"),
+    **dict.fromkeys(["CheckpointInfo", "check_checkpoint"], ".model.checkpoint_check"),
+    **dict.fromkeys(["MemoryPlan", "plan_memory"], ".model.memory"),
+    "fuse_experts": ".model.fuse",
+    "calibrate": ".pricing.calibrate",
+    "calibrate_host": ".pricing.hostcal",
+    **dict.fromkeys(["FORMATS", "WeightPrecision"], ".pricing.precision"),
+    **dict.fromkeys(["HOSTS", "PROFILES", "HardwareProfile", "HostCPU"], ".pricing.profiles"),
+    **dict.fromkeys(["COST_SHAPES", "CostShape"], ".pricing.shapes"),
+    **dict.fromkeys(["BoundResult", "bound"], ".analysis.bound"),
+    **dict.fromkeys(["BoundGap", "bound_gap"], ".analysis.gap"),
+    "record": ".analysis.record",
+    "replay": ".analysis.replay",
+    **dict.fromkeys(["gate_recall", "import_routing"], ".traces.importing"),
+    **dict.fromkeys(["less_local", "lru_hit_curve"], ".traces.locality"),
+    **dict.fromkeys(["RoutingTrace", "TraceError", "load_trace"], ".traces.trace_file"),
+    **dict.fromkeys(["DRAFT_VARIANTS", "DraftSpec"], ".run.drafts"),
+    **dict.fromkeys(["Engine", "GenerationResult"], ".run.engine"),
+    "QuantSpec": ".run.quant",
+    **dict.fromkeys(["STRATEGIES", "Strategy"], ".run.strategies"),
+    **dict.fromkeys(["compare", "summarize"], ".studies.bench"),
+    "fidelity": ".studies.fidelity",
+    **dict.fromkeys(["Plan", "plan", "regime_map"], ".studies.planner"),
+    "heldout_prompts": ".studies.prompts",
+}
+# namespaces: sl.bench, sl.paper, sl.planner (studies), sl.viz (notebook views), and the floors themselves
+_MODULES = {"bench": ".studies.bench", "paper": ".studies.paper", "planner": ".studies.planner", "viz": ".viz",
+            "analysis": ".analysis", "traces": ".traces", "caching": ".caching", "pricing": ".pricing",
+            "estimator": ".estimator", "run": ".run", "model": ".model", "studies": ".studies", "offload": ".offload",
+            "records": ".records", "decode": ".decode", "predict": ".predict", "errors": ".errors",
+            "units": ".units"}
+
+__all__ = sorted([*_NAMES, "viz", "paper", "bench", "planner"])
 
 
-def __getattr__(name):
-    # The views load on first use: no plotly/ipywidgets unless asked.
-    if name == "viz":
-        import importlib
+def __getattr__(name: str) -> Any:
+    if name in _MODULES:
+        value = importlib.import_module(_MODULES[name], __name__)
+    elif name in _NAMES:
+        value = getattr(importlib.import_module(_NAMES[name], __name__), name)
+    else:
+        raise AttributeError(f"module 'specter_lab' has no attribute {name!r}")
+    if name == "Engine" or _NAMES.get(name) == ".run.engine":
+        # strategy="auto" asks the planner, which registers itself on import: an Engine from here can plan
+        importlib.import_module(".studies.planner", __name__)
+    globals()[name] = value
+    return value
 
-        return importlib.import_module(".viz", __name__)
-    raise AttributeError(f"module 'specter_lab' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__) | set(_MODULES))

@@ -16,9 +16,9 @@ from typing import Any
 import pandas as pd
 import torch
 
-from .estimate import estimate
+from .estimator import estimate
 from .pricing.profiles import HOST_DECODE_EFFICIENCY
-from .estimate.consumer import PROPERTY_FAMILIES, consumer_summary, flag_property
+from .estimator.consumer import PROPERTY_FAMILIES, consumer_summary, flag_property
 from .model import BUNDLED, load_model
 from .model.checkpoint_check import check_checkpoint
 from .model.memory import plan_memory
@@ -301,7 +301,7 @@ def _bench_consumer(a) -> int:
           "the printed band):")
     print(_fmt(summary))
     prop = flag_property()
-    print(f"\nThe flags' property (estimate/consumer.flag_property): {prop['pairs']} random llama.cpp flag sets in "
+    print(f"\nThe flags' property (estimator/consumer.flag_property): {prop['pairs']} random llama.cpp flag sets in "
           f"pairs over {len(PROPERTY_FAMILIES)} families, {prop['ordered']} pairs where one keeps strictly more on the "
           f"host: {len(prop['violations'])} priced faster than the other.")
     return 0
@@ -451,7 +451,7 @@ def cmd_calibrate(a) -> int:
 
 # ----------------------------------------------------------------------------------------- estimate
 def cmd_estimate(a) -> int:
-    from .estimate.terminal import estimate_json, render_estimate
+    from .estimator.terminal import estimate_json, render_estimate
 
     host = a.host
     if host is not None and re.fullmatch(r"\d+(\.\d+)?", host):

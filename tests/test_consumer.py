@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from specter_lab.estimate.consumer import (CONSUMER_ROWS, TOLERANCE, consumer_summary, derive_host_efficiency)
+from specter_lab.estimator.consumer import (CONSUMER_ROWS, TOLERANCE, consumer_summary, derive_host_efficiency)
 from specter_lab.pricing.profiles import HOST_DECODE_EFFICIENCY, HOST_EFFICIENCY_RANGE
 from specter_lab.pricing.published import PUBLISHED_ROWS
 from specter_lab.studies import bench
@@ -73,8 +73,8 @@ def test_cli_bench_consumer(capsys):
 def test_a_backends_efficiency_is_fitted_on_its_fit_row_only(table):
     """The backends with a fit row of their own hold the value that row reproduces; a backend with none keeps the
     CUDA-measured figures and says so with a wider band."""
-    from specter_lab.estimate.bands import BACKEND_EFFICIENCY, BACKEND_RANGE
-    from specter_lab.estimate.consumer import derive_backend_efficiency
+    from specter_lab.estimator.bands import BACKEND_EFFICIENCY, BACKEND_RANGE
+    from specter_lab.estimator.consumer import derive_backend_efficiency
 
     derived = derive_backend_efficiency()
     assert set(derived) == set(BACKEND_EFFICIENCY)

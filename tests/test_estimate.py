@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import specter_lab as sl
-from specter_lab.estimate import NOT_A_DEPLOYMENT, estimate
-from specter_lab.estimate.lanes import price_token, static_layers
+from specter_lab.estimator import NOT_A_DEPLOYMENT, estimate
+from specter_lab.estimator.lanes import price_token, static_layers
 from specter_lab.model.geometry import CONFIG_DIR, geometry_from_config
 from specter_lab.run import NOT_CANDIDATES, STRATEGIES, planner_choice
 from specter_lab.traces.synthetic import LOCALITY, hot_coverage, lru_hit_rate, synthetic_routing
@@ -87,7 +87,7 @@ def test_every_row_says_what_runs_it_today(dsv2):
 
 
 def test_a_static_placement_is_priced_the_same_by_the_closed_form_and_the_replay(dsv2):
-    """For placements that never move an expert, the clock's closed form (estimate/lanes.py: the bands, the
+    """For placements that never move an expert, the clock's closed form (estimator/lanes.py: the bands, the
     published rows) is the replay's time."""
     g, sc = dsv2.model, dsv2._inputs["central"]
     slots = dsv2.placements["static_split"]["slots_per_layer"]

@@ -1,4 +1,4 @@
-"""The llama.cpp flags a user types (estimate(placement=...), estimate/flags.py): each understood the way llama.cpp reads
+"""The llama.cpp flags a user types (estimate(placement=...), estimator/flags.py): each understood the way llama.cpp reads
 it, or refused by name; a flag set whose weights do not fit is refused with the nearest set that fits; and a
 placement that keeps strictly more on the host is never priced faster, over random flag sets of four families."""
 
@@ -9,9 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specter_lab.estimate.bands import Scenario
-from specter_lab.estimate.flags import (PlacementError, keeps_more_on_host, parse_placement, random_flags)
-from specter_lab.estimate.lanes import Machine, price_token, static_layers
+from specter_lab.estimator.bands import Scenario
+from specter_lab.estimator.flags import (PlacementError, keeps_more_on_host, parse_placement, random_flags)
+from specter_lab.estimator.lanes import Machine, price_token, static_layers
 from specter_lab.model.geometry import geometry_from_config
 from specter_lab.pricing.precision import get_precision
 from specter_lab.pricing.profiles import HOST_DECODE_EFFICIENCY, get_host, resolve_gpu

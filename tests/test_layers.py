@@ -20,7 +20,7 @@ LAYERS = [
     ["predict", "decode"],  # forecasts, prefetch, K; the decode loops
     ["run"],  # strategies, the assembly (the only reader of their mechanisms), budget, draft, quantization, engine
     ["traces", "analysis"],  # routing as data (file, formats, import, synthetic, locality); record, replay, bounds
-    ["estimate"],  # estimates from a config alone, and the consumer rows they are held to
+    ["estimator"],  # estimates from a config alone, and the consumer rows they are held to
     ["studies"],  # things that run many engines: sweeps, bench, planner, fidelity, the paper's protocol
     ["viz"],  # notebook views
     ["cli", "__init__"],  # entry points
@@ -134,8 +134,8 @@ def test_the_runtime_never_imports_a_strategy():
 
 
 def test_the_estimator_takes_only_public_names_from_run():
-    """estimate/ reads the strategy table through run/__init__ (STRATEGIES), never a run's internals."""
-    bad = [f"{m} imports {d}" for m, deps in _graph().items() if _folder(m) == "estimate"
+    """estimator/ reads the strategy table through run/__init__ (STRATEGIES), never a run's internals."""
+    bad = [f"{m} imports {d}" for m, deps in _graph().items() if _folder(m) == "estimator"
            for d in deps if _folder(d) == "run" and d != "run"]
     assert not bad, "\n".join(sorted(bad))
 
@@ -170,3 +170,25 @@ def test_the_checker_sees_function_local_and_relative_imports(tmp_path, monkeypa
         assert "offload.store (layer 4) imports run.engine (layer 6)" in str(e)
     else:
         raise AssertionError("the upward import was not caught")
+
+
+BOTTOM = ["specter_lab", "specter_lab.errors", "specter_lab.units", "specter_lab.caching.policies",
+          "specter_lab.caching.simulate", "specter_lab.traces.trace_file", "specter_lab.traces.formats",
+          "specter_lab.traces.npz", "specter_lab.traces.synthetic", "specter_lab.traces.locality",
+          "specter_lab.pricing.profiles", "specter_lab.pricing.gpus", "specter_lab.pricing.hosts",
+          "specter_lab.pricing.precision", "specter_lab.pricing.cost", "specter_lab.pricing.llamacpp"]
+
+
+def test_the_bottom_imports_no_torch():
+    """Traces and their formats, the policies, the simulator, the prices: data and arithmetic, no torch (and
+    ``import specter_lab`` itself loads nothing but its own entry: every name on first use)."""
+    import subprocess
+    import sys
+
+    probe = ("import importlib, sys; bad = []\n"
+             f"for m in {BOTTOM!r}:\n"
+             "    importlib.import_module(m)\n"
+             "    if 'torch' in sys.modules or 'transformers' in sys.modules: bad.append(m); break\n"
+             "print(bad)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", f"imports torch or transformers: {out}"

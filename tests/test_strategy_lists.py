@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 import specter_lab as sl
-from specter_lab.estimate import NOT_A_DEPLOYMENT
+from specter_lab.estimator import NOT_A_DEPLOYMENT
 from specter_lab.run.strategies import AUTO, BASELINES, ROLES, STRATEGIES, Strategy, describe, get_strategy
 from specter_lab.run.strategies import NOT_CANDIDATES
 from specter_lab.studies.planner import candidate_strategies, default_candidates

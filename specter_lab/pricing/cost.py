@@ -22,7 +22,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .opcount import OpCounts
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the counts are made by torch (opcount): the prices read them without importing it
+    from .opcount import OpCounts
 from .profiles import HardwareProfile
 
 __all__ = ["CostModel", "piece_time", "sync_time"]
@@ -72,7 +75,7 @@ class CostModel:
     # Projection "full": each run MoE layer stands for depth_scale real ones (compute and copies priced so).
     depth_scale: float = 1.0
     dense_layers: int = 0  # dense decoder layers priced in the head (their ops are counted per layer)
-    ops: OpCounts | None = None  # aten ops per piece; None prices no host time and one kernel per piece
+    ops: "OpCounts | None" = None  # aten ops per piece; None prices no host time and one kernel per piece
     projection: str = "none"  # none | layers | full, with the shape's label in projection_label
     projection_label: str = "none (the model as it is)"
     # Prices are pure functions of their arguments: memoised, since a replay asks for the same few thousands of

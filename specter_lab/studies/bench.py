@@ -22,7 +22,7 @@ from .fidelity import fidelity
 from ..offload.clock import is_measured, make_clock
 from ..pricing.shapes import get_cost_shape
 from .prompts import heldout_prompts
-from ..estimate.consumer import consumer_anchors
+from ..estimator.consumer import consumer_anchors
 from ..pricing.published import published
 from .reproduce import paper_equal_memory, paper_header, paper_prompts, paper_waterfall, reproduce_paper
 from ..run.quant import QuantSpec

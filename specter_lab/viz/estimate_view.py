@@ -1,7 +1,7 @@
 """The estimate as a notebook view: pick a config, a GPU, its VRAM and RAM, a host and the weights' format; see the
 placements table with its bands, the cache cliff, the time to first token and the commands (notebook 07).
 
-Everything shown comes from :meth:`specter_lab.estimate.Estimate.summary`: a MODELLED figure from a config alone,
+Everything shown comes from :meth:`specter_lab.estimator.Estimate.summary`: a MODELLED figure from a config alone,
 with its assumptions printed beside it.
 """
 
@@ -59,7 +59,7 @@ class EstimateExplorer:
                  ram: str = "", run_now: bool = True, tokens: int = 64) -> None:
         import ipywidgets as W
 
-        from ..estimate import estimate  # noqa: F401 - fail here, not on the first click, if it cannot load
+        from ..estimator import estimate  # noqa: F401 - fail here, not on the first click, if it cannot load
         from ..model.geometry import CONFIG_DIR
         from ..pricing.gpus import CARDS
         from ..pricing.hosts import host_examples
@@ -106,7 +106,7 @@ class EstimateExplorer:
 
     def run(self) -> None:
         """Estimate with the fields as they are; a bad field is shown, never raised into the notebook."""
-        from ..estimate import estimate
+        from ..estimator import estimate
 
         self.status.value = "estimating …"
         try:

@@ -186,7 +186,7 @@ class UserPlacement:
 def _bad(flags: str, what: str) -> PlacementError:
     return PlacementError(f"placement={flags!r}: {what}. Understood: -ngl N, --cpu-moe, --n-cpu-moe N, "
                           "-ot 'PATTERN=CPU|CUDA0', --moe-cache-mib M, --moe-cache-cpu-share F, -c N, -ctk/-ctv TYPE, "
-                          "-fa, --no-mmap, --mlock, -ub/-b N (llama.cpp's flags; specter_lab/estimate/flags.py).")
+                          "-fa, --no-mmap, --mlock, -ub/-b N (llama.cpp's flags; specter_lab/estimator/flags.py).")
 
 
 def _kept_flags(flags: str) -> list[str]:
