@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # the counts are made by torch (opcount): the prices read the
     from .opcount import OpCounts
 from .profiles import HardwareProfile
 
-__all__ = ["CostModel", "piece_time", "sync_time"]
+__all__ = ["CostModel", "piece_time", "sync_time", "torch_cost"]
 
 Count = tuple[float, float, float]  # (aten ops, kernels, matmuls)
 
@@ -203,3 +203,34 @@ class CostModel:
     def state_copy_time(self, nbytes: float) -> float:
         """A device-to-device copy of ``nbytes`` (a recurrent-state checkpoint or its restore): read + write."""
         return self.profile.launch_overhead + 2 * nbytes / self.profile.hbm_bandwidth
+
+
+def torch_cost(info, profile: HardwareProfile, shape: "CostShape | None", weight_bytes: float,
+                implementation: str) -> CostModel:
+    """The eager / compiled engine's cost model (the pieces priced by :func:`piece_time`), with the aten ops of
+    ``implementation`` counted for the model's family, or the cost shape's."""
+    from .opcount import op_counts  # counted with torch, once per family and process
+
+    family = shape.family if shape is not None else (info.model_type or "qwen2_moe")
+    ops = op_counts(family, implementation, info.top_k if shape is None else shape.top_k)
+    if shape is None:
+        return CostModel(profile, info.expert_params, info.dense_params_per_layer, info.head_params,
+                         int(info.kv_dim * 2 * weight_bytes), info.hidden, weight_bytes,
+                         extra_dense_params=info.dense_layer_params, dense_layers=_dense_decoder_layers(info),
+                         ops=ops)
+    common = dict(shape_name=shape.key, ops=ops, projection=shape.projection, projection_label=shape.label)
+    if shape.projection == "full":
+        return CostModel(profile, shape.expert_params, shape.dense_params, shape.vocab * shape.hidden,
+                         shape.kv_bytes_per_token_per_layer, shape.hidden, weight_bytes,
+                         extra_dense_params=shape.dense_layers * shape.dense_layer_params,
+                         depth_scale=shape.moe_layers / info.num_layers, dense_layers=shape.dense_layers, **common)
+    return CostModel(profile, shape.expert_params, shape.dense_params, shape.vocab * shape.hidden,
+                     shape.kv_bytes_per_token_per_layer, shape.hidden, weight_bytes,
+                     head_scale=min(1.0, info.num_layers / shape.num_layers), **common)
+
+
+def _dense_decoder_layers(info) -> int:
+    """Decoder layers of the run model that have no routed experts."""
+    if info.decoder_layers is None:
+        return 0
+    return max(0, len(info.decoder_layers) - info.num_layers)

@@ -38,7 +38,7 @@ from typing import Any
 from .cost import CostModel
 from .precision import FORMATS, WeightPrecision, get_precision
 
-__all__ = ["KV_BITS", "LlamaCppCost", "LlamaSizes", "llama_cpp_cost", "cost_of_geometry", "sizes_of_geometry", "kernel_counts",
+__all__ = ["build", "KV_BITS", "LlamaCppCost", "LlamaSizes", "llama_cpp_cost", "cost_of_geometry", "sizes_of_geometry", "kernel_counts",
            "DRAFT_EFFICIENCY", "PREFILL_EFFICIENCY"]
 
 # A low-bit draft's copy (RTN, group 64: 16-bit scale per 64 weights) is read like q4_0's simple blocks.
@@ -266,3 +266,40 @@ def kernel_counts(ops: Any) -> tuple[float, float, float]:
         return (1.0, 1.0, 1.0)
     kern = lambda triple: max(1.0, 2.0 * triple[2])
     return (kern(ops.moe_layer), kern(ops.experts_fixed), kern(ops.head))
+
+
+def build(info, profile, shape, weight_bytes: float, weights=None, depth: "int | None" = None,
+          gpu_layers: "int | None" = None, kv_type: "str | None" = None) -> LlamaCppCost:
+    """The llama.cpp-class cost model of a model (``info``: a :class:`specter_lab.model.MoEModelInfo`) or of its
+    cost shape's (``shape``), on ``profile`` (what :func:`~.engines.build_cost_model` calls for this engine)."""
+    from ..errors import OptionError
+    from .cost import torch_cost
+    from .opcount import op_counts
+
+    if gpu_layers is not None and (isinstance(gpu_layers, bool) or not isinstance(gpu_layers, int) or gpu_layers < 0):
+        raise OptionError(f"gpu_layers={gpu_layers!r}: the decoder layers on the GPU (llama.cpp -ngl), an integer "
+                          ">= 0, or None for all.", "gpu_layers", gpu_layers, ("None", "0, 1, ..."))
+    if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or depth < 0):
+        raise OptionError(f"depth={depth!r}: tokens in the KV cache while decoding, an integer >= 0, or None for "
+                          "the run's own positions.", "depth", depth, ("None", "0, 4096, ..."))
+    family = shape.family if shape is not None else (info.model_type or "qwen2_moe")
+    top_k = info.top_k if shape is None else shape.top_k
+    base = torch_cost(info, profile, shape, weight_bytes, "grouped_mm")
+    sizes = None if shape is not None else _llama_sizes(info)
+    return llama_cpp_cost(base, weights, sizes, kernel_counts(op_counts(family, "grouped_mm", top_k)), depth,
+                          gpu_layers, kv_type)
+
+
+def _llama_sizes(info):
+    """Per-layer KV and the dense decoder layers of the model ``info`` describes, for the llama.cpp-class engine
+    (its config's layer kinds and windows; every layer full attention without one)."""
+    from ..model.geometry import kv_layout  # a config's layer kinds: read when a model's info is priced
+
+    n = len(info.decoder_layers) if info.decoder_layers is not None else info.num_layers
+    kv, window, _ = kv_layout(info.config or {}, info.kv_dim, n)
+    moe = [l.decoder_index for l in info.layers]
+    dense = [i for i in range(n) if i not in set(moe)]
+    n_dense = len(dense)
+    return LlamaSizes(kv=tuple((kv[i], window[i]) for i in moe), decoder_of=tuple(moe),
+                      dense_kv=tuple((kv[i], window[i]) for i in dense),
+                      dense_layer_params=info.dense_layer_params // n_dense if n_dense else 0, decoder_layers=n)

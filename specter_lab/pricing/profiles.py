@@ -24,9 +24,11 @@ __all__ = ["HardwareProfile", "PROFILES", "DEFAULT_PROFILE", "get_profile", "pro
            "gpu_profile", "resolve_gpu", "catalog_profile", "DISK_BANDWIDTH", "DISK_LATENCY", "HOST_DECODE_EFFICIENCY",
            "HOST_EFFICIENCY_RANGE"]
 
-# How a run's ops are priced: eager PyTorch (host dispatch per aten op), compiled (graphs), or a llama.cpp-class
-# engine (graphs, one fused MoE kernel a layer, GGUF/MXFP4 formats: pricing/llamacpp.py)
-EXECUTIONS = ("eager", "compiled", "llama.cpp")
+# How a run's ops are priced (pricing/engines.py builds the cost model): eager PyTorch (host dispatch per aten op)
+# and compiled graphs are the cost model's own pieces (None); another engine class names the module of this folder
+# that builds its cost model: the llama.cpp-class engine (graphs, one fused MoE kernel a layer, GGUF/MXFP4
+# formats). A new engine class is that module and its line here.
+EXECUTIONS: dict[str, str | None] = {"eager": None, "compiled": None, "llama.cpp": ".llamacpp"}
 # Defaults derived from the published batch-1 table (``sl.bench.published()``; ``specter_lab/pricing/published.py``
 # holds the rows and the derivation; a test checks these constants still match it):
 #  * HOST_OP_COST: host seconds per aten op in eager PyTorch + transformers = the geometric-mean fit of
