@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from ..analysis.pool import cores, install, installed, process_pool
 from ..analysis.replay import replay, replay_setup
 from ..errors import BudgetTooSmall
 from ..model.geometry import ModelGeometry, geometry_from_config, load_config
@@ -146,7 +147,8 @@ class Estimate:
 def estimate(config, gpu: "str | HardwareProfile" = "rtx4090", vram=None, host=None, weights=None,
              context: int = 4096, trace=None, overhead: float = RUNTIME_OVERHEAD,
              eta_host: float = HOST_DECODE_EFFICIENCY, seed: int = 0, depth: int | None = None,
-             placement: str | None = None, ram=None, disk=None, tokens: int = TOKENS) -> Estimate:
+             placement: str | None = None, ram=None, disk=None, tokens: int = TOKENS,
+             workers: int | None = None) -> Estimate:
     """Expected batch-1 decode TPOT and tokens/s of every strategy for the model of ``config`` (a ``config.json``
     path, its folder, a dict or a bundled name) on ``gpu`` (a catalog name such as ``"rtx3060"``, a profile name or
     a HardwareProfile) with ``vram`` (a number of bytes, or ``"12GB"`` / ``"12GiB"``: a card's memory is binary,
@@ -160,7 +162,9 @@ def estimate(config, gpu: "str | HardwareProfile" = "rtx4090", vram=None, host=N
     :mod:`.flags`), priced as given in a row ``yours``. ``ram``: host RAM free for the model's weights (None:
     assumed to hold them all); where it cannot hold every routed expert beside the embeddings, the experts the host
     reads come from disk at ``disk`` bytes/s (None: the profile's 5 GB/s, banded 2-7), through the replay's disk
-    tier. ``tokens``: decode tokens replayed per row (after a prompt that warms the caches). Modelled, not measured:
+    tier. ``tokens``: decode tokens replayed per row (after a prompt that warms the caches); ``workers``: processes
+    the rows are replayed on (None: one per core; 1: here, one after the other; the figures are the same). Modelled,
+    not measured:
     :attr:`Estimate.assumptions` lists what every number rests on."""
     _check(context, depth, overhead, eta_host, seed)
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 2:
@@ -189,18 +193,19 @@ def estimate(config, gpu: "str | HardwareProfile" = "rtx4090", vram=None, host=N
     if yours is not None:
         yours.check_fit(geom, prec, machine.vram, context, overhead)
     rows, placements, not_priced, replayed = [], {}, {}, {}
-    for name, st, opts in _rows(budget, yours):
+    todo = [(name, st, st.name if st else "static_split", opts) for name, st, opts in _rows(budget, yours)]
+    for name, st, _, _ in todo:
         if st is not None and st.role in NOT_A_DEPLOYMENT:
             not_priced[name] = NOT_A_DEPLOYMENT[st.role]
-            continue
-        strategy = st.name if st else "static_split"
-        try:
-            metrics, params = _replay(wl, strategy, {**options, **opts})
-        except (BudgetTooSmall, ValueError) as exc:
+    todo = [t for t in todo if t[0] not in not_priced]
+    for (name, st, strategy, opts), out in zip(todo, _replay_all(wl, [(t[2], {**options, **t[3]}) for t in todo],
+                                                                workers)):
+        if isinstance(out, Exception):
             if name == YOURS:
-                raise ValueError(f"placement={placement!r}: {exc}") from None
-            not_priced[name] = _why_not(exc)
+                raise ValueError(f"placement={placement!r}: {out}") from None
+            not_priced[name] = _why_not(out)
             continue
+        metrics, params = out
         placements[name], replayed[name] = params, (strategy, opts)
         rows.append(_row(name, st, metrics, params, geom, central, unknown, yours))
     if not rows:
@@ -231,9 +236,37 @@ def _rows(budget: VramBudget, yours: "UserPlacement | None"):
         yield YOURS, yours.strategy, yours.replay_options(budget)
 
 
+def _replay_all(wl: Workload, tasks: list[tuple[str, dict]], workers: int | None) -> list:
+    """Each (strategy, options) replayed on the workload: (metrics, parameters), or the refusal it raised. On a
+    local process pool when there is more than one core (the set-up is built here first, so forked workers inherit
+    the model's skeleton)."""
+    n = min(len(tasks), workers or cores())
+    if n <= 1 or installed() is not None:  # one core, asked to stay here, or already inside a pool's worker
+        return [_attempt(wl, s, o) for s, o in tasks]
+    replay_setup(wl.trace, tasks[0][0], check=False, **_setup_options(tasks[0][1]))
+    with process_pool(n, install, (wl,)) as pool:
+        return list(pool.map(_attempt_installed, tasks, chunksize=1))
+
+
+def _attempt_installed(task: tuple[str, dict]):
+    return _attempt(installed(), *task)
+
+
+def _attempt(wl: Workload, strategy: str, options: dict):
+    """:func:`_replay`, or the refusal it raised (a row that does not fit is a row that says so)."""
+    try:
+        return _replay(wl, strategy, options)
+    except (BudgetTooSmall, ValueError) as exc:
+        return exc
+
+
+def _setup_options(options: dict) -> dict:
+    return {k: v for k, v in options.items() if k != "trace_level"}
+
+
 def _replay(wl: Workload, strategy: str, options: dict) -> tuple[dict, dict]:
     """The row's metrics (means over the workload's sequences) and its placement's parameters, from a replay."""
-    setup, _ = replay_setup(wl.trace, strategy, **{k: v for k, v in options.items() if k != "trace_level"})
+    setup, _ = replay_setup(wl.trace, strategy, **_setup_options(options))
     results = replay(wl.trace, strategy, **options)
     keys = [k for k, v in results[0].metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
     metrics = {k: float(np.mean([r.metrics[k] for r in results])) for k in keys}
