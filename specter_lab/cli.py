@@ -16,6 +16,7 @@ from typing import Any
 import pandas as pd
 import torch
 
+from .atomic import write_atomic
 from .estimate import HOST_DECODE_EFFICIENCY, estimate
 from .estimate.consumer import consumer_summary
 from .model import BUNDLED, load_model
@@ -221,8 +222,7 @@ def cmd_bench(a) -> int:
     if a.html:
         from .viz.report import bench_html
 
-        with open(a.html, "w", encoding="utf-8") as f:
-            f.write(bench_html(df, summ, out))
+        write_atomic(a.html, bench_html(df, summ, out))
         if not a.json:
             print(f"report written to {a.html}")
     return 0

@@ -10,6 +10,7 @@ another version, a truncated or corrupt one, or arrays that do not fit the confi
 
 from __future__ import annotations
 
+import io
 import json
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -18,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from ..atomic import write_atomic
 from ..errors import TraceError
 from .npz import NpzArchive, read_npz
 
@@ -164,7 +166,8 @@ class RoutingTrace:
 
     # ------------------------------------------------------------------ file
     def save(self, path: "str | Path") -> Path:
-        """Write the trace as one compressed ``.npz`` (numpy arrays + a JSON header; no pickle)."""
+        """Write the trace as one compressed ``.npz`` (numpy arrays + a JSON header; no pickle), whole or not at
+        all (:mod:`specter_lab.atomic`): a kill or a full disk leaves the file that was there before."""
         self.validate()
         path = Path(path)
         if not isinstance(self.config, dict) or not isinstance(self.meta, dict):
@@ -177,8 +180,9 @@ class RoutingTrace:
                 a = getattr(s, name)
                 if a is not None:
                     arrays[f"s{i}.{name}"] = a
-        with open(path, "wb") as f:
-            np.savez_compressed(f, **arrays)
+        buf = io.BytesIO()  # built in memory: its size is known, so a disk too small is refused before writing
+        np.savez_compressed(buf, **arrays)
+        write_atomic(path, buf.getbuffer())  # whole or not at all: a kill never leaves half a trace, nor loses the old
         return path
 
     def export(self, path: "str | Path", format: str | None = None) -> Path:

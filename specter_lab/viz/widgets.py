@@ -32,6 +32,7 @@ import ipywidgets as W
 import pandas as pd
 import plotly.graph_objects as go
 
+from ..atomic import atomic_open, write_atomic
 from ..decode import StopGeneration
 from ..run.quant import QuantSpec
 from ..studies.runs import DoesNotFit, run_prompts, try_engine
@@ -284,8 +285,7 @@ class Dashboard:
 
         path = path or f"specter_step{self._shown}.html"
         summary = plain_text(self.info.value)
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(figures_page(f"specter_lab · step {self._shown}", summary, self.static().items()))
+        write_atomic(path, figures_page(f"specter_lab · step {self._shown}", summary, self.static().items()))
         return path
 
     def _save_clicked(self) -> None:
@@ -800,7 +800,8 @@ class QuantTuner:
         """Write the last table to a CSV file (default: beside the notebook); returns the path."""
         if self.table is None:
             raise ValueError("QuantTuner.save: no table yet; press Run (or call run()) first.")
-        self.table.to_csv(path, index=False)
+        with atomic_open(path, "w", newline="") as f:  # a kernel lost mid-save leaves the last table, whole
+            self.table.to_csv(f, index=False)
         return path
 
     def _save_clicked(self) -> None:
