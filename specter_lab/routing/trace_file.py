@@ -10,6 +10,7 @@ another version, a truncated or corrupt one, or arrays that do not fit the confi
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 from dataclasses import dataclass, field
@@ -136,6 +137,21 @@ class RoutingTrace:
             segs += [(start, len(s.prefill), "prefill"), (start + len(s.prefill), len(s.decode), "decode")]
             start += len(s.prefill) + len(s.decode)
         return np.concatenate(rows), segs
+
+    def fingerprint(self) -> str:
+        """SHA-256 (16 hex digits) of everything a replay reads: the config, ``k_max``, the draft, the source and
+        every sequence's arrays (names, dtypes, shapes, bytes); not ``meta`` (timings). Two traces with the same
+        fingerprint replay the same; a results file of a sweep (``compare(results=)``) is tied to it."""
+        h = hashlib.sha256(json.dumps([self.config, self.k_max, self.draft, self.source], sort_keys=True,
+                                      default=str).encode())
+        for i, s in enumerate(self.sequences):
+            for name in _ARRAYS:
+                a = getattr(s, name)
+                if a is not None:
+                    a = np.ascontiguousarray(a)
+                    h.update(f"{i}.{name}|{a.dtype.str}|{a.shape}\n".encode())
+                    h.update(a.tobytes())
+        return h.hexdigest()[:16]
 
     def __repr__(self) -> str:
         return (f"RoutingTrace({self.config.get('model_type', '?')}, {len(self.sequences)} sequences, "
