@@ -192,7 +192,7 @@ class TraceSource:
 
     def identity(self) -> dict:
         """What every cell of a sweep on this trace shares, for its results file: the trace's fingerprint."""
-        return {"trace": self.trace.fingerprint(), "sequences": len(self.trace.sequences)}
+        return {"trace": self.trace.fingerprint()}
 
     def setup(self, cell: Cell) -> "RunSetup | DoesNotFit | NotReplayable":
         """The set-up a replay of the cell prices with (no Engine, no model), or why it cannot run."""
