@@ -32,12 +32,17 @@ The writers that use it (``grep -rn "atomic" specter_lab scripts``; ``tests/test
   (``studies/results_file.py``: header written whole, cells appended by :func:`append_line`);
 - the notebook views: ``Dashboard.export``, ``QuantTuner.save``, ``LiveRun(out=)`` (``viz/widgets.py``,
   ``viz/live_file.py``);
-- the scripts that write files: ``closer_to_bound.py --out``, ``fault_injection.py``, ``fuzz_readers.py --out``,
-  ``fuzz_checkpoints.py --report``, ``real_checkpoint.py`` (its report and shrunk checkpoint), ``gpu_check.py``,
-  ``long_run.py --json``, ``check_families.py --json``, ``dashboard_png.py``, ``train_tiny_moe.py``'s README and
-  configs, ``same_floats.py``. Scripts that print a page for the shell to redirect (``> docs/measured/x.md``)
-  write nothing themselves: the shell's ``>`` truncates first, so write such a page to a temporary name and
-  ``mv`` it, or use the script's ``--out`` where it has one.
+- the scripts that write pages or files under ``docs/``: ``closer_to_bound.py --out`` (and ``--results``),
+  ``fault_injection.py``, ``fuzz_readers.py --out``, ``fuzz_checkpoints.py --report``, ``real_checkpoint.py
+  --report`` (and its shrunk checkpoint's index, config and sparse shards), ``gpu_check.py``, ``long_run.py
+  --json``, ``check_families.py --json``, ``dashboard_png.py``.
+
+Left as they are, on purpose: ``train_tiny_moe.py`` (it makes the bundled model and stands apart from the
+package), ``same_floats.py`` (its probe runs inside an older version of the package, into a temporary file),
+the fuzzers' scratch inputs (temporary folders), and the checkpoints written by ``safetensors`` /
+``save_pretrained`` (their own writers; ``fuse_experts`` renames its whole folder instead). Scripts that print
+a page for the shell to redirect (``> docs/measured/x.md``) write nothing themselves: the shell's ``>``
+empties the page first, so redirect to a temporary name and ``mv`` it, or use the script's ``--out``.
 """
 
 from __future__ import annotations

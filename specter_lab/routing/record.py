@@ -238,9 +238,8 @@ class _Job:
         if self.device.type == "cuda":
             meta["peak_gpu_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         name = getattr(self.model.config, "_name_or_path", "") or self.info.model_type
-        trace = RoutingTrace(self.config, list(seqs), self.k_max, self.draft,
-                             f"recorded: {name} on {self.device}" + (f", draft {self.spec.label}" if self.k_max else ""),
-                             meta)
+        source = f"recorded: {name} on {self.device}" + (f", draft {self.spec.label}" if self.k_max else "")
+        trace = RoutingTrace(self.config, list(seqs), self.k_max, self.draft, source, meta)
         return trace.validate([l.num_experts for l in self.info.layers])
 
 

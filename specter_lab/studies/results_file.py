@@ -220,9 +220,9 @@ def _check_header(found: dict, want: dict, where: str) -> None:
     extra = [f for f, _ in _flat(found.get("identity") or {}) if _get(want["identity"], f) is None
              and _get(found.get("identity"), f) is not None]
     if extra:
-        raise ResumeMismatch(f"{where!r} was written by a sweep with {extra[0]}={_short(_get(found['identity'], extra[0]))}"
-                             f", which this one does not set: its cells are not this sweep's.", where, extra[0],
-                             _get(found["identity"], extra[0]), None)
+        got = _get(found["identity"], extra[0])
+        raise ResumeMismatch(f"{where!r} was written by a sweep with {extra[0]}={_short(got)}, which this one does "
+                             "not set: its cells are not this sweep's.", where, extra[0], got, None)
 
 
 def _flat(d: Any, prefix: str = ""):
