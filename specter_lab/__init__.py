@@ -17,7 +17,7 @@ from .model import inspect_model, load_model, tiny_random_model
 from .model.checkpoint_check import CheckpointInfo, check_checkpoint
 from .model.memory import MemoryPlan, plan_memory
 from .model.fuse import fuse_experts
-from .errors import CheckpointError, NotEnoughMemory
+from .errors import CheckpointError, DiskFull, NotEnoughMemory, ResultsFileError, ResumeMismatch
 from .pricing.calibrate import calibrate
 from .pricing.hostcal import calibrate_host
 from .pricing.precision import FORMATS, WeightPrecision
@@ -53,7 +53,7 @@ __all__ = [
     "import_routing", "gate_recall", "lru_hit_curve", "less_local", "bound_gap", "BoundGap",
 ]
 __all__ += ["check_checkpoint", "CheckpointInfo", "plan_memory", "MemoryPlan", "CheckpointError", "NotEnoughMemory",
-            "fuse_experts"]
+            "fuse_experts", "ResumeMismatch", "ResultsFileError", "DiskFull"]
 
 
 def __getattr__(name):
