@@ -173,6 +173,10 @@ def record(model, tokenizer=None, prompts: Sequence = (), *, max_new_tokens: int
                         "depend on what the cache holds, so they cannot be recorded apart from a strategy).")
     if resume and out is None:
         raise ValueError("resume=True needs out=: the trace file to go on from (and to keep writing).")
+    if out is not None and Path(out).is_dir():  # refused now, not after the first sequence's minutes
+        raise ValueError(f"out={str(out)!r} is a folder: give a file name (e.g. trace.npz).")
+    if out is not None and not Path(out).parent.is_dir():
+        raise ValueError(f"out={str(out)!r}: its folder {str(Path(out).parent)!r} does not exist; create it first.")
     device = model.get_input_embeddings().weight.device
     eos = set(info.eos_token_ids)
     seqs_ids = [_encode(p, tokenizer, info.vocab) for p in prompts]

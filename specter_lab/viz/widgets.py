@@ -713,7 +713,8 @@ def live(engine, prompt, max_new_tokens: int = 64, **generate_kwargs: Any) -> Li
     wall-clock seconds per step, for a demo a person can follow), ``details=`` (live routing / cache / timeline
     views of the latest step: True, or their names; on a CUDA clock each of those redraws synchronises the
     device), ``live_rows=`` (rows of the live token strip), ``dashboard=`` (False: the finished run's dashboard
-    waits for a click) and ``start=`` configure the view. See :class:`LiveRun`."""
+    waits for a click), ``out=`` (a file keeping the steps done so far, rewritten whole every ``save_every``
+    steps) and ``start=`` configure the view. See :class:`LiveRun`."""
     return LiveRun(engine, prompt, max_new_tokens, **generate_kwargs)
 
 
