@@ -19,6 +19,7 @@ import traceback
 import torch
 
 import specter_lab as sl
+from specter_lab.atomic import write_atomic
 from specter_lab.errors import NotExact
 from specter_lab.model.families import UNBUILDABLE, VARIANTS, experts_interface_families, tiny_family_model
 
@@ -90,8 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     counts = {s: sum(r["status"] == s for r in rows) for s in ("pass", "refused", "unbuildable", "error", "diverged")}
     print(f"families tried {len(rows)}: " + ", ".join(f"{k} {v}" for k, v in counts.items()), flush=True)
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"rows": rows, "counts": counts}, f, indent=1)
+        write_atomic(a.json, json.dumps({"rows": rows, "counts": counts}, indent=1))
     return 1 if counts["diverged"] or counts["error"] else 0
 
 

@@ -9,8 +9,12 @@ recall and acceptance for its bits) and modelled gate-lookahead predictions (``g
 measured predictor, and what-ifs in their own table). Every cell is replayed at DeepSeek-V2-Lite's sizes (``deepseek-v2-lite@full``)
 on the simulated clock. Prints the markdown of ``docs/measured/closer_to_bound.md``.
 
-    nice python scripts/closer_to_bound.py > docs/measured/closer_to_bound.md
+    nice python scripts/closer_to_bound.py --out docs/measured/closer_to_bound.md --results /tmp/ctb-cells
     nice python scripts/closer_to_bound.py --save-traces /tmp/ctb   # also writes the evaluation traces
+
+``--out`` writes the page whole when the run ends (a run stopped midway leaves the page it had; a shell's
+``> page.md`` would have emptied it first). ``--results DIR`` keeps the main table's cells (every ``sl.compare``
+sweep, one results file each) as they finish: a rerun after a kill computes only the cells it lacks.
 
 A saved trace replays any cell from the command line, e.g.
 ``specter-lab bench --trace /tmp/ctb/deepseek-v2-lite-local-int2.npz --budgets 0.25 --hardware rtx4090-pcie4
@@ -20,7 +24,9 @@ A saved trace replays any cell from the command line, e.g.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import io
 import math
 import os
 import time
@@ -30,6 +36,7 @@ import numpy as np
 import torch
 
 import specter_lab as sl
+from specter_lab.atomic import write_atomic
 from specter_lab.offload.schedule import host_lane_time
 from specter_lab.pricing.profiles import get_profile
 from specter_lab.analysis.bound import trace_bound
@@ -105,7 +112,24 @@ def fmt(x: float) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--save-traces", default=None, help="a folder to write the evaluation traces to (.npz)")
+    ap.add_argument("--out", default=None, help="write the page here, whole, when the run ends (default: print it)")
+    ap.add_argument("--results", default=None, help="a folder for the main table's results files (JSON Lines): a "
+                    "rerun after a kill computes only the cells they lack")
     a = ap.parse_args()
+    if a.results:
+        Path(a.results).mkdir(parents=True, exist_ok=True)
+    if a.out:
+        page = io.StringIO()
+        with contextlib.redirect_stdout(page):
+            run(a)
+        write_atomic(a.out, page.getvalue())
+        print(f"written to {a.out}")
+    else:
+        run(a)
+
+
+def run(a) -> None:
+    """The page, printed."""
     os.nice(5)
     torch.set_num_threads(1)
     t0 = time.perf_counter()
@@ -147,8 +171,9 @@ def main() -> None:
     for label in ROUTINGS:
         for b in BUDGETS:
             bits = BITS[b]
+            cells = Path(a.results) / f"{label.lower()}-{b}.jsonl" if a.results else None
             df = sl.compare(None, None, PLAIN + SPEC, expert_budget=b, hardware=HW, cost_shape=SHAPE,
-                            trace=traces[label, bits], draft=sl.QuantSpec(bits, 64), progress=False)
+                            trace=traces[label, bits], draft=sl.QuantSpec(bits, 64), progress=False, results=cells)
             m = df.groupby(["hardware", "strategy"])[["tpot_ms", "bound_tpot_ms"]].mean()
             for h in HW:
                 means[label, h, b] = m.loc[h].copy()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "specter_lab"
 # (the folder's line, its folder or its files), lowest floor first, as tests/test_layers.py's LAYERS
-LAYERS = [("*the public entry*", ["errors.py", "units.py"]),
+LAYERS = [("*the public entry*", ["errors.py", "units.py", "atomic.py"]),
           ("`caching/`: the eviction policies every cache ranks with, and the cache simulator", "caching"),
           ("`model/`: the model adapter: inspection, the experts interface, geometry from a config, loading, tiny models", "model"),
           ("`records/`: a run's records", "records"),

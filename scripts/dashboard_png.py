@@ -22,6 +22,7 @@ def main() -> None:
     from PIL import Image
 
     import specter_lab as sl
+    from specter_lab.atomic import atomic_open
     from specter_lab.viz import figures as F
 
     torch.set_num_threads(1)
@@ -40,7 +41,8 @@ def main() -> None:
         for p in parts:
             out.paste(p, (0, y))
             y += p.height
-        out.save(a.out, optimize=True)
+        with atomic_open(a.out, "wb") as f:  # the old picture stays until the new one is whole
+            out.save(f, format="PNG", optimize=True)
     print(f"step {step}: wrote {a.out} ({out.width}x{out.height})")
 
 

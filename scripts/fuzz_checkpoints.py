@@ -96,7 +96,9 @@ def main(argv=None) -> int:
     text = "\n".join(lines)
     print(text)
     if a.report:
-        Path(a.report).write_text(text + "\n")
+        from specter_lab.atomic import write_atomic
+
+        write_atomic(a.report, text + "\n")
     return 1 if bad else 0
 
 

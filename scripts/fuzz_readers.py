@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import specter_lab as sl  # noqa: E402
+from specter_lab.atomic import write_atomic  # noqa: E402
 from specter_lab.errors import ConfigError, TraceError  # noqa: E402
 from specter_lab.model.geometry import BUNDLED_CONFIGS, CONFIG_DIR  # noqa: E402
 from specter_lab.traces.formats import FORMATS, SUFFIX  # noqa: E402
@@ -399,7 +400,7 @@ def main(argv=None) -> int:
     text = "\n".join(report)
     print(text)
     if a.out:
-        a.out.write_text(text + "\n")
+        write_atomic(a.out, text + "\n")
     return 0
 
 

@@ -279,8 +279,10 @@ def write(report: Report, out_dir: Path) -> tuple[Path, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     slug = report.meta["slug"]
     js, md = out_dir / f"{slug}.json", out_dir / f"{slug}.md"
-    js.write_text(json.dumps({"meta": report.meta, "parts": report.parts}, indent=1, default=str) + "\n")
-    md.write_text(markdown(report))
+    from specter_lab.atomic import write_atomic  # each page whole: a run stopped while writing keeps the last one
+
+    write_atomic(js, json.dumps({"meta": report.meta, "parts": report.parts}, indent=1, default=str) + "\n")
+    write_atomic(md, markdown(report))
     return js, md
 
 

@@ -164,7 +164,9 @@ def main(argv: list[str] | None = None) -> int:
             out["lengths"] = [len(result.token_ids), len(ref)]
     print(json.dumps(out, indent=2))
     if a.json:
-        Path(a.json).write_text(json.dumps(out, indent=2))
+        from specter_lab.atomic import write_atomic
+
+        write_atomic(a.json, json.dumps(out, indent=2))
     return 0 if out.get("lossless", True) else 1
 
 

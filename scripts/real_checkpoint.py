@@ -44,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 import specter_lab as sl  # noqa: E402
+from specter_lab.atomic import atomic_open, write_atomic  # noqa: E402
 from specter_lab.model import BUNDLED  # noqa: E402
 from specter_lab.model.geometry import CONFIG_DIR  # noqa: E402
 from specter_lab.model.pages import trim_heap  # noqa: E402
@@ -143,7 +144,7 @@ def _write_sparse(path: Path, group: list[tuple[str, tuple[int, ...]]]) -> int:
         off += n
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # safetensors pads the header to 8 bytes
-    with path.open("wb") as f:
+    with atomic_open(path, "wb") as f:
         f.write(len(raw).to_bytes(8, "little"))
         f.write(raw)
         f.truncate(8 + len(raw) + off)
@@ -196,9 +197,9 @@ def write_checkpoint(cfg: dict, out: Path, layout: str, shard_bytes: int, seed: 
         weight_map.update({name: fname for name, _ in group})
         del tensors  # only one shard is ever held
         print(f"  wrote {fname} ({format_bytes((out / fname).stat().st_size)})", flush=True)
-    (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total},
-                                                                  "weight_map": weight_map}, indent=1))
-    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    write_atomic(out / "model.safetensors.index.json", json.dumps({"metadata": {"total_size": total},
+                                                                    "weight_map": weight_map}, indent=1))
+    write_atomic(out / "config.json", json.dumps(cfg, indent=2))
     for f in TOKENIZER_FROM.glob("tokenizer*"):
         shutil.copy(f, out / f.name)
     return total
@@ -305,7 +306,7 @@ def main(argv=None) -> int:
     table = _table(a, cfg, rows, disk, written, plan, rss.resettable, equal)
     print(table)
     if a.report:
-        Path(a.report).write_text(table + "\n")
+        write_atomic(a.report, table + "\n")
     return 0 if all(equal.values()) else 1
 
 

@@ -20,8 +20,8 @@ __version__ = "0.1.0"
 
 # public name -> the module that defines it (relative to this package)
 _NAMES: dict[str, str] = {
-    **dict.fromkeys(["BudgetTooSmall", "ConfigError", "CopyFault", "NotExact", "CheckpointError", "NotEnoughMemory"],
-                    ".errors"),
+    **dict.fromkeys(["BudgetTooSmall", "ConfigError", "CopyFault", "NotExact", "CheckpointError", "NotEnoughMemory",
+                     "DiskFull", "ResultsFileError", "ResumeMismatch"], ".errors"),
     **dict.fromkeys(["Estimate", "estimate"], ".estimator"),
     **dict.fromkeys(["inspect_model", "load_model", "tiny_random_model"], ".model"),
     **dict.fromkeys(["CheckpointInfo", "check_checkpoint"], ".model.checkpoint_check"),

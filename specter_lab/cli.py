@@ -11,11 +11,13 @@ import json
 import re
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import torch
 
+from .atomic import write_atomic
 from .estimator import estimate
 from .pricing.profiles import HOST_DECODE_EFFICIENCY
 from .estimator.consumer import PROPERTY_FAMILIES, consumer_summary, flag_property
@@ -98,9 +100,6 @@ def _print_memory_plan(a, spec, speculative: bool) -> None:
     """What the run will hold, from the checkpoint's headers, before anything is loaded (a local folder or a
     bundled model; a hub id is not here yet). The context is counted as prompt characters + new tokens (an upper
     bound for byte-level tokenizers)."""
-    from pathlib import Path
-
-
     path = BUNDLED.get(a.model, Path(a.model).expanduser())
     if a.json or not (path / "config.json").is_file():
         return
@@ -204,7 +203,7 @@ def cmd_bench(a) -> int:
                            "routing": trace.source if trace else "live",
                            "note": _bench_note(hardware, cost_shape)}
     df = bench.compare(model, tok, strategies, prompts, hardware, a.max_new_tokens, budgets, cost_shape, a.k, spec,
-                       progress=not a.json, trace=trace)
+                       progress=not a.json, trace=trace, results=a.results)
     summ = bench.summarize(df)
     out["runs"], out["summary"] = df.to_dict(orient="records"), summ.to_dict(orient="records")
     if trace is None:
@@ -222,8 +221,7 @@ def cmd_bench(a) -> int:
     if a.html:
         from .viz.report import bench_html
 
-        with open(a.html, "w", encoding="utf-8") as f:
-            f.write(bench_html(df, summ, out))
+        write_atomic(a.html, bench_html(df, summ, out))
         if not a.json:
             print(f"report written to {a.html}")
     return 0
@@ -247,7 +245,7 @@ def _bench_paper(a) -> int:
     cases = [c for c in a.cases.split(",") if c] if a.cases else list(DEFAULT_CASES)
     executions = [m for m in a.execution.split(",") if m] if a.execution else list(PAPER_EXECUTIONS)
     df = reproduce_paper(model, tok, cases, trace=trace, executions=executions, n_prompts=a.prompts,
-                         max_new_tokens=a.paper_tokens, progress=not a.json)
+                         max_new_tokens=a.paper_tokens, progress=not a.json, results=a.results)
     if a.json:
         print(json.dumps({"attrs": df.attrs, "rows": df.to_dict(orient="records")}, indent=1, default=str))
         return 0
@@ -398,11 +396,16 @@ def cmd_trace_record(a) -> int:
     for flag, v in (("--max-new-tokens", a.max_new_tokens), ("--prompts", a.prompts)):
         if v < 1:
             raise ValueError(f"{flag} {v}: use an integer >= 1.")
+    if Path(a.out).exists() and not a.resume:  # before the model loads: minutes, for a refusal
+        raise ValueError(f"--out {a.out}: the file exists; add --resume to go on from the sequences it holds, or "
+                         "give another path (nothing recorded is overwritten by accident).")
     model, tok = load_model(a.model, trust_remote_code=a.trust_remote_code,
                             **({"device": a.device} if a.device else {}))
     prompts = a.prompt or heldout_prompts(a.prompts)
-    trace = record(model, tok, prompts, max_new_tokens=a.max_new_tokens, k_max=a.k_max, draft=spec)
-    path = trace.save(a.out)
+    # saved after every sequence (whole): a kill loses at most the one in progress; --resume goes on from there
+    trace = record(model, tok, prompts, max_new_tokens=a.max_new_tokens, k_max=a.k_max, draft=spec, out=a.out,
+                   resume=a.resume)
+    path = Path(a.out)
     print(f"{trace!r}\nwritten to {path} ({path.stat().st_size / 1e6:.2f} MB); replay it with "
           f"`specter-lab bench --trace {path}` or sl.replay(sl.load_trace({str(path)!r}), ...)")
     return 0
@@ -520,6 +523,9 @@ def _parser() -> argparse.ArgumentParser:
                         "(Belady's against the row's policy) and the schedule (copies before the router asks)")
     b.add_argument("--json", action="store_true")
     b.add_argument("--html", default=None)
+    b.add_argument("--results", default=None, metavar="FILE",
+                   help="write each finished cell to FILE (JSON Lines) as it completes; rerun with the same FILE "
+                        "to compute only the cells it lacks (the table and with --paper the paper's)")
     b.add_argument("--trace", default=None,
                    help="replay every cell from a recorded routing trace (.npz from `specter-lab trace record`) "
                         "instead of generating: seconds instead of minutes; the model is not loaded")
@@ -529,7 +535,10 @@ def _parser() -> argparse.ArgumentParser:
     tr = tsub.add_parser("record", help="greedy decoding with the draft chains: sl.record(...).save(--out)")
     tr.add_argument("--model", default="tiny", help="'tiny' (bundled), a local HF MoE folder, or a hub id")
     tr.add_argument("--trust-remote-code", action="store_true")
-    tr.add_argument("--out", required=True, help="the trace file to write (.npz)")
+    tr.add_argument("--out", required=True, help="the trace file to write (.npz), saved after every sequence")
+    tr.add_argument("--resume", action="store_true",
+                    help="go on from --out: skip the sequences it holds (checked against the prompts, model and "
+                         "settings; a difference is refused by name)")
     tr.add_argument("--prompts", type=int, default=4, help="how many held-out prompts (or --prompt)")
     tr.add_argument("--prompt", action="append", default=None, help="a prompt text (repeatable)")
     tr.add_argument("--max-new-tokens", type=int, default=48)

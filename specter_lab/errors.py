@@ -8,7 +8,7 @@ candidate does not fit".
 from __future__ import annotations
 
 __all__ = ["BudgetTooSmall", "CopyFault", "NotExact", "Diverged", "CheckpointError", "NotEnoughMemory", "TraceError",
-           "ConfigError", "HostBudgetTooSmall", "OptionError"]
+           "ConfigError", "HostBudgetTooSmall", "OptionError", "DiskFull", "ResumeMismatch", "ResultsFileError"]
 
 from typing import Any
 
@@ -96,3 +96,53 @@ class OptionError(ValueError):
         self.argument = argument
         self.found = found
         self.choices = tuple(choices)
+
+
+class DiskFull(OSError):
+    """A file could not be written in full: the disk (or a quota) is full, or the process's file-size limit
+    (``ulimit -f``) is below the file's size. Raised by every writer of the package (:mod:`specter_lab.atomic`)
+    after it removed its temporary file, so whatever ``path`` held before is intact. ``path`` is the file asked
+    for, ``needed_bytes`` the bytes it needs (a lower bound when the writer streams, ``needed_exact`` False),
+    ``free_bytes`` what its folder's file system had free (None where unknown) and ``limit_bytes`` the
+    file-size limit (None where there is none)."""
+
+    def __init__(self, message: str, path: str, needed_bytes: int, free_bytes: "int | None" = None,
+                 limit_bytes: "int | None" = None, needed_exact: bool = True, errno_: "int | None" = None) -> None:
+        super().__init__(message)
+        if errno_ is not None:
+            self.errno = errno_
+        self.filename = path
+        self.path = path
+        self.needed_bytes = needed_bytes
+        self.needed_exact = needed_exact
+        self.free_bytes = free_bytes
+        self.limit_bytes = limit_bytes
+
+    def __str__(self) -> str:  # OSError's own str would prefix "[Errno n]" and drop the message's fix
+        return self.args[0]
+
+
+class ResumeMismatch(ValueError):
+    """A resumed run (``sl.record(..., out=, resume=True)``, ``sl.compare(..., results=)``) whose file on disk was
+    written with other settings, another model or other prompts: refused before any work, never mixed in.
+    ``path`` is the file, ``field`` the setting that differs (``"max_new_tokens"``, ``"model.weights"``,
+    ``"prompt 2"``, ``"source"``, ...; ``"resume"`` where a file is there and resuming was not asked), ``found``
+    what the file holds and ``expected`` what this call asked for."""
+
+    def __init__(self, message: str, path: str, field: str, found: Any = None, expected: Any = None) -> None:
+        super().__init__(message)
+        self.path = path
+        self.field = field
+        self.found = found
+        self.expected = expected
+
+
+class ResultsFileError(ValueError):
+    """A results file (JSON Lines, one finished cell a line) that cannot be read as it is: a line other than the
+    last that is not whole JSON or whose checksum does not match (a torn *last* line, what a kill leaves, is
+    dropped instead). ``path`` is the file, ``line`` the 1-based line number (0: the file as a whole)."""
+
+    def __init__(self, message: str, path: str, line: int) -> None:
+        super().__init__(message)
+        self.path = path
+        self.line = line

@@ -12,7 +12,7 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parents[1] / "specter_lab"
 
 LAYERS = [
-    ["errors", "units"],  # the project's errors and argument parsing: no package imports
+    ["errors", "units", "atomic"],  # errors, argument parsing, writing files whole: nothing above them
     ["caching"],  # the eviction policies every cache ranks with, and the cache simulator over routing ids
     ["model", "records"],  # the model adapter and geometry; a run's records (trace, tally, metrics, export)
     ["pricing"],  # profiles, shapes, the cost model, op counts, calibration, precisions, published rows
@@ -142,7 +142,7 @@ def test_the_estimator_takes_only_public_names_from_run():
 
 def test_the_top_level_keeps_only_the_public_entry():
     top = sorted(p.stem for p in PKG.glob("*.py"))
-    assert top == ["__init__", "cli", "errors", "units"], top
+    assert top == ["__init__", "atomic", "cli", "errors", "units"], top
 
 
 def test_the_readme_code_map_names_every_module():

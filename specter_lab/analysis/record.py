@@ -9,13 +9,16 @@ slot-view matmuls), on the model's own cache:
    routing, then one target pass over ``[last, d1..dk_max]`` with its routing and argmax — what a speculative
    window of any K ≤ k_max sees (verification is causal), and what the oracle looks at.
 
-Costs about ``(k_max + 2)`` forwards per generated token (printed with the memory at the end).
+Costs about ``(k_max + 2)`` forwards per generated token (printed with the memory at the end). Long recordings
+keep what they finished: ``out=path`` saves the trace after every sequence and ``resume=True`` goes on from it
+(:func:`record`; the file's format is unchanged, ``meta["recording"]`` says what it was recorded with).
 """
 
 from __future__ import annotations
 
 import resource
 import time
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -23,11 +26,13 @@ import torch
 from tqdm.auto import tqdm
 
 from ..decode.kv import SequenceCache
+from ..errors import ResumeMismatch
 from ..model import attached, inspect_model
+from ..model.identity import model_identity
 from ..model.experts import exact_forward
 from ..offload.runtime import gate_ids
 from ..run.quant import DraftExperts, QuantSpec, shared_draft
-from ..traces.trace_file import RoutedSequence, RoutingTrace
+from ..traces.trace_file import RoutedSequence, RoutingTrace, load_trace
 
 __all__ = ["record"]
 
@@ -138,12 +143,22 @@ def _chains(step: _Pass, ids: list[int], tokens: list[int], k_max: int):
 
 
 def record(model, tokenizer=None, prompts: Sequence = (), *, max_new_tokens: int = 48, k_max: int = 16,
-           draft: QuantSpec | None = None, progress: bool = True) -> RoutingTrace:
+           draft: QuantSpec | None = None, progress: bool = True, out: "str | Path | None" = None,
+           resume: bool = False) -> RoutingTrace:
     """Record ``model``'s greedy routing over ``prompts`` (strings need the tokenizer, or token-id lists), with the
     draft chains of a ``draft`` (default int4-g64 RTN) up to ``k_max`` tokens (0: autoregressive only).
 
     Works on any local HF MoE checkpoint, on the CPU or a GPU; prints time and peak memory per generated token.
-    Save it with ``trace.save(path)``; replay every strategy with :func:`specter_lab.analysis.replay`."""
+    Save it with ``trace.save(path)``; replay every strategy with :func:`specter_lab.analysis.replay`.
+
+    ``out=path`` writes the trace to ``path`` after every sequence (whole, :mod:`specter_lab.atomic`), so a kill,
+    a kernel restart or an out-of-memory error loses at most the sequence in progress; what is on disk is a valid
+    trace of the sequences finished. ``resume=True`` goes on from that file: the sequences already there are
+    skipped (the progress bar says how many), after checking that they were recorded from these prompts (in
+    order; more prompts than the file holds are fine), by this model (config digest and weights' fingerprint,
+    :mod:`specter_lab.model.identity`), on this device, with the same ``max_new_tokens``, ``k_max`` and draft;
+    a difference is refused as :class:`~specter_lab.errors.ResumeMismatch` naming the field, never mixed in.
+    Without ``resume=True`` an existing ``out`` is refused (nothing recorded is overwritten by accident)."""
     info = inspect_model(model)
     prompts = list(prompts)
     if not prompts:
@@ -156,6 +171,12 @@ def record(model, tokenizer=None, prompts: Sequence = (), *, max_new_tokens: int
     if not isinstance(spec, QuantSpec):
         raise TypeError(f"draft={draft!r}: record a quantized draft, a sl.QuantSpec (the other draft variants "
                         "depend on what the cache holds, so they cannot be recorded apart from a strategy).")
+    if resume and out is None:
+        raise ValueError("resume=True needs out=: the trace file to go on from (and to keep writing).")
+    if out is not None and Path(out).is_dir():  # refused now, not after the first sequence's minutes
+        raise ValueError(f"out={str(out)!r} is a folder: give a file name (e.g. trace.npz).")
+    if out is not None and not Path(out).parent.is_dir():
+        raise ValueError(f"out={str(out)!r}: its folder {str(Path(out).parent)!r} does not exist; create it first.")
     device = model.get_input_embeddings().weight.device
     eos = set(info.eos_token_ids)
     seqs_ids = [_encode(p, tokenizer, info.vocab) for p in prompts]
@@ -163,36 +184,131 @@ def record(model, tokenizer=None, prompts: Sequence = (), *, max_new_tokens: int
         raise ValueError(f"k_max={k_max}: {info.model_type} has recurrent cache layers, whose rewind recomputes "
                          "tokens; chains cannot be recorded for it yet. Record with k_max=0 (autoregressive "
                          "strategies replay exactly).")
+    job = _Job(model, info, device, spec, k_max, max_new_tokens, len(seqs_ids))
+    done, seconds_before = on_disk(out, resume, job.identity, seqs_ids) if out is not None else ([], 0.0)
+    seqs = list(done)
+    if done and progress:
+        print(f"{out}: {len(done)} of {len(seqs_ids)} sequences already on disk, recording the other "
+              f"{len(seqs_ids) - len(done)}")
     t0 = time.perf_counter()
-    dexp = shared_draft(model, info, spec, device) if k_max else None  # the engines' own, when they made it
-    rec = _Recorder(info, dexp)
-    total = sum(len(ids) and max_new_tokens * (1 + (k_max + 1) if k_max else 1) for ids in seqs_ids)
-    seqs = []
-    with attached(model, info, rec), torch.no_grad(), tqdm(total=total, desc="record (forwards)", unit="fwd",
-                                                           disable=not progress) as bar:
-        for ids in seqs_ids:
-            prefill, tokens, decode, gate = _autoregressive(_Pass(model, rec, device, False, bar), ids,
-                                                            max_new_tokens, eos)
-            chains = _chains(_Pass(model, rec, device, True, bar), ids, tokens, k_max) if k_max else (None,) * 4
-            seqs.append(RoutedSequence(np.asarray(ids, np.int32), np.asarray(tokens, np.int32), prefill, decode,
-                                       gate, *chains))
-        bar.total = bar.n
-    seconds = time.perf_counter() - t0
-    n_tok = sum(len(s.tokens) for s in seqs)
-    meta = {"seconds": seconds, "seconds_per_token": seconds / n_tok, "tokens": n_tok,
-            "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
-            "device": str(device), "dtype": str(next(model.parameters()).dtype).replace("torch.", "")}
-    if device.type == "cuda":
-        meta["peak_gpu_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
-    if progress:
-        print(f"recorded {n_tok} tokens in {seconds:.1f} s ({1e3 * meta['seconds_per_token']:.0f} ms/token, "
-              f"k_max={k_max}), peak host memory {meta['peak_rss_gib']:.2f} GiB"
-              + (f", peak GPU {meta['peak_gpu_gib']:.2f} GiB" if "peak_gpu_gib" in meta else ""))
-    name = getattr(model.config, "_name_or_path", "") or info.model_type
-    trace = RoutingTrace(model.config.to_dict(), seqs, k_max,
-                         {"bits": spec.bits, "group_size": spec.group_size, "method": spec.method} if k_max else None,
-                         f"recorded: {name} on {device}" + (f", draft {spec.label}" if k_max else ""), meta)
-    return trace.validate([l.num_experts for l in info.layers])
+    todo = seqs_ids[len(done):]
+    if todo:
+        dexp = shared_draft(model, info, spec, device) if k_max else None  # the engines' own, when they made it
+        rec = _Recorder(info, dexp)
+        total = sum(len(ids) and max_new_tokens * (1 + (k_max + 1) if k_max else 1) for ids in todo)
+        with attached(model, info, rec), torch.no_grad(), \
+                tqdm(total=total, desc=job.progress_label(len(seqs)) if out is not None else "record (forwards)",
+                     unit="fwd", disable=not progress) as bar:
+            for ids in todo:
+                prefill, tokens, decode, gate = _autoregressive(_Pass(model, rec, device, False, bar), ids,
+                                                                max_new_tokens, eos)
+                chains = _chains(_Pass(model, rec, device, True, bar), ids, tokens, k_max) if k_max else (None,) * 4
+                seqs.append(RoutedSequence(np.asarray(ids, np.int32), np.asarray(tokens, np.int32), prefill, decode,
+                                           gate, *chains))
+                if out is not None:  # this sequence is safe from here on, whatever happens to the process
+                    job.trace(seqs, seconds_before + time.perf_counter() - t0).save(out)
+                    bar.set_description(job.progress_label(len(seqs)))
+            bar.total = bar.n
+    trace = job.trace(seqs, seconds_before + time.perf_counter() - t0)
+    if progress and todo:
+        m = trace.meta
+        print(f"recorded {m['tokens']} tokens in {m['seconds']:.1f} s ({1e3 * m['seconds_per_token']:.0f} ms/token, "
+              f"k_max={k_max}), peak host memory {m['peak_rss_gib']:.2f} GiB"
+              + (f", peak GPU {m['peak_gpu_gib']:.2f} GiB" if "peak_gpu_gib" in m else ""))
+    return trace
+
+
+class _Job:
+    """What every save of one recording shares: the model's identity and settings (checked by a resume), and the
+    trace of the sequences so far."""
+
+    def __init__(self, model, info, device, spec: QuantSpec, k_max: int, max_new_tokens: int, planned: int) -> None:
+        self.model, self.info, self.device, self.spec, self.k_max = model, info, device, spec, k_max
+        self.planned = planned
+        self.config = model.config.to_dict()  # as it is now: attaching the recorder changes its run-time keys
+        self.draft = {"bits": spec.bits, "group_size": spec.group_size, "method": spec.method} if k_max else None
+        self.identity = {"model": model_identity(model), "device": device.type, "max_new_tokens": max_new_tokens,
+                         "k_max": k_max, "draft": self.draft}
+
+    def progress_label(self, n_done: int) -> str:
+        return f"record ({n_done}/{self.planned} sequences on disk)"
+
+    def trace(self, seqs: list[RoutedSequence], seconds: float) -> RoutingTrace:
+        n_tok = sum(len(s.tokens) for s in seqs)
+        meta = {"seconds": seconds, "seconds_per_token": seconds / n_tok, "tokens": n_tok,
+                "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+                "device": str(self.device), "dtype": str(next(self.model.parameters()).dtype).replace("torch.", ""),
+                "recording": {**self.identity, "sequences_planned": self.planned}}
+        if self.device.type == "cuda":
+            meta["peak_gpu_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+        name = getattr(self.model.config, "_name_or_path", "") or self.info.model_type
+        source = f"recorded: {name} on {self.device}" + (f", draft {self.spec.label}" if self.k_max else "")
+        trace = RoutingTrace(self.config, list(seqs), self.k_max, self.draft, source, meta)
+        return trace.validate([l.num_experts for l in self.info.layers])
+
+
+def on_disk(out: "str | Path", resume: bool, identity: dict, seqs_ids: list[list[int]]):
+    """The sequences a resumed recording keeps from ``out`` (and the seconds they took), after checking that the
+    file was recorded by the same model and settings from the same first prompts; ``([], 0.0)`` when there is no
+    file yet. Raises :class:`ResumeMismatch` naming the field that differs."""
+    path = Path(out)
+    if not path.exists():
+        return [], 0.0
+    where = str(path)
+    if not resume:
+        raise ResumeMismatch(f"out={where!r} already holds a file: pass resume=True to go on from the sequences "
+                             "it holds (`--resume` on the command line), or give another path (nothing is "
+                             "overwritten by accident).", where, "resume", True, False)
+    trace = load_trace(path)
+    found = trace.meta.get("recording")
+    if not isinstance(found, dict):
+        raise ResumeMismatch(f"{where!r} was not written by sl.record(out=...) (its meta has no 'recording'), so "
+                             "what it was recorded with is not known: record to another path.", where, "recording",
+                             None, identity)
+    for field, want in _flat(identity):
+        got = _get(found, field)
+        if got != want:
+            raise ResumeMismatch(f"{where!r}: resume=True, but its sequences were recorded with {field}={got!r} and "
+                                 f"this call has {field}={want!r} ({_WHY.get(field, 'another setting')}): they "
+                                 "would not be this recording's. Call again with the file's setting, or record to "
+                                 "another path.", where, field, got, want)
+    if len(trace.sequences) > len(seqs_ids):
+        raise ResumeMismatch(f"{where!r} holds {len(trace.sequences)} sequences but this call gives "
+                             f"{len(seqs_ids)} prompts: give at least the prompts it was recorded from.", where,
+                             "prompts", len(trace.sequences), len(seqs_ids))
+    for i, s in enumerate(trace.sequences):
+        if s.prompt.tolist() != list(seqs_ids[i]):
+            raise ResumeMismatch(f"{where!r}: sequence {i} was recorded from another prompt than prompts[{i}] "
+                                 f"({len(s.prompt)} tokens against {len(seqs_ids[i])}, first difference at token "
+                                 f"{_first_difference(s.prompt.tolist(), seqs_ids[i])}): give the prompts it was "
+                                 "recorded from, in the same order.", where, f"prompt {i}", s.prompt.tolist(),
+                                 list(seqs_ids[i]))
+    return trace.sequences, float(trace.meta.get("seconds", 0.0))
+
+
+_WHY = {"model.type": "another model family", "model.config": "another config: another model",
+        "model.weights": "other weights: another checkpoint, fine-tune or dtype",
+        "device": "another device: its floats, and so its routing, may differ",
+        "max_new_tokens": "another length", "k_max": "another draft chain length", "draft": "another draft"}
+
+
+def _flat(identity: dict, prefix: str = ""):
+    """``("model.weights", value)`` pairs, nested dicts opened except the draft (one setting)."""
+    for k, v in identity.items():
+        if isinstance(v, dict) and k != "draft":
+            yield from _flat(v, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}", v
+
+
+def _get(d: dict, dotted: str):
+    for part in dotted.split("."):
+        d = d.get(part) if isinstance(d, dict) else None
+    return d
+
+
+def _first_difference(a: list, b: list) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def _encode(prompt, tokenizer, vocab: int) -> list[int]:

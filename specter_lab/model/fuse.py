@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from ..atomic import atomic_folder, write_atomic
 from ..errors import CheckpointError
 from .checkpoint_check import check_checkpoint
 from .expert_read import fused_targets
@@ -40,8 +41,10 @@ def fuse_experts(src: str | Path, dst: str | Path) -> Path:
         raise CheckpointError(f"{src}: its experts are already fused (layout {ck.layout!r}); nothing to do.", str(src))
     targets = fused_targets(ck)
     done = {n for parts in targets.values() for ids in parts.values() for n in ids.values()}
-    dst.mkdir(parents=True)
-    try:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    # built under a temporary name and renamed whole: a kill or an error never leaves a half-written checkpoint
+    # under dst (the temporary is removed on an error; a killed run's is a hidden '.<dst>.<pid>.*.tmp')
+    with atomic_folder(dst) as out:
         handles = {f: safe_open(str(src / f), framework="pt") for f in ck.files}
 
         def read(name: str) -> torch.Tensor:
@@ -63,17 +66,14 @@ def fuse_experts(src: str | Path, dst: str | Path) -> Path:
                 count = len(parts[order[0]])
                 tensors[name] = torch.stack([torch.cat([read(parts[p][e]) for p in order], 0) for e in range(count)])
             if tensors:
-                save_file(tensors, str(dst / fname), metadata={"format": "pt"})
+                save_file(tensors, str(out / fname), metadata={"format": "pt"})
                 weight_map.update({n: fname for n in tensors})
             del tensors  # one layer's experts at a time
         total = sum(ck.tensors[n].nbytes for n in ck.tensors)
-        (dst / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total},
-                                                                      "weight_map": weight_map}, indent=1))
+        write_atomic(out / "model.safetensors.index.json", json.dumps({"metadata": {"total_size": total},
+                                                                        "weight_map": weight_map}, indent=1))
         for f in src.iterdir():
             if f.is_file() and not f.name.endswith(".safetensors") and f.name != "model.safetensors.index.json":
-                shutil.copy(f, dst / f.name)
-    except BaseException:
-        shutil.rmtree(dst, ignore_errors=True)  # nothing half-written left behind
-        raise
+                shutil.copy(f, out / f.name)
     check_checkpoint(dst)  # the result is a checkpoint this loader accepts
     return dst

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..atomic import write_atomic
 from .profiles import PROFILES, HardwareProfile, profile_dir
 
 __all__ = ["calibrate", "measure_host_op_cost"]
@@ -97,6 +98,6 @@ def calibrate(name: str = "calibrated", save: bool = True, sizes_mb: tuple[int, 
                                        "qwen2_moe decode wall-clock per token / counted aten ops per token")
     if save:
         profile_dir().mkdir(parents=True, exist_ok=True)
-        (profile_dir() / f"{name}.json").write_text(prof.to_json())
+        write_atomic(profile_dir() / f"{name}.json", prof.to_json())  # a kill mid-save keeps the last profile
     return prof
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from ..atomic import write_atomic
 from .profiles import HOST_FILE, profile_dir, saved_host
 
 __all__ = ["HostProfile", "calibrate_host", "host_profile", "dram_read_bandwidth"]
@@ -103,7 +104,7 @@ def calibrate_host(hidden: int = 2048, intermediate: int = 1408, k: int = 8, dty
                        cpu=platform.processor() or platform.machine())
     if save:
         profile_dir().mkdir(parents=True, exist_ok=True)
-        (profile_dir() / HOST_FILE).write_text(prof.to_json())
+        write_atomic(profile_dir() / HOST_FILE, prof.to_json())  # a kill mid-save keeps the last calibration
     return prof
 
 

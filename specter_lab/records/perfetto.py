@@ -19,6 +19,8 @@ import json
 import math
 from typing import Any
 
+from ..atomic import write_atomic
+
 __all__ = ["trace_events", "write_perfetto", "TRACKS"]
 
 PID = 1
@@ -134,8 +136,7 @@ def _disk_events(disk, transfers, compute) -> list[dict]:
 
 
 def write_perfetto(result, path: str) -> str:
-    """Write :func:`trace_events` of ``result`` to ``path`` (JSON); returns the path."""
+    """Write :func:`trace_events` of ``result`` to ``path`` (JSON, whole or not at all); returns the path."""
     doc = trace_events(result)
-    with open(path, "w", encoding="utf-8") as fh:
-        json.dump(doc, fh, default=lambda v: v.item() if hasattr(v, "item") else str(v))
+    write_atomic(path, json.dumps(doc, default=lambda v: v.item() if hasattr(v, "item") else str(v)))
     return path

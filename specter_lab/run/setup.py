@@ -21,6 +21,7 @@ import torch
 
 from ..decode import Decoder, Sampling, Speculation, StepInfo, StopGeneration, reference_greedy
 from ..decode.speculative import check_verify_mode
+from ..atomic import write_atomic
 from ..errors import Diverged
 from ..model import MoEModelInfo, attached
 from ..offload.clock import Clock, ClockFactory, make_clock
@@ -61,11 +62,10 @@ class GenerationResult:
         return self.trace.frames()
 
     def to_html(self, path: str) -> str:
-        """Write a standalone HTML report of this run (figures + metrics). Returns the path."""
+        """Write a standalone HTML report of this run (figures + metrics), whole or not at all. Returns the path."""
         from ..viz.report import report_html  # the view layer, on request only (see tests/test_layers.py)
 
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(report_html(self, self.tokenizer))
+        write_atomic(path, report_html(self, self.tokenizer))
         return path
 
     def to_perfetto(self, path: str) -> str:

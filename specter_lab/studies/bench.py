@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import Executor
+from pathlib import Path
 from typing import Iterable, Sequence
 
 import pandas as pd
@@ -30,7 +31,8 @@ from ..analysis.bound import bound_tpots, x_of_bound
 from ..analysis.gap import cell_gaps
 from ..analysis.record import record
 from ..traces.trace_file import RoutingTrace
-from .runs import SKIPPED, Cell, DoesNotFit, as_source, run_cells, run_prompts, sweep_executor, workers_of
+from .results_file import sweep_results
+from .runs import SKIPPED, Cell, DoesNotFit, PromptRuns, as_source, run_cells, run_prompts, sweep_executor, workers_of
 from ..run.strategies import AUTO, BASELINES, STRATEGIES, get_strategy, strategy_names
 from ..units import parse_budget
 
@@ -54,7 +56,8 @@ def compare(model, tokenizer, strategies: Sequence[str] | None = None, prompts: 
             hardware: "str | Sequence[str]" = ("rtx4090-pcie4",), max_new_tokens: int = 48,
             expert_budget: "float | str | Sequence" = 0.5, cost_shape: str | None = None, k=None,
             draft: QuantSpec | None = None, progress: bool = True, trace: RoutingTrace | None = None,
-            executor: "Executor | str | None" = "auto", **engine_kw) -> pd.DataFrame:
+            executor: "Executor | str | None" = "auto", results: "str | Path | None" = None,
+            **engine_kw) -> pd.DataFrame:
     """Run every strategy × hardware × budget × prompt and return one tidy row per run.
 
     All runs see the same prompts and the same expert budget in bytes (the draft's bytes come out of it for the
@@ -62,7 +65,14 @@ def compare(model, tokenizer, strategies: Sequence[str] | None = None, prompts: 
     imported :class:`~specter_lab.RoutingTrace`) replays every cell from it instead of generating (seconds, not
     minutes; ``model`` may be None; the prompts are the trace's; greedy); ``executor=`` runs the cells on any
     ``concurrent.futures.Executor``, with the same rows as the serial run (``"auto"``: a local process pool for a
-    replayed sweep of many cells; ``None``: here, one after the other; see :func:`~specter_lab.studies.runs.run_cells`)."""
+    replayed sweep of many cells; ``None``: here, one after the other; see :func:`~specter_lab.studies.runs.run_cells`).
+
+    ``results=path`` (a ``.jsonl`` file) writes each cell to ``path`` as it finishes, and a rerun with the same
+    path computes only the cells not there yet: a sweep stopped by a kill keeps every finished cell, and the frame
+    a rerun returns equals an uninterrupted run's, row for row (``wall_s`` is the time the cell took when it ran).
+    The file is tied to the trace (its fingerprint) or the model and prompts, and to ``cost_shape``, ``k``,
+    ``draft`` and the engine options: another is refused as :class:`~specter_lab.errors.ResumeMismatch` naming
+    the field. More strategies, profiles or budgets may be asked on a rerun (:mod:`.results_file`)."""
     strategies = list(strategies or strategy_names())
     for s in strategies:
         if s != AUTO:
@@ -89,10 +99,22 @@ def compare(model, tokenizer, strategies: Sequence[str] | None = None, prompts: 
         raise ValueError(f"expert_budget={expert_budget!r} is too small for every strategy asked for: "
                          f"{next(iter(setups.values())).reason}")
     todo = [key for key, e in setups.items() if not isinstance(e, SKIPPED)]
+    log = sweep_results(results, "compare", source, dict(cost_shape=cost_shape, k=k, draft=draft, **engine_kw))
+    stored = {key: PromptRuns.of_record(log.get(cells[key])) for key in todo if log is not None and cells[key] in log}
+    missing = [key for key in todo if key not in stored]
+
+    def keep(i: int, r) -> None:  # in this process, as each cell finishes: on disk before the sweep goes on
+        if log is not None and isinstance(r, PromptRuns):
+            log.add(cells[missing[i]], r.as_record())
+
     t0 = time.perf_counter()
-    with sweep_executor(source, len(todo), executor) as ex:
-        runs = dict(zip(todo, run_cells(source, [cells[key] for key in todo], ex, progress, "compare")))
-    sweep = {"cells": len(todo), "seconds": time.perf_counter() - t0, "workers": workers_of(ex)}
+    desc = f"compare ({len(stored)} of {len(todo)} cells on disk)" if stored else "compare"
+    with sweep_executor(source, len(missing), executor) as ex:
+        computed = dict(zip(missing, run_cells(source, [cells[key] for key in missing], ex, progress, desc,
+                                               on_result=keep)))
+    runs = {key: stored[key] if key in stored else computed[key] for key in todo}
+    sweep = {"cells": len(missing), "seconds": time.perf_counter() - t0, "workers": workers_of(ex),
+             "from_results_file": len(stored)}
     bounds = _bounds(source, hws, budgets, cost_shape)
     rows = []
     for (s, h, b), setup in setups.items():

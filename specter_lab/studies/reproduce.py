@@ -10,6 +10,7 @@ fraction of experts resident. The frames say so in ``attrs`` and :func:`paper_he
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Sequence
 
 import pandas as pd
@@ -23,7 +24,8 @@ from ..pricing.profiles import EXECUTIONS
 from ..pricing.shapes import get_cost_shape
 from .paper import PAPER_CASES, PAPER_CLAIM, PAPER_EXECUTIONS, PAPER_PROFILE, PROTOCOL, PaperCase, get_case
 from .prompts import heldout_prompts
-from .runs import PromptRuns, run_prompts
+from .results_file import ResultsFile, open_results
+from .runs import LiveSource, PromptRuns, TraceSource, run_prompts
 from ..run.strategies import AUTO, BASELINES, Strategy, get_strategy
 
 __all__ = ["reproduce_paper", "paper_waterfall", "paper_equal_memory", "paper_prompts", "paper_header",
@@ -73,6 +75,7 @@ class _Bench:
     max_new_tokens: int
     bar: Any = None
     trace: RoutingTrace | None = None  # replay this recorded routing instead of running the model
+    log: ResultsFile | None = None  # each run's means on disk as it finishes (``results=``)
 
     @property
     def num_experts(self) -> int:
@@ -80,8 +83,26 @@ class _Bench:
 
     def measure(self, strategy: "str | Strategy", case: PaperCase, execution: str, **kw) -> dict[str, float]:
         """Mean metrics of ``strategy`` over the prompts, run live or replayed from the trace, with its slots,
-        device bytes and budget bytes."""
-        return _summary(self.runs(strategy, case, execution, **kw))
+        device bytes and budget bytes (read from the results file when a run before this one wrote them)."""
+        return self.kept({"strategy": strategy, "case": case.name, "execution": execution, **kw},
+                         lambda: _summary(self.runs(strategy, case, execution, **kw)))
+
+    def kept(self, cell: dict, compute) -> dict:
+        """``compute()``, or its result from the results file; a new result is written there before returning."""
+        if self.log is not None and cell in self.log:
+            if self.bar is not None:
+                self.bar.update(len(self.prompts))  # the runs it stands for, done before
+            return self.log.get(cell)
+        out = compute()
+        if self.log is not None:
+            self.log.add(cell, out)
+        return out
+
+    def identity(self) -> dict:
+        """What every run of this call shares, for its results file: the trace, or the model and prompts."""
+        if self.trace is not None:
+            return TraceSource(self.trace).identity()
+        return LiveSource(self.model, self.tokenizer, self.prompts, self.max_new_tokens).identity()
 
     def runs(self, strategy: "str | Strategy", case: PaperCase, execution: str, **kw) -> PromptRuns:
         """Every prompt's metrics: a live run of each (the protocol's fixed length), or a replay of the trace's
@@ -110,16 +131,21 @@ def _summary(runs: PromptRuns) -> dict[str, float]:
     return {**runs.means(_KEYS), **{k: runs.first(k) for k in ("slots_per_layer", "device_bytes", "budget_bytes")}}
 
 
-def _setup(model, tokenizer, prompts, n_prompts, max_new_tokens, total, progress, trace=None) -> _Bench:
+def _setup(model, tokenizer, prompts, n_prompts, max_new_tokens, total, progress, trace=None,
+           results=None) -> _Bench:
     if trace is not None:  # the recorded prompts and lengths
-        bar = tqdm(total=total * len(trace.sequences), desc="paper (replay)", disable=not progress)
-        return _Bench(None, tokenizer, [s.prompt.tolist() for s in trace.sequences],
-                      max(len(s.tokens) for s in trace.sequences), bar, trace)
-    prompts = list(prompts) if prompts is not None else paper_prompts(tokenizer, n_prompts)
-    if not prompts:
-        raise ValueError("prompts is empty: give at least one prompt.")
-    bar = tqdm(total=total * len(prompts), desc="paper", disable=not progress)
-    return _Bench(model, tokenizer, prompts, max_new_tokens, bar)
+        b = _Bench(None, tokenizer, [s.prompt.tolist() for s in trace.sequences],
+                   max(len(s.tokens) for s in trace.sequences), None, trace)
+    else:
+        prompts = list(prompts) if prompts is not None else paper_prompts(tokenizer, n_prompts)
+        if not prompts:
+            raise ValueError("prompts is empty: give at least one prompt.")
+        b = _Bench(model, tokenizer, prompts, max_new_tokens)
+    if results is not None:  # every table of the paper's protocol shares one kind: a run is named in full
+        b.log = open_results(results, "paper", {"source": b.identity(), "settings": {"profile": PAPER_PROFILE}})
+    b.bar = tqdm(total=total * len(b.prompts), desc="paper (replay)" if trace is not None else "paper",
+                 disable=not progress)
+    return b
 
 
 def _measure_methods(b: _Bench, case: PaperCase, execution: str) -> dict[str, dict]:
@@ -136,7 +162,7 @@ def _measure_methods(b: _Bench, case: PaperCase, execution: str) -> dict[str, di
 def reproduce_paper(model, tokenizer, cases: "Sequence[str] | str" = DEFAULT_CASES, trace=None,
                     executions: Sequence[str] = PAPER_EXECUTIONS, prompts: Sequence | None = None,
                     n_prompts: int = 3, max_new_tokens: int = PROTOCOL.new_tokens,
-                    progress: bool = True) -> pd.DataFrame:
+                    progress: bool = True, results: "str | Path | None" = None) -> pd.DataFrame:
     """The artifact's comparison, case × execution × method: both TPOTs (means over the prompts), and on each
     baseline's row Specter's speedup over it under each metric (baseline mean TPOT / Specter's, the artifact's
     definition), with the paper's 1.50× / 1.88× beside it.
@@ -145,10 +171,13 @@ def reproduce_paper(model, tokenizer, cases: "Sequence[str] | str" = DEFAULT_CAS
     ``a100-40g-pcie4@<execution>`` at the case's cost shape at full depth, for ``max_new_tokens`` tokens (EOS does
     not stop a run: the protocol's fixed length) after the first 16 tokens of each of ``n_prompts`` held-out
     prompts. With ``trace=`` (a :class:`~specter_lab.RoutingTrace` recorded with ``k_max`` ≥ the cases' K) every
-    method is replayed on the recorded routing instead (its prompts and lengths; ``model`` may be None)."""
+    method is replayed on the recorded routing instead (its prompts and lengths; ``model`` may be None).
+    ``results=path`` (JSON Lines) writes each method's means as it finishes and a rerun with the same path
+    computes only the runs it lacks (:mod:`.results_file`; :func:`paper_waterfall` and
+    :func:`paper_equal_memory` take the same file)."""
     cases = _check(cases, executions, trace)
     b = _setup(model, tokenizer, prompts, n_prompts, max_new_tokens,
-               sum(len(c.methods) for c in cases) * len(executions), progress, trace)
+               sum(len(c.methods) for c in cases) * len(executions), progress, trace, results)
     rows = []
     with b.bar:
         for case in cases:
@@ -223,19 +252,19 @@ WATERFALL_STEPS = (
 
 def paper_waterfall(model, tokenizer, case: str = "deepseek-v2-lite-high", execution: str = "eager",
                     prompts: Sequence | None = None, n_prompts: int = 3, max_new_tokens: int = PROTOCOL.new_tokens,
-                    trace=None, progress: bool = True) -> pd.DataFrame:
+                    trace=None, progress: bool = True, results: "str | Path | None" = None) -> pd.DataFrame:
     """What Specter's speedup over the artifact's Mixtral-Offloading is made of: one row per step of
     :data:`WATERFALL_STEPS` (each switches one more difference off), with the speedup after it and its factor
     (speedup after / before). Rows up to ``memory split`` change the baseline; the last changes the method
     (Specter without its lookahead prefetch: ``spec_lru``, same draft, K and slots), so what is left there is
-    speculation alone against lean LRU at equal memory."""
+    speculation alone against lean LRU at equal memory. ``results=``: as :func:`reproduce_paper`'s."""
     (case,) = _check([case], [execution], trace)
     if "mixtral_offloading" not in case.baselines:
         with_mo = [c.name for c in PAPER_CASES.values() if "mixtral_offloading" in c.baselines]
         raise ValueError(f"case={case.name!r}: the artifact compares it with {list(case.baselines)} only, not "
                          f"Mixtral-Offloading, whose speedup the waterfall takes apart; use one of {with_mo}.")
     mo, spec = case.method("mixtral_offloading"), case.method("specter")
-    b = _setup(model, tokenizer, prompts, n_prompts, max_new_tokens, 7, progress, trace)
+    b = _setup(model, tokenizer, prompts, n_prompts, max_new_tokens, 7, progress, trace, results)
     n_exp = b.num_experts
     mo_slots, spec_slots = mo.slots_on(n_exp, case.num_experts), spec.slots_on(n_exp, case.num_experts)
     cache: dict[tuple, dict] = {}
@@ -275,13 +304,15 @@ def paper_waterfall(model, tokenizer, case: str = "deepseek-v2-lite-high", execu
 def paper_equal_memory(model, tokenizer, case: str = "deepseek-v2-lite-high", execution: str = "eager",
                        strategies: Sequence[str] = LEAN_STRATEGIES, prompts: Sequence | None = None,
                        n_prompts: int = 3, max_new_tokens: int = PROTOCOL.new_tokens,
-                       progress: bool = True) -> pd.DataFrame:
+                       progress: bool = True, results: "str | Path | None" = None) -> pd.DataFrame:
     """The same case at equal device memory (Specter's bytes in the artifact's setup: its slots plus its draft)
     against the lean baselines, host execution and ``auto``: one row per strategy, mean TPOT (both metrics) and
     Specter's speedup over it (unbiased), sorted fastest first. ``auto`` plans with Specter's draft and K pinned
-    (``sl.plan(draft=, k=)``): every strategy, speculative or not, at this case's draft."""
+    (``sl.plan(draft=, k=)``): every strategy, speculative or not, at this case's draft. ``results=``: as
+    :func:`reproduce_paper`'s (a row read from it skips its engine, the planner's too)."""
     (case,) = _check([case], [execution], None)
-    b = _setup(model, tokenizer, prompts, n_prompts, max_new_tokens, len(strategies) + 1, progress)
+    b = _setup(model, tokenizer, prompts, n_prompts, max_new_tokens, len(strategies) + 1, progress,
+               results=results)
     spec = case.method("specter")
     with b.bar:
         ref = b.engine("specter", case, execution, k=spec.k, cache_slots=spec.slots_on(b.num_experts, case.num_experts))
@@ -292,9 +323,13 @@ def paper_equal_memory(model, tokenizer, case: str = "deepseek-v2-lite-high", ex
             # speculate and how to split the budget, not which draft to make (that search is sl.plan's, and
             # costs twice the candidates)
             pinned = dict(draft=ref.draft_cfg, k=spec.k) if s == AUTO else {}
-            eng = ref if s == "specter" else b.engine(s, case, execution, expert_budget=budget, **pinned)
-            r = b.run(eng)
-            rows.append({"strategy": s, "plan": eng.plan.label if eng.plan else None, **r})
+
+            def measured(s=s, pinned=pinned) -> dict:
+                eng = ref if s == "specter" else b.engine(s, case, execution, expert_budget=budget, **pinned)
+                return {"plan": eng.plan.label if eng.plan else None, **b.run(eng)}
+
+            rows.append({"strategy": s, **b.kept({"equal_memory": s, "case": case.name, "execution": execution,
+                                                  "expert_budget": budget, **pinned}, measured)})
     df = pd.DataFrame(rows)
     t_spec = df.loc[df.strategy == "specter", "tpot_ms"].iloc[0] if "specter" in set(df.strategy) else float("nan")
     df["specter_speedup"] = df.tpot_ms / t_spec

@@ -14,6 +14,8 @@ budget), not an exception that ends a table; any other error is a bug and propag
 
 from __future__ import annotations
 
+import hashlib
+import json
 import multiprocessing
 import os
 import sys
@@ -22,12 +24,13 @@ import warnings
 from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 from tqdm.auto import tqdm
 
 from ..errors import BudgetTooSmall
+from ..model.identity import model_identity
 from ..offload.clock import is_measured
 from ..analysis.replay import replay, replay_setup
 from ..run.engine import Engine, auto_planner
@@ -47,6 +50,14 @@ class PromptRuns:
 
     metrics: list[dict[str, Any]] = field(default_factory=list)
     seconds: float = float("nan")  # wall time of all the runs (this machine's, not the simulated clock's)
+
+    def as_record(self) -> dict[str, Any]:
+        """Plain data for a results file (:mod:`.results_file`); :meth:`of_record` reads it back, equal."""
+        return {"metrics": self.metrics, "seconds": self.seconds}
+
+    @classmethod
+    def of_record(cls, rec: dict[str, Any]) -> "PromptRuns":
+        return cls([dict(m) for m in rec["metrics"]], rec["seconds"])
 
     def mean(self, key: str) -> float:
         """Mean over prompts, NaN-aware (acceptance is NaN without speculation: it stays NaN, quietly)."""
@@ -138,6 +149,13 @@ class LiveSource:
         level = "full" if is_measured(cell.kwargs.get("hardware")) else "steps"
         return try_engine(self.model, self.tokenizer, cell.strategy, **{"trace": level, **cell.kwargs})
 
+    def identity(self) -> dict:
+        """What every cell of a sweep on this source shares, for its results file: the model (config digest and
+        weights' fingerprint), the prompts and their length."""
+        prompts = json.dumps([p if isinstance(p, str) else [int(t) for t in p] for p in self.prompts])
+        return {"model": model_identity(self.model), "prompts": hashlib.sha256(prompts.encode()).hexdigest()[:16],
+                "n_prompts": len(self.prompts), "max_new_tokens": self.max_new_tokens}
+
     def setup(self, cell: Cell) -> "RunSetup | DoesNotFit":
         """The cell's run set-up (what a table says of it: clock, profile, projection), or why it does not fit."""
         eng = self.engine(cell)
@@ -171,6 +189,10 @@ class TraceSource:
     @property
     def prompts(self) -> list:
         return [s.prompt.tolist() for s in self.trace.sequences]
+
+    def identity(self) -> dict:
+        """What every cell of a sweep on this trace shares, for its results file: the trace's fingerprint."""
+        return {"trace": self.trace.fingerprint()}
 
     def setup(self, cell: Cell) -> "RunSetup | DoesNotFit | NotReplayable":
         """The set-up a replay of the cell prices with (no Engine, no model), or why it cannot run."""
@@ -227,18 +249,23 @@ def _run(source, cell: Cell):
 
 
 def run_cells(source: "LiveSource | TraceSource", cells: Sequence[Cell], executor: "Executor | str | None" = "auto",
-              progress: bool = False, desc: str = "cells") -> list["PromptRuns | DoesNotFit"]:
+              progress: bool = False, desc: str = "cells",
+              on_result: "Callable[[int, Any], None] | None" = None) -> list["PromptRuns | DoesNotFit"]:
     """Evaluate every cell on ``source``, in order. ``executor``: any ``concurrent.futures.Executor`` (Dask's,
     Ray's, a pool of your own); ``"auto"`` (default) a local process pool for a replayed sweep of at least
     :data:`POOL_MIN_CELLS` cells on a machine with more than one core, else here; ``None`` here, one after the
-    other. The rows are identical whichever runs them: each cell is a deterministic run of its own."""
+    other. The rows are identical whichever runs them: each cell is a deterministic run of its own.
+    ``on_result(i, result)`` is called in this process as each cell finishes (in the order they finish), e.g. to
+    write it to a results file (:mod:`.results_file`) before the sweep goes on."""
     cells = list(cells)
+    done = on_result or (lambda i, r: None)
     with sweep_executor(source, len(cells), executor) as ex, \
             tqdm(total=len(cells), desc=desc, disable=not progress) as bar:
         if ex is None:
             out = []
-            for c in cells:
+            for i, c in enumerate(cells):
                 out.append(source.run(c))
+                done(i, out[-1])
                 bar.update()
             return out
         if isinstance(ex, TracePool) and ex.serves(source):
@@ -246,7 +273,9 @@ def run_cells(source: "LiveSource | TraceSource", cells: Sequence[Cell], executo
             futures = [ex.submit(_run_installed, c, source._plans.get(c)) for c in cells]
         else:
             futures = [ex.submit(_run, source, c) for c in cells]
-        for _ in as_completed(futures):
+        index = {f: i for i, f in enumerate(futures)}
+        for f in as_completed(futures):
+            done(index[f], f.result())
             bar.update()
         return [f.result() for f in futures]
 

@@ -29,12 +29,14 @@ from __future__ import annotations
 
 import base64
 import binascii
+import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from ..atomic import atomic_open, write_atomic
 from ..errors import TraceError
 from .npz import NpzArchive
 
@@ -416,7 +418,8 @@ def _padded(a: np.ndarray, top_k: int) -> np.ndarray:
 def write_routing(trace, path: "str | Path", fmt: str | None = None) -> Path:
     """Write ``trace``'s target routing (each sequence's prefill and decode rows) in ``fmt`` (default: by the
     suffix: ``.npz``/``.npy`` vllm, ``.csv`` llama_csv, ``.jsonl`` jsonl, ``.json`` sglang). Slots not recorded
-    (-1) are left out of the CSV and JSONL; vLLM arrays and SGLang's ids keep them as -1."""
+    (-1) are left out of the CSV and JSONL; vLLM arrays and SGLang's ids keep them as -1. Written whole or not at
+    all (:mod:`specter_lab.atomic`)."""
     path = Path(path)
     fmt = fmt or {**{v: k for k, v in SUFFIX.items()}, ".ndjson": "jsonl"}.get(path.suffix.lower())
     if fmt not in FORMATS:
@@ -432,14 +435,15 @@ def write_routing(trace, path: "str | Path", fmt: str | None = None) -> Path:
             tail = "" if len(seqs) == 1 else f"_{i}"
             arrays[f"prompt_routed_experts{tail}"] = s.prefill.astype(np.int16)
             arrays[f"routed_experts{tail}"] = s.decode.astype(np.int16)
-        with open(path, "wb") as f:
-            np.savez_compressed(f, **arrays)
+        buf = io.BytesIO()
+        np.savez_compressed(buf, **arrays)
+        write_atomic(path, buf.getbuffer())
         return path
     if fmt == "sglang":
         out = [_sglang_of(s) for s in seqs]
-        path.write_text(json.dumps(out[0] if len(out) == 1 else out), encoding="utf-8")
+        write_atomic(path, json.dumps(out[0] if len(out) == 1 else out))
         return path
-    with open(path, "w", encoding="utf-8") as f:
+    with atomic_open(path, "w") as f:  # streamed (a line per routed expert): whole or not at all
         if fmt == "llama_csv":
             f.write(("seq," if len(seqs) > 1 else "") + "phase,token,layer,rank,expert\n")
         for i, s in enumerate(seqs):

@@ -10,6 +10,8 @@ another version, a truncated or corrupt one, or arrays that do not fit the confi
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -18,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from ..atomic import write_atomic
 from ..errors import TraceError
 from .npz import NpzArchive, read_npz
 
@@ -135,6 +138,21 @@ class RoutingTrace:
             start += len(s.prefill) + len(s.decode)
         return np.concatenate(rows), segs
 
+    def fingerprint(self) -> str:
+        """SHA-256 (16 hex digits) of everything a replay reads: the config, ``k_max``, the draft, the source and
+        every sequence's arrays (names, dtypes, shapes, bytes); not ``meta`` (timings). Two traces with the same
+        fingerprint replay the same; a results file of a sweep (``compare(results=)``) is tied to it."""
+        h = hashlib.sha256(json.dumps([self.config, self.k_max, self.draft, self.source], sort_keys=True,
+                                      default=str).encode())
+        for i, s in enumerate(self.sequences):
+            for name in _ARRAYS:
+                a = getattr(s, name)
+                if a is not None:
+                    a = np.ascontiguousarray(a)
+                    h.update(f"{i}.{name}|{a.dtype.str}|{a.shape}\n".encode())
+                    h.update(a.tobytes())
+        return h.hexdigest()[:16]
+
     def __repr__(self) -> str:
         return (f"RoutingTrace({self.config.get('model_type', '?')}, {len(self.sequences)} sequences, "
                 f"{self.tokens} tokens, {self.num_layers} MoE layers, top-{self.top_k}, k_max={self.k_max}, "
@@ -164,7 +182,8 @@ class RoutingTrace:
 
     # ------------------------------------------------------------------ file
     def save(self, path: "str | Path") -> Path:
-        """Write the trace as one compressed ``.npz`` (numpy arrays + a JSON header; no pickle)."""
+        """Write the trace as one compressed ``.npz`` (numpy arrays + a JSON header; no pickle), whole or not at
+        all (:mod:`specter_lab.atomic`): a kill or a full disk leaves the file that was there before."""
         self.validate()
         path = Path(path)
         if not isinstance(self.config, dict) or not isinstance(self.meta, dict):
@@ -177,8 +196,9 @@ class RoutingTrace:
                 a = getattr(s, name)
                 if a is not None:
                     arrays[f"s{i}.{name}"] = a
-        with open(path, "wb") as f:
-            np.savez_compressed(f, **arrays)
+        buf = io.BytesIO()  # built in memory: its size is known, so a disk too small is refused before writing
+        np.savez_compressed(buf, **arrays)
+        write_atomic(path, buf.getbuffer())  # whole or not at all: a kill never leaves half a trace, nor loses the old
         return path
 
     def export(self, path: "str | Path", format: str | None = None) -> Path:

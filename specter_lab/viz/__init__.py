@@ -26,7 +26,7 @@ _WIDGETS = ("dashboard", "live", "QuantTuner", "Dashboard", "LiveRun", "sync_fig
 _TABLES = ("table", "Table")
 
 _MODULES = ("figures", "bench_figures", "frames", "style", "layout", "report", "strip", "tables", "widgets",
-            "estimate_view")
+            "estimate_view", "live_file")
 
 __all__ = [*_FIGURES, *_WIDGETS, *_TABLES, *_MODULES]
 

@@ -32,6 +32,7 @@ import ipywidgets as W
 import pandas as pd
 import plotly.graph_objects as go
 
+from ..atomic import atomic_open, write_atomic
 from ..decode import StopGeneration
 from ..run.quant import QuantSpec
 from ..studies.runs import DoesNotFit, run_prompts, try_engine
@@ -40,6 +41,7 @@ from ..records.trace import COLUMNS
 from . import figures as F
 from .panel import FigurePanel, plain_figure
 from .step_sync import StepSync
+from .live_file import save_live
 from .strip import tokens_html
 
 __all__ = ["Dashboard", "LiveRun", "QuantTuner", "dashboard", "figure_widget", "live", "sync_figure"]
@@ -284,8 +286,7 @@ class Dashboard:
 
         path = path or f"specter_step{self._shown}.html"
         summary = plain_text(self.info.value)
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(figures_page(f"specter_lab · step {self._shown}", summary, self.static().items()))
+        write_atomic(path, figures_page(f"specter_lab · step {self._shown}", summary, self.static().items()))
         return path
 
     def _save_clicked(self) -> None:
@@ -344,12 +345,15 @@ class LiveRun:
     "Open the step dashboard" button (:meth:`open_dashboard`) builds it on request (drawing its figures takes the
     page a moment, so it waits for a click).
     ``result`` is the GenerationResult once done, ``error`` an exception raised by generate, ``widget`` the box
-    to display."""
+    to display. ``out=path`` keeps the steps done so far on disk, whole, every ``save_every`` steps and when the
+    run ends (:mod:`.live_file`: ``load_live(path)`` reads them back), so a kernel that dies loses no more."""
 
     def __init__(self, engine, prompt, max_new_tokens: int = 64, *, tokenizer: Any = None, min_interval: float = 0.5,
                  start: bool = True, details: "bool | Sequence[str]" = (), live_rows: int = 6, pace: float = 0.0,
-                 dashboard: bool = True, **generate_kwargs: Any) -> None:
+                 dashboard: bool = True, out: "str | None" = None, save_every: int = 8,
+                 **generate_kwargs: Any) -> None:
         self.engine = engine
+        self.out, self.save_every, self._steps_done = out, max(1, int(save_every)), 0
         self.prompt = prompt
         self.max_new_tokens = max_new_tokens
         self.tokenizer = tokenizer if tokenizer is not None else getattr(engine, "tokenizer", None)
@@ -508,6 +512,9 @@ class LiveRun:
         with self._status_lock:
             if self.phase == "starting":
                 self.phase = "running"
+        self._steps_done += 1
+        if self.out is not None and info.snapshot is not None and self._steps_done % self.save_every == 0:
+            save_live(self.out, self.prompt, info.tokens, info.snapshot(kinds=_LIVE_KINDS), "running")
         now = time.perf_counter()
         if now - self._last_refresh >= self.min_interval and info.snapshot is not None:
             # Taken here, in the generating thread between two steps, where the trace is consistent; the
@@ -536,6 +543,12 @@ class LiveRun:
                                                callback=self._callback, **self._generate_kwargs)
         except BaseException as exc:  # shown in the widget, re-raised by join()
             self.error = exc
+        if self.out is not None and self.result is not None:  # the whole run; a failed one keeps its last save
+            how = "stopped" if self.result.metrics.get("stopped") else "done"
+            try:
+                save_live(self.out, self.prompt, self.result.token_ids, self.result.trace.frames(), how)
+            except OSError as exc:  # a full disk: reported by join() and the status line, the run itself is kept
+                self.error = exc
         with self._status_lock:
             # Generation is over: nothing is left to stop or pause, whatever the page showed a moment ago.
             self.phase = "finishing"
@@ -700,7 +713,8 @@ def live(engine, prompt, max_new_tokens: int = 64, **generate_kwargs: Any) -> Li
     wall-clock seconds per step, for a demo a person can follow), ``details=`` (live routing / cache / timeline
     views of the latest step: True, or their names; on a CUDA clock each of those redraws synchronises the
     device), ``live_rows=`` (rows of the live token strip), ``dashboard=`` (False: the finished run's dashboard
-    waits for a click) and ``start=`` configure the view. See :class:`LiveRun`."""
+    waits for a click), ``out=`` (a file keeping the steps done so far, rewritten whole every ``save_every``
+    steps) and ``start=`` configure the view. See :class:`LiveRun`."""
     return LiveRun(engine, prompt, max_new_tokens, **generate_kwargs)
 
 
@@ -800,7 +814,8 @@ class QuantTuner:
         """Write the last table to a CSV file (default: beside the notebook); returns the path."""
         if self.table is None:
             raise ValueError("QuantTuner.save: no table yet; press Run (or call run()) first.")
-        self.table.to_csv(path, index=False)
+        with atomic_open(path, "w", newline="") as f:  # a kernel lost mid-save leaves the last table, whole
+            self.table.to_csv(f, index=False)
         return path
 
     def _save_clicked(self) -> None:
