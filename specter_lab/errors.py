@@ -13,7 +13,23 @@ __all__ = ["BudgetTooSmall", "CopyFault", "NotExact", "Diverged", "CheckpointErr
 from typing import Any
 
 
-class BudgetTooSmall(ValueError):
+def _rebuilt(cls: type, args: tuple, state: dict) -> BaseException:
+    exc = cls.__new__(cls, *args)
+    exc.args = args
+    exc.__dict__.update(state)
+    return exc
+
+
+class _Fields:
+    """Errors with fields of their own pickle whole: a refusal raised in a worker of a process pool (the estimate's
+    rows, a sweep's cells) reaches the parent as itself. (``BaseException`` pickles as ``cls(*args)``, which
+    misses the fields' positional arguments and breaks the pool.)"""
+
+    def __reduce__(self):
+        return _rebuilt, (type(self), self.args, self.__dict__)
+
+
+class BudgetTooSmall(_Fields, ValueError):
     """The expert budget cannot hold what the strategy needs (its draft plus one full-precision slot per layer).
 
     ``minimum_bytes`` is the smallest budget that would work and ``minimum_fraction`` the same as a fraction of
@@ -39,7 +55,7 @@ class Diverged(RuntimeError):
     in specter_lab, never an expected outcome (please report it with the model and strategy named here)."""
 
 
-class CheckpointError(ValueError):
+class CheckpointError(_Fields, ValueError):
     """A checkpoint folder that cannot be loaded as it is: a missing, truncated or corrupt shard, an index naming
     a file that is not there, a tensor whose shape disagrees with ``config.json``, a config that is not MoE.
     Raised before any weight is read. ``path`` is the file at fault, ``field`` the entry in it (a tensor name, a
@@ -51,7 +67,7 @@ class CheckpointError(ValueError):
         self.field = field
 
 
-class NotEnoughMemory(ValueError):
+class NotEnoughMemory(_Fields, ValueError):
     """What a run would hold does not fit in the memory allowed: refused before anything is allocated.
     ``plan`` is the :class:`~specter_lab.model.memory.MemoryPlan` with every term, the allowance and the fixes."""
 
@@ -60,7 +76,7 @@ class NotEnoughMemory(ValueError):
         self.plan = plan
 
 
-class HostBudgetTooSmall(ValueError):
+class HostBudgetTooSmall(_Fields, ValueError):
     """``host_budget=`` (the disk tier's host expert cache) cannot hold one expert. ``budget_bytes`` is what was
     given, ``minimum_bytes`` one expert's bytes (the smallest that works)."""
 
@@ -76,7 +92,7 @@ class TraceError(ValueError):
     found and what would fit."""
 
 
-class ConfigError(ValueError):
+class ConfigError(_Fields, ValueError):
     """A model config (``config.json``, a dict) with a field that no model can be built or sized from: refused
     before transformers builds anything. ``field`` names it ("" where transformers named none) and ``found`` holds
     the value (None where unknown); transformers' own validation errors arrive as this, the original chained."""
@@ -87,7 +103,7 @@ class ConfigError(ValueError):
         self.found = found
 
 
-class OptionError(ValueError):
+class OptionError(_Fields, ValueError):
     """A keyword option whose value is not one of its choices: refused before any work. ``argument`` names the
     option, ``found`` holds the value given and ``choices`` the values that work."""
 
@@ -121,8 +137,12 @@ class DiskFull(OSError):
     def __str__(self) -> str:  # OSError's own str would prefix "[Errno n]" and drop the message's fix
         return self.args[0]
 
+    def __reduce__(self):  # errno and filename are OSError's own slots, not in __dict__: rebuilt from the fields
+        return type(self), (self.args[0], self.path, self.needed_bytes, self.free_bytes, self.limit_bytes,
+                            self.needed_exact, self.errno)
 
-class ResumeMismatch(ValueError):
+
+class ResumeMismatch(_Fields, ValueError):
     """A resumed run (``sl.record(..., out=, resume=True)``, ``sl.compare(..., results=)``) whose file on disk was
     written with other settings, another model or other prompts: refused before any work, never mixed in.
     ``path`` is the file, ``field`` the setting that differs (``"max_new_tokens"``, ``"model.weights"``,
@@ -137,7 +157,7 @@ class ResumeMismatch(ValueError):
         self.expected = expected
 
 
-class ResultsFileError(ValueError):
+class ResultsFileError(_Fields, ValueError):
     """A results file (JSON Lines, one finished cell a line) that cannot be read as it is: a line other than the
     last that is not whole JSON or whose checksum does not match (a torn *last* line, what a kill leaves, is
     dropped instead). ``path`` is the file, ``line`` the 1-based line number (0: the file as a whole)."""

@@ -328,3 +328,26 @@ def test_load_model_hub_id_fails_fast_when_offline(monkeypatch):
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(ValueError, match=r"HF_HUB_OFFLINE is set.*not in the local"):
         sl.load_model("specter-test/not-cached")
+
+
+def test_every_error_with_fields_pickles_whole():
+    """A refusal raised in a worker of a process pool (the estimate's rows, a sweep's cells) reaches the parent as
+    itself, its fields intact: an error that does not pickle breaks the pool instead (the estimate's rows with
+    ram= once did)."""
+    import pickle
+
+    from specter_lab import errors
+    from specter_lab.estimator.flags import PlacementError
+
+    made = [errors.BudgetTooSmall("small", 10, 0.25), errors.CheckpointError("bad", "x.safetensors", "shape"),
+            errors.NotEnoughMemory("short", plan=None), errors.HostBudgetTooSmall("host", 1, 2),
+            errors.ConfigError("cfg", "num_experts", -1), errors.OptionError("opt", "k", 0, (1, 2)),
+            errors.DiskFull("full", "/tmp/x", 100, 5, None, True, 28),
+            errors.ResumeMismatch("other", "t.npz", "prompts", [1], [2]), errors.ResultsFileError("line", "c.jsonl", 3),
+            PlacementError("flag")]
+    for exc in made:
+        back = pickle.loads(pickle.dumps(exc))
+        assert type(back) is type(exc) and str(back) == str(exc)
+        assert {k: v for k, v in vars(back).items()} == {k: v for k, v in vars(exc).items()}, type(exc).__name__
+    full = pickle.loads(pickle.dumps(made[6]))
+    assert (full.errno, full.filename, full.needed_bytes, full.free_bytes) == (28, "/tmp/x", 100, 5)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ..run import STRATEGIES
 
-__all__ = ["llama_cpp_command", "engine_call", "report", "llama_cpp_rows"]
+__all__ = ["llama_cpp_command", "engine_call", "report", "llama_cpp_rows", "choices"]
 
 MiB = 2**20
 
@@ -68,6 +68,28 @@ def engine_call(e) -> str:
     budget = "1.0" if e.budget.all_fit else f"'{e.budget.experts / 2**30:.2f}GiB'"
     return (f"sl.Engine(model, tok, strategy={pick!r}, expert_budget={budget}, "
             f"hardware='{e.machine.hardware_name}@llama.cpp', weights='{e.precision.key}')")
+
+
+def choices(e) -> "pd.DataFrame":
+    """The answers side by side: the planner's pick, llama.cpp's best row, the fastest row where it is neither, and
+    the user's own flags (``yours``), each with its tokens/s, band, what runs it today and the command that would
+    run it."""
+    import pandas as pd
+
+    ll = llama_cpp_rows(e)
+    picks = [("the planner's pick", e.pick, e.engine_call() if e.pick else ""),
+             ("llama.cpp's best", ll[0] if ll else None, e.llama_cpp().split("\n")[0] if ll else ""),
+             ("the fastest row", e.best if e.best not in (e.pick, *ll[:1]) else None, ""),
+             ("your flags", "yours" if "yours" in e.placements else None, e._inputs.get("yours") and
+              f"llama-server ... {e._inputs['yours'].flags}")]
+    rows = []
+    for who, row, command in picks:
+        if row is None:
+            continue
+        r = e.row(row)
+        rows.append({"who": who, "strategy": row, "tokens_per_s": float(r.tokens_per_s), "band_tok_s": r.band_tok_s,
+                     "runs_as": r.runs_as, "run_it": command or r.runs_as})
+    return pd.DataFrame(rows)
 
 
 def _yours(e) -> list[str]:

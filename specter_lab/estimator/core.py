@@ -110,7 +110,8 @@ class Estimate:
         best = self.row(self.best)
         return {"model": self.model.name, "machine": self.machine.label, "weights": self.precision.label,
                 "host_given": self.machine.host is not None, "table": self.table, "best": self.best,
-                "pick": self.pick, "band_tok_s": (float(best.low_tok_s), float(best.high_tok_s)),
+                "pick": self.pick, "choices": self.choices(),
+                "band_tok_s": (float(best.low_tok_s), float(best.high_tok_s)),
                 "dominant_unknown": best.dominant_unknown, "unknowns": self.unknowns,
                 "cache_sizing": self.cache_sizing(), "prefill": self.prefill(prompt) if prompt else None,
                 "llama_cpp": self.llama_cpp(), "engine_call": self.engine_call(), "assumptions": self.assumptions,
@@ -137,6 +138,13 @@ class Estimate:
         from .commands import engine_call
 
         return engine_call(self)
+
+    def choices(self) -> pd.DataFrame:
+        """The planner's pick beside llama.cpp's best row and the fastest row: tokens/s, band, what runs each today
+        and the command (see :func:`.commands.choices`)."""
+        from .commands import choices
+
+        return choices(self)
 
     def __str__(self) -> str:
         from .commands import report
