@@ -154,11 +154,13 @@ def test_waterfall_figure(model):
     w = sl.bench.paper_waterfall(model, None, prompts=[IDS], max_new_tokens=40, progress=False)
     fig = sl.viz.bench_figures.waterfall_figure(w)
     bars = fig.data[0]
-    assert list(bars.measure).count("total") == 2 and bars.measure[0] == "absolute"
+    measure = [m for m, _ in bars.customdata]
+    assert measure.count("total") == 2 and measure[0] == "absolute"
     # the totals land where the table says: specter vs lean lru at equal memory, then speculation alone
-    running = sl.viz.bench_figures._running(list(bars.y), list(bars.measure))
-    assert running[-1] == pytest.approx(w.speedup.iloc[-1])
-    assert running[list(bars.x).index("specter vs lean LRU, equal memory")] == pytest.approx(w.speedup.iloc[-2])
+    ends = [b + h for b, h in zip(bars.base, bars.y)]  # where each floating bar ends
+    assert ends[-1] == pytest.approx(w.speedup.iloc[-1])
+    assert ends[list(bars.x).index("specter vs lean LRU, equal memory")] == pytest.approx(w.speedup.iloc[-2])
+    assert ends == pytest.approx([e for _, e in bars.customdata])
     assert "simulated" in fig.layout.title.text
 
 

@@ -297,7 +297,7 @@ def test_dashboard_slider_updates_views_in_place(spec_run):
     assert (d.routing, d.cache, d.timeline, d.tokens) == widgets
     static = d.static()
     assert set(static) == {"tokens", "routing", "cache", "timeline"}
-    assert all(type(v) is go.Figure for v in static.values())
+    assert all(isinstance(v, go.Figure) for v in static.values())  # plain figures, not widgets
     assert "application/vnd.jupyter.widget-view+json" in d._repr_mimebundle_()
 
 

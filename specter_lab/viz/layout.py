@@ -7,6 +7,8 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from .shown import as_shown
+
 __all__ = ["base_layout", "discrete_colorscale", "legend_swatch"]
 
 
@@ -36,7 +38,7 @@ def base_layout(fig: go.Figure, title: str, plot_height: int, legend: str = "top
     # would, measuring every label's box on every redraw, a third of a dashboard step's drawing (issue 37).
     fig.update_xaxes(ticklabeloverflow="allow")
     fig.update_yaxes(ticklabeloverflow="allow")
-    return fig
+    return as_shown(fig)  # a notebook shows it as a figure panel (shown.py)
 
 def legend_swatch(name: str, color: str, help_text: str = "", group: str | None = None) -> go.Scatter:
     """An invisible trace whose only job is a legend entry (heatmaps have no per-category legend)."""
