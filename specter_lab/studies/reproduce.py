@@ -281,7 +281,9 @@ def paper_equal_memory(model, tokenizer, case: str = "deepseek-v2-lite-high", ex
     Specter's speedup over it (unbiased), sorted fastest first. ``auto`` plans with Specter's draft and K pinned
     (``sl.plan(draft=, k=)``): every strategy, speculative or not, at this case's draft."""
     (case,) = _check([case], [execution], None)
-    b = _setup(model, tokenizer, prompts, n_prompts, max_new_tokens, len(strategies) + 1, progress)
+    # one run per strategy: Specter's engine sizes the budget and is the 'specter' row's, run once (counting
+    # it twice left the bar one short, and tqdm draws a bar closed short red, as if the run had failed: E4)
+    b = _setup(model, tokenizer, prompts, n_prompts, max_new_tokens, len(strategies), progress)
     spec = case.method("specter")
     with b.bar:
         ref = b.engine("specter", case, execution, k=spec.k, cache_slots=spec.slots_on(b.num_experts, case.num_experts))
