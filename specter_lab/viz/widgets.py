@@ -38,6 +38,7 @@ from ..studies.runs import DoesNotFit, run_prompts, try_engine
 from ..run.strategies import get_strategy
 from ..records.trace import COLUMNS
 from . import figures as F
+from .download import file_link
 from .panel import FigurePanel, plain_figure
 from .step_sync import StepSync
 from .strip import tokens_html
@@ -86,6 +87,8 @@ def _static(widget: FigurePanel) -> go.Figure:
 # The dashboard's figures; its token strip is HTML (Dashboard.tokens), one plotly redraw fewer per slider step.
 _PANELS = tuple(name for name in F.STEP_VIEWS if name != "tokens")
 
+_PLAY_CSS = "<style>.sl-play button:has(.fa-stop){display:none}</style>"
+
 class Dashboard:
     """Step-by-step views of one finished run.
 
@@ -124,12 +127,15 @@ class Dashboard:
         self.slider = W.IntSlider(value=first, min=lo, max=hi, description="step", continuous_update=False,
                                   layout=W.Layout(width="360px"))
         self.play = W.Play(value=first, min=lo, max=hi, interval=play_interval_ms, description="play")
+        # Play's own stop button (■) also sets its value to the first step, which the link passes on to the
+        # slider (E18): it is hidden, and its play/pause button pauses on the step shown.
+        self.play.add_class("sl-play")
         W.jslink((self.play, "value"), (self.slider, "value"))
         self.info = W.HTML(layout=W.Layout(width="100%"))
         self.save_button = W.Button(description="Save views", icon="download", tooltip=(
             "write the shown step's views to an HTML file beside the notebook (opens offline)"),
             layout=W.Layout(width="120px"))
-        self.saved = W.HTML()
+        self.saved = W.Box()  # a link that delivers the file written (download.py)
         self.save_button.on_click(lambda _: self._save_clicked())
         # ``reuse``: panels already in the page (a live run's detail views) are redrawn, not recreated.
         reuse = dict(reuse or {})
@@ -151,7 +157,7 @@ class Dashboard:
                    "info": (self.info, "value"), "tokens": (self.tokens, "value")}
         self._sync = StepSync(self.slider, targets, on_ready=self._resend)
         # The step's one-line summary gets its own line, so it never wraps beside the controls.
-        self.widget = W.VBox([W.HBox([self.play, self.slider, self.save_button, self.saved]),
+        self.widget = W.VBox([W.HBox([self.play, self.slider, self.save_button, self.saved, W.HTML(_PLAY_CSS)]),
                               self.info, self.tokens, *self.views.values()])
         self._prefetch = prefetch
         if prefetch:
@@ -290,24 +296,10 @@ class Dashboard:
 
     def _save_clicked(self) -> None:
         path = self.export()
-        self.saved.value = file_link(path)
+        self.saved.children = (file_link(path),)
 
     def _repr_mimebundle_(self, **kwargs):
         return self.widget._repr_mimebundle_(**kwargs)
-
-
-def file_link(path: str) -> str:
-    """An HTML link to a file the notebook wrote (relative to the notebook's folder, as JupyterLab serves it),
-    with its size: a click opens it in a new tab; the file browser lists it too."""
-    import os
-
-    size = os.path.getsize(path) / 1e6
-    rel = os.path.relpath(path)
-    if rel.startswith(".."):  # outside the notebook's folder: JupyterLab cannot serve it; say where it is
-        return f"<span style='font-size:12px'>wrote {html.escape(path)} ({size:.1f} MB)</span>"
-    href = html.escape(rel.replace(os.sep, "/"), quote=True)
-    return (f"<span style='font-size:12px'>wrote <a href='{href}' target='_blank' download>{html.escape(rel)}</a>"
-            f" ({size:.1f} MB)</span>")
 
 
 def dashboard(result, tokenizer: Any = None, step: int | None = None, token_rows: int = 12) -> Dashboard:
@@ -752,7 +744,7 @@ class QuantTuner:
         self.table_html = W.HTML()
         self.save_button = W.Button(description="Save table", icon="download", layout=W.Layout(width="120px"),
                                     tooltip="write the table to a CSV file beside the notebook")
-        self.saved = W.HTML()
+        self.saved = W.Box()  # a link that delivers the file written (download.py)
         self.save_button.on_click(lambda _: self._save_clicked())
         self.table: pd.DataFrame | None = None
         self._shown_setting: tuple | None = None
@@ -805,9 +797,9 @@ class QuantTuner:
 
     def _save_clicked(self) -> None:
         try:
-            self.saved.value = file_link(self.save())
+            self.saved.children = (file_link(self.save()),)
         except ValueError as exc:
-            self.saved.value = html.escape(str(exc))
+            self.saved.children = (W.HTML(html.escape(str(exc))),)
 
     def _evaluate(self, name: str, spec, k: int) -> tuple[dict, str | None]:
         """Mean metrics of one strategy over the prompts (cached per setting); the error text if the setting
