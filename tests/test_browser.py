@@ -343,7 +343,7 @@ def assert_chart_matches_table(page: Page, what: str) -> None:
     """The chart's TPOT bars carry the table's numbers (3 decimals in the chart, 4 in the table)."""
     def same():
         table, chart = tuner_table(page), tuner_chart(page)
-        want = {k: f"{float(v):.3f}" for k, v in table.items() if v != "–"}
+        want = {k: f"{float(v):.3f}" for k, v in table.items() if v != "—"}
         return chart if chart and {k: chart.get(k) for k in want} == want else None
 
     try:

@@ -41,14 +41,22 @@ def cliff_figure(sizing) -> go.Figure:
     fig.add_scatter(x=sw.cache_mib, y=sw.tokens_per_s, mode="lines+markers", name="tokens/s (modelled)")
     fig.add_scatter(x=sw.cache_mib, y=sw.hit_rate * 100, mode="lines", name="hit rate %", yaxis="y2",
                     line=dict(dash="dot"))
-    for x, label in ((sizing.cliff_mib, "cliff: 0 % hits below"), (sizing.enough_mib, "more stops paying"),
-                     (sizing.budget_mib, "what the VRAM leaves")):
-        fig.add_vline(x=x, line=dict(width=1, color="#888"), annotation_text=label, annotation_position="top left",
-                      annotation_font_size=11)
+    # The three sizes as lines of their own in the legend: as annotations at the top they overlapped, and read as
+    # three unlabelled lines (E15).
+    top = float(sw.tokens_per_s.max()) * 1.05 or 1.0
+    for x, label, dash in ((sizing.cliff_mib, "cliff: no hits below", "solid"),
+                           (sizing.enough_mib, "knee: more stops paying", "dash"),
+                           (sizing.budget_mib, "what the VRAM leaves", "dot")):
+        if x is None:
+            continue
+        fig.add_scatter(x=[x, x], y=[0, top], mode="lines", name=f"{label} ({x:,.0f} MiB)", hoverinfo="name",
+                        line=dict(width=1.5, color="#555", dash=dash))
     fig.update_xaxes(type="log", title_text="--moe-cache-mib (MiB, log)")
     fig.update_layout(yaxis=dict(title="tokens/s", rangemode="tozero"),
-                      yaxis2=dict(title="hit rate %", overlaying="y", side="right", range=[0, 100]))
-    return base_layout(fig, "A global expert cache: the cliff and the knee (modelled)", 260)
+                      yaxis2=dict(title="hit rate %", overlaying="y", side="right", range=[0, 100],
+                                  tickvals=[0, 25, 50, 75, 100], showgrid=False))
+    return base_layout(fig, "A global expert cache: the cliff and the knee (modelled)", 260, legend="below",
+                       legend_rows=2)
 
 
 class EstimateExplorer:
@@ -114,7 +122,11 @@ class EstimateExplorer:
                          ram=self.ram.value.strip() or None)
             s = self.summary = e.summary(prompt=self.prompt.value)
         except (ValueError, FileNotFoundError) as exc:
+            # The previous estimate's table, figure and commands would read as this setting's (E14): cleared.
             self.status.value = f"<span style='color:#b00'>{html.escape(str(exc))}</span>"
+            self.table.value = self.commands.value = ""
+            self._show_figure = False
+            self._layout()
             return
         lo, hi = s["band_tok_s"]
         host = "" if s["host_given"] else " (no host given: the band covers a desktop's range)"

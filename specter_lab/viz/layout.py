@@ -26,8 +26,9 @@ def base_layout(fig: go.Figure, title: str, plot_height: int, legend: str = "top
     elif legend == "below":
         # Under the x-axis title with room to spare: tick labels and the title take ~55 px below the plot area,
         # more where the page falls back to a taller font than Inter.
-        bottom = 92 + 22 * legend_rows
-        leg = dict(orientation="h", yanchor="top", y=-78 / plot_height, xanchor="left", x=0.0)
+        # (E15: 78 px left the legend 50-70 px below the axis title, read as part of the next figure)
+        bottom = 78 + 22 * legend_rows
+        leg = dict(orientation="h", yanchor="top", y=-62 / plot_height, xanchor="left", x=0.0)
     elif legend == "right":
         leg = dict(orientation="v", yanchor="top", y=1.0, xanchor="left", x=1.02)
     fig.update_layout(title=dict(text=title, x=0.01, xanchor="left", y=1 - 14 / (plot_height + top + bottom),

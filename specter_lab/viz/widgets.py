@@ -310,6 +310,7 @@ def dashboard(result, tokenizer: Any = None, step: int | None = None, token_rows
 # ----------------------------------------------------------------------------------------- live
 # Steps and tokens only: what the progress bars and the token strip draw, copied from the trace's own records.
 _LIVE_KINDS = ("steps", "tokens")
+_ETA_AFTER_STEPS = 4  # the live status line estimates the time left from this step on
 
 
 class LiveRun:
@@ -557,7 +558,9 @@ class LiveRun:
         elapsed = time.perf_counter() - self._t0
         active = max(elapsed - self._paused_s, 1e-9)
         eta = ""
-        if 0 < n < self.max_new_tokens:
+        # Not before a few steps: the first ones carry the prefill and the draft's start, and an ETA from them
+        # was 260 s for a 24 s run (E13).
+        if step >= _ETA_AFTER_STEPS and 0 < n < self.max_new_tokens:
             eta = f" · about {(self.max_new_tokens - n) * active / n:.0f} s left"
         return f"step {step} · {n}/{self.max_new_tokens} tokens{acc} · {elapsed:.1f} s{eta}"
 
@@ -808,7 +811,7 @@ class QuantTuner:
         key = (name, spec if speculative else None, k if name == "specter" else None)
         if key in self._cache:
             return self._cache[key], None
-        row: dict[str, Any] = {"strategy": name, "draft": spec.label if speculative else "–",
+        row: dict[str, Any] = {"strategy": name, "draft": spec.label if speculative else "—",
                                "k": (k if name == "specter" else get_strategy(name).k) if speculative else None}
         eng = try_engine(self.model, self.tokenizer, name, expert_budget=self.expert_budget, hardware=self.hardware,
                          cost_shape=self.cost_shape, draft=spec if speculative else None,
@@ -856,13 +859,13 @@ class QuantTuner:
 
     @staticmethod
     def _table_to_html(table: pd.DataFrame) -> str:
-        fmt = {"k": "{:.0f}", "tpot_ms": "{:.4f}", "speedup_vs_lru": "{:.2f}×", "acceptance_rate": "{:.0%}",
-               "recall": "{:.0%}",
-               "hit_rate": "{:.0%}", "draft_bytes": "{:,.0f}"}
+        # Rates as fractions and "—" where a value does not apply, as sl.viz.table shows them below the tuner (E11).
+        fmt = {"k": "{:.0f}", "tpot_ms": "{:.4f}", "speedup_vs_lru": "{:.2f}×", "acceptance_rate": "{:.3f}",
+               "recall": "{:.3f}", "hit_rate": "{:.3f}", "draft_bytes": "{:,.0f}"}
         shown = table.copy().astype(object)
         for col, f in fmt.items():
-            shown[col] = [f.format(v) if isinstance(v, (int, float)) and not pd.isna(v) else "–" for v in table[col]]
-        shown = shown.fillna("–")
+            shown[col] = [f.format(v) if isinstance(v, (int, float)) and not pd.isna(v) else "—" for v in table[col]]
+        shown = shown.fillna("—")
         # Compact, and headers may break after an underscore, so all ten columns fit a notebook cell.
         page = shown.to_html(index=False, classes="sl-tuner", border=0, escape=True)
         for col in shown.columns:
