@@ -19,7 +19,7 @@ from .tables import Table
 from .panel import FigurePanel
 from .widgets import figure_widget, sync_figure
 
-__all__ = ["EstimateExplorer", "cliff_figure", "estimate_table", "ESTIMATE_COLUMNS"]
+__all__ = ["EstimateExplorer", "band_text", "cliff_figure", "estimate_table", "ESTIMATE_COLUMNS"]
 
 # What the placements table shows by default (the rest: the "all columns" section, or ``summary["table"]``).
 ESTIMATE_COLUMNS = ["strategy", "tokens_per_s", "band_tok_s", "dominant_unknown", "hit_rate", "runs_as"]
@@ -29,8 +29,15 @@ def estimate_table(table: pd.DataFrame) -> Table:
     """The placements, fastest first: the columns that matter, formatted, the rest one click away (with the disk
     reads where host RAM is short, ``ram=``)."""
     disk = ["disk_reads_per_token"] if "disk_ms" in table and table.disk_ms.max() > 0 else []
+    if {"low_tok_s", "high_tok_s"} <= set(table):  # one format for every band (E15: "50-60.7", "8.47-25.6")
+        table = table.assign(band_tok_s=[band_text(lo, hi) for lo, hi in zip(table.low_tok_s, table.high_tok_s)])
     return tables.table(table, ESTIMATE_COLUMNS[:-1] + disk + ESTIMATE_COLUMNS[-1:], digits=3,
                         formats={"tokens_per_s": "{:.1f}".format, "hit_rate": "{:.0%}".format})
+
+
+def band_text(lo: float, hi: float) -> str:
+    """A band of tokens/s as the views print it: one decimal at both ends."""
+    return f"{lo:.1f}–{hi:.1f}"
 
 
 def cliff_figure(sizing) -> go.Figure:
