@@ -238,7 +238,7 @@ def waterfall_figure(df: pd.DataFrame, claim: tuple[float, float] = (1.50, 1.88)
     measure.append("total")
     y.append(0.0)
     # Drawn as floating bars (a bar's base is the running total before it), not as plotly's waterfall trace: that
-    # one is not in the cartesian plotly.js the notebooks load (viz/panel.py, issue 55).
+    # one is not in the light plotly.js the notebooks load (viz/panel.py, issue 55).
     ends = _running_totals(y, measure)
     starts = [0.0 if m != "relative" else (ends[i - 1] if i else 0.0) for i, m in enumerate(measure)]
     heights = [e - b for b, e in zip(starts, ends)]

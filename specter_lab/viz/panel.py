@@ -21,10 +21,11 @@ A panel keeps taking the kernel's figures when its module loaded late on a busy 
 again (:mod:`.listening`).
 
 plotly.js is evaluated once per page, in one main-thread task that nothing can split (issue 55: 1.1-2.6 s at
-each notebook's first figure on a 2-core box with plotly.py's 4.6 MB bundle). So a panel whose traces are all in
-plotly.js's cartesian bundle (:data:`LIGHT_TRACES`, every figure of this package) gets that bundle (1.5 MB,
-``assets/plotly``), loaded as a script (compiled off the main thread while it streams in, every function at
-once: V8's compile hint), and each view draws in a task of its own. The package's static figures are panels too
+each notebook's first figure on a 2-core box with plotly.py's 4.6 MB bundle). So a panel whose traces are all
+scatter, bar and heatmap (:data:`LIGHT_TRACES`, every figure of this package) gets a plotly.js cut to those
+(``assets/plotly``, 1.2 MB), loaded as a script (compiled off the main thread while it streams in, every
+function at once: V8's compile hint): under 0.1 s, where plotly.js's own cartesian bundle took 0.3-0.7 s. Each
+view draws in a task of its own. The package's static figures are panels too
 (:mod:`.shown`), so JupyterLab's plotly renderer, which would evaluate the full bundle again, never runs for them.
 
 The figure is synced as plain JSON (lists, no numpy arrays), without its template; the template (the same for
@@ -52,7 +53,7 @@ __all__ = ["FigurePanel", "LIGHT_TRACES", "PlotlyJS", "plain_figure"]
 
 
 class PlotlyJS(anywidget.AnyWidget):
-    """A plotly.js bundle's source (``bundle``: 'cartesian' or 'full'), synced once per kernel
+    """A plotly.js bundle's source (``bundle``: 'light' or 'full'), synced once per kernel
     (:func:`plotly_js`); every :class:`FigurePanel` refers to one. It has no view of its own."""
 
     _esm = "export default {};"
@@ -60,36 +61,35 @@ class PlotlyJS(anywidget.AnyWidget):
     bundle = traitlets.Unicode("full").tag(sync=True)
 
 
-# Trace types of plotly.js's cartesian bundle (assets/plotly/README.md).
-LIGHT_TRACES = frozenset({"bar", "box", "contour", "heatmap", "histogram", "histogram2d", "histogram2dcontour",
-                          "image", "pie", "scatter", "scatterternary", "violin"})
-_LIGHT_FILE = Path(__file__).resolve().parents[1] / "assets" / "plotly" / "plotly-cartesian.min.js"
+# Trace types of the light plotly.js (assets/plotly/README.md).
+LIGHT_TRACES = frozenset({"bar", "heatmap", "scatter"})
+_LIGHT_FILE = Path(__file__).resolve().parents[1] / "assets" / "plotly" / "plotly-specter.min.js"
 _LIGHT_VERSION = "4.1.1"
 
 _LOADERS: "dict[str, PlotlyJS]" = {}
 
 
 def plotly_js(bundle: str = "full") -> PlotlyJS:
-    """The kernel's :class:`PlotlyJS` of ``bundle`` (made on first use, and again if it was closed). 'cartesian'
-    is the bundled light build where it is plotly.py's own plotly.js version, else the full one."""
-    if bundle == "cartesian" and not light_bundle_usable():
+    """The kernel's :class:`PlotlyJS` of ``bundle`` (made on first use, and again if it was closed). 'light' is
+    the bundled build where it is plotly.py's own plotly.js version, else the full one."""
+    if bundle == "light" and not light_bundle_usable():
         bundle = "full"
     loader = _LOADERS.get(bundle)
     if loader is None or loader.comm is None:
-        source = _LIGHT_FILE.read_text(encoding="utf-8") if bundle == "cartesian" else get_plotlyjs()
+        source = _LIGHT_FILE.read_text(encoding="utf-8") if bundle == "light" else get_plotlyjs()
         loader = _LOADERS[bundle] = PlotlyJS(source=source, bundle=bundle)
     return loader
 
 
 def light_bundle_usable() -> bool:
-    """Whether the bundled cartesian plotly.js is the version plotly.py writes figures for."""
+    """Whether the bundled light plotly.js is the version plotly.py writes figures for."""
     return _LIGHT_FILE.is_file() and get_plotlyjs_version() == _LIGHT_VERSION
 
 
 def bundle_for(fig: dict) -> str:
-    """'cartesian' when every trace of ``fig`` (plain JSON) is in :data:`LIGHT_TRACES`, else 'full'."""
+    """'light' when every trace of ``fig`` (plain JSON) is in :data:`LIGHT_TRACES`, else 'full'."""
     types = {str(t.get("type") or "scatter") for t in fig.get("data", [])}
-    return "cartesian" if types <= LIGHT_TRACES else "full"
+    return "light" if types <= LIGHT_TRACES else "full"
 
 
 # The view. plotly.js is a UMD bundle: run with ``define``, ``module`` and ``exports`` out of sight it installs
