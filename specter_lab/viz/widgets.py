@@ -31,6 +31,7 @@ from typing import Any, Callable, Mapping, Sequence
 import ipywidgets as W
 import pandas as pd
 import plotly.graph_objects as go
+from tqdm.auto import tqdm
 
 from ..decode import StopGeneration
 from ..run.quant import QuantSpec
@@ -763,8 +764,8 @@ class QuantTuner:
                                      layout=W.Layout(align_items="center")),
                               W.HBox([self.k, self.auto, self.run_button, self.stale]), self.status,
                               self.table_html, W.HBox([self.save_button, self.saved]), self.figure])
-        if run_now:
-            self.run()
+        if run_now:  # in the cell that makes it: a bar while the strategies run (E7), gone once they have
+            self.run(progress=True)
 
     @property
     def spec(self) -> QuantSpec:
@@ -830,12 +831,15 @@ class QuantTuner:
         self._cache[key] = row
         return row, None
 
-    def run(self) -> pd.DataFrame:
-        """Evaluate the current setting for specter and the baselines; update table, figure and status."""
+    def run(self, progress: bool = False) -> pd.DataFrame:
+        """Evaluate the current setting for specter and the baselines; update table, figure and status.
+        ``progress``: a bar over the strategies in the output of the cell that calls it (not for a click: a
+        button's call has no cell to show it in, and the status line says it runs)."""
         spec, k = self.spec, int(self.k.value)
         self.status.value = f"running {spec.label}, K={k} …"
         rows, errors = [], []
-        for name in self.strategies:
+        for name in tqdm(self.strategies, desc=f"QuantTuner: {spec.label}, K={k}", disable=not progress,
+                         leave=False):
             row, err = self._evaluate(name, spec, k)
             rows.append(row)
             if err:
