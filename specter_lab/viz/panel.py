@@ -152,7 +152,8 @@ async function warmUp(Plotly) {
   div.style.cssText = "position:absolute;left:-10000px;top:0;width:300px;height:150px;visibility:hidden";
   document.body.appendChild(div);
   try {
-    await Plotly.newPlot(div, [{ type: "bar", y: [1] }, { type: "heatmap", z: [[1]] }],
+    await Plotly.newPlot(div, [{ type: "bar", y: [1] }, { type: "scatter", y: [1, 2], mode: "lines+markers" },
+                               { type: "heatmap", z: [[1]], text: [["s"]], texttemplate: "%{text}", xgap: 1 }],
                          { title: { text: " " }, xaxis: { title: { text: " " } }, showlegend: true },
                          { displayModeBar: "hover" });
     Plotly.purge(div);

@@ -764,7 +764,7 @@ class QuantTuner:
                                      layout=W.Layout(align_items="center")),
                               W.HBox([self.k, self.auto, self.run_button, self.stale]), self.status,
                               self.table_html, W.HBox([self.save_button, self.saved]), self.figure])
-        if run_now:  # in the cell that makes it: a bar while the strategies run (E7), gone once they have
+        if run_now:  # in the cell that makes it: a bar while the strategies run (E7)
             self.run(progress=True)
 
     @property
@@ -838,8 +838,9 @@ class QuantTuner:
         spec, k = self.spec, int(self.k.value)
         self.status.value = f"running {spec.label}, K={k} …"
         rows, errors = [], []
-        for name in tqdm(self.strategies, desc=f"QuantTuner: {spec.label}, K={k}", disable=not progress,
-                         leave=False):
+        # (kept when done: a bar closed with leave=False left a closed widget in the output, which the page
+        # reported as 'widget model not found' after a reload)
+        for name in tqdm(self.strategies, desc=f"QuantTuner: {spec.label}, K={k}", disable=not progress):
             row, err = self._evaluate(name, spec, k)
             rows.append(row)
             if err:
