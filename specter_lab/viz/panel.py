@@ -49,7 +49,7 @@ from plotly.offline import get_plotlyjs, get_plotlyjs_version
 
 from .listening import KEEP_LISTENING_JS, Listening
 
-__all__ = ["FigurePanel", "LIGHT_TRACES", "PlotlyJS", "plain_figure"]
+__all__ = ["FIGURE_CONFIG", "FigurePanel", "LIGHT_TRACES", "PlotlyJS", "plain_figure"]
 
 
 class PlotlyJS(anywidget.AnyWidget):
@@ -295,6 +295,16 @@ export default {
   }
 };
 """
+
+# Plotly config of every figure panel here. The modebar sits on the right end of the title line, where the
+# titles put their numbers: it shows only while the pointer is over the figure (plotly.js keeps it always on for
+# a device without hover, such as a touch screen), and it keeps only download, zoom, pan and reset, so it is
+# short enough to clear a title at a cell's width. No plotly logo; ``responsive`` so a figure follows the width
+# of its cell.
+FIGURE_CONFIG: dict[str, Any] = {
+    "displayModeBar": "hover", "displaylogo": False, "responsive": True,
+    "modeBarButtonsToRemove": ["select2d", "lasso2d", "zoomIn2d", "zoomOut2d", "autoScale2d"],
+}
 
 _CSS = ".specter-figure { width: 100%; } .specter-figure.sl-sized { contain: size layout style; }"
 

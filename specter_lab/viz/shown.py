@@ -23,10 +23,10 @@ class Figure(go.Figure):
         try:
             from IPython.display import display
 
-            from .widgets import figure_widget
+            from .panel import FIGURE_CONFIG, FigurePanel
         except ImportError:  # no notebook extra: plotly's own display
             return super()._ipython_display_()
-        display(figure_widget(self))
+        display(FigurePanel(self, config=FIGURE_CONFIG))  # as widgets.figure_widget makes one
 
 
 def as_shown(fig: go.Figure) -> Figure:

@@ -40,22 +40,11 @@ from ..run.strategies import get_strategy
 from ..records.trace import COLUMNS
 from . import figures as F
 from .download import file_link
-from .panel import FigurePanel, plain_figure
+from .panel import FIGURE_CONFIG, FigurePanel, plain_figure
 from .step_sync import StepSync
 from .strip import tokens_html
 
 __all__ = ["Dashboard", "LiveRun", "QuantTuner", "dashboard", "figure_widget", "live", "sync_figure"]
-
-
-# Plotly config of every figure panel here. The modebar sits on the right end of the title line, where the
-# titles put their numbers: it shows only while the pointer is over the figure (plotly.js keeps it always on for
-# a device without hover, such as a touch screen), and it keeps only download, zoom, pan and reset, so it is
-# short enough to clear a title at a cell's width. No plotly logo; ``responsive`` so a figure follows the width
-# of its cell.
-FIGURE_CONFIG: dict[str, Any] = {
-    "displayModeBar": "hover", "displaylogo": False, "responsive": True,
-    "modeBarButtonsToRemove": ["select2d", "lasso2d", "zoomIn2d", "zoomOut2d", "autoScale2d"],
-}
 
 
 def figure_widget(fig: go.Figure) -> FigurePanel:
