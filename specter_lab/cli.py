@@ -460,7 +460,8 @@ def cmd_estimate(a) -> int:
     if host is not None and re.fullmatch(r"\d+(\.\d+)?", host):
         host = float(host)  # a measured GB/s
     e = estimate(a.config, gpu=a.gpu, vram=a.vram, host=host, weights=a.weights, context=a.context, depth=a.depth,
-                 placement=a.placement, ram=a.ram, disk=a.disk)
+                 placement=a.placement, ram=a.ram, disk=a.disk, progress=sys.stderr.isatty(),
+                 **({} if a.tokens is None else {"tokens": a.tokens}))
     fmt = "json" if a.json else a.format
     if fmt == "json":
         print(estimate_json(e, a.prompt, a.gguf))
@@ -606,6 +607,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="the disk's read bandwidth for experts read from disk, e.g. 3.5GB/s (default 5GB/s, banded "
                         "2-7)")
     e.add_argument("--gguf", default="model.gguf", help="the GGUF path to put in the emitted llama.cpp command")
+    e.add_argument("--tokens", type=int, default=None,
+                   help="decode tokens replayed per row (default 256: steadier; 64 answers about four times sooner)")
     e.add_argument("--wide", action="store_true", help="every column of the table (default: the columns that decide "
                    "first, fitted to the terminal's width)")
     e.add_argument("--format", choices=("text", "csv", "json"), default="text",

@@ -44,7 +44,8 @@ LAB_SETTINGS = {
     "@jupyterlab/docmanager-extension/plugin.jupyterlab-settings": {"autosave": False},
     # Every cell attached and laid out: with the default 'contentVisibility' an off-screen output is not laid
     # out, and a figure there would read as 0 px without being broken.
-    "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
+    # recordTiming: each cell's kernel start and end in its metadata, to find the cells that ran long (E7).
+    "@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none", "recordTiming": True},
 }
 
 # JupyterLab's own extensions the test's Lab runs without. The debugger asks a new kernel for its state; when a
@@ -272,12 +273,82 @@ _JS_STDERR = """() => {
   return out;
 }"""
 
-# Main-thread long tasks (> 50 ms) from now on, as the page's PerformanceObserver reports them.
-_JS_OBSERVE_LONG_TASKS = """() => {
-  if (window.__slLongTasks) return;
+# Installed in every page before its own scripts (launch): the main thread's long tasks (> 50 ms) from the page's
+# start, and for each long animation frame over 300 ms the scripts it ran (Chromium's LoAF attribution), so that a
+# freeze can be named, not only measured.
+_JS_INIT = """(() => {
   window.__slLongTasks = [];
-  new PerformanceObserver(list => list.getEntries().forEach(e =>
-    window.__slLongTasks.push([Math.round(e.startTime), Math.round(e.duration)]))).observe({entryTypes: ['longtask']});
+  window.__slLongFrom = 0;
+  window.__slFrames = [];
+  try {
+    new PerformanceObserver(list => list.getEntries().forEach(e =>
+      window.__slLongTasks.push([Math.round(e.startTime), Math.round(e.duration)]))).observe({type: 'longtask', buffered: true});
+  } catch (e) {}
+  try {
+    new PerformanceObserver(list => list.getEntries().forEach(e => {
+      if (e.duration < 300) return;
+      window.__slFrames.push({t: Math.round(e.startTime), ms: Math.round(e.duration), scripts: (e.scripts || [])
+        .filter(s => s.duration >= 20).map(s => ({ms: Math.round(s.duration), invoker: String(s.invoker).slice(0, 80),
+          layout_ms: Math.round(s.forcedStyleAndLayoutDuration || 0),
+          src: String(s.sourceURL || '').split('/').pop().slice(0, 60), fn: s.sourceFunctionName || ''}))});
+    })).observe({type: 'long-animation-frame', buffered: true});
+  } catch (e) {}
+})();"""
+
+# From now on (the tasks before stay recorded, but long_tasks() leaves them out).
+_JS_OBSERVE_LONG_TASKS = """() => { window.__slLongFrom = performance.now(); }"""
+
+# Every 100 ms while cells run: per code cell (by model id) when the page first showed it running, when it last
+# did, and when its output first showed progress: an ipywidgets progress bar (tqdm's, a live view's), a <progress>
+# element or tqdm's text bar. What a person sees while waiting on a cell (E7).
+_JS_WATCH_CELLS = """() => {
+  if (window.__slCells) return;
+  window.__slCells = {};
+  const nb = window.jupyterapp.shell.currentWidget.content;
+  const shows = c => !!c.node.querySelector('.jp-Cell-outputArea .widget-hprogress, .jp-Cell-outputArea progress') ||
+                     /\\d+%\\|/.test(c.node.querySelector('.jp-Cell-outputArea').textContent);
+  window.__slCellsTimer = setInterval(() => {
+    const t = performance.now();
+    nb.widgets.forEach((c, i) => {
+      if (c.model.type !== 'code') return;
+      const running = c.model.executionState === 'running' ||
+                      (c.promptNode && c.promptNode.textContent.includes('*'));
+      if (!running) return;
+      const r = window.__slCells[c.model.id] = window.__slCells[c.model.id] || {index: i, first: t, progress: null};
+      r.last = t;
+      if (r.progress === null && shows(c)) r.progress = t;
+    });
+  }, 100);
+}"""
+
+# Per code cell: index, its first source line, kernel seconds (recordTiming: execute_input to execute_reply), and
+# what the watcher saw (seconds from when it showed running to its first progress; null: none).
+_JS_CELL_REPORT = """() => {
+  const nb = window.jupyterapp.shell.currentWidget.content;
+  const seen = window.__slCells || {};
+  return nb.widgets.map((c, i) => {
+    if (c.model.type !== 'code') return null;
+    const ex = c.model.getMetadata('execution') || {};
+    const t0 = Date.parse(ex['iopub.execute_input']), t1 = Date.parse(ex['shell.execute_reply']);
+    const w = seen[c.model.id];
+    return {index: i, source: c.model.sharedModel.getSource().split('\\n').find(l => l.trim() && !l.startsWith('#')) || '',
+            seconds: isFinite(t1 - t0) ? (t1 - t0) / 1000 : null,
+            progress_after: w && w.progress !== null ? (w.progress - w.first) / 1000 : null};
+  }).filter(Boolean);
+}"""
+
+# Every progress bar in the notebook's outputs: [cell index, its bar style ('success', 'danger', 'info', 'warning'
+# or '' for none), value, max] (ipywidgets' IntProgress / FloatProgress, tqdm's included).
+_JS_PROGRESS_BARS = """() => {
+  const nb = window.jupyterapp.shell.currentWidget.content;
+  const out = [];
+  nb.widgets.forEach((c, i) => c.node.querySelectorAll('.jp-Cell-outputArea .widget-hprogress').forEach(w => {
+    const bar = w.querySelector('.progress-bar');
+    const style = bar ? (Array.from(bar.classList).find(k => k.startsWith('progress-bar-')) || '') : '';
+    const pct = bar ? parseFloat(bar.style.width || bar.style.height || '0') : 0;
+    out.push([i, style.replace('progress-bar-', ''), Math.round(pct)]);
+  }));
+  return out;
 }"""
 
 # Every HTML table in the notebook's outputs wider than its output area: [cell index, table px, area px, header].
@@ -421,12 +492,35 @@ class Page:
         return self.page.evaluate(_JS_STDERR)
 
     def observe_long_tasks(self) -> None:
-        """Start recording the page's main-thread long tasks (see :meth:`long_tasks`)."""
+        """Count the page's main-thread long tasks from now on (see :meth:`long_tasks`; the page records them
+        from its start, _JS_INIT)."""
         self.page.evaluate(_JS_OBSERVE_LONG_TASKS)
 
-    def long_tasks(self) -> list[list[int]]:
-        """[start ms, duration ms] of each main-thread long task since :meth:`observe_long_tasks`."""
-        return self.page.evaluate("() => window.__slLongTasks || []")
+    def long_tasks(self, since: float | None = None) -> list[list[int]]:
+        """[start ms, duration ms] of each main-thread long task since :meth:`observe_long_tasks` (or since the
+        page time ``since``, ms)."""
+        return self.page.evaluate("(since) => (window.__slLongTasks || []).filter(([t]) => t >= "
+                                  "(since === null ? window.__slLongFrom : since))", since)
+
+    def long_frames(self, since: float = 0) -> list[dict]:
+        """Long animation frames (over 300 ms) since the page time ``since``: {t, ms, scripts: [{ms, invoker,
+        src, fn}]}, what each freeze ran."""
+        return self.page.evaluate("(since) => (window.__slFrames || []).filter(f => f.t >= since)", since)
+
+    def watch_cells(self) -> None:
+        """Start recording, every 100 ms, which cells run and when their output first shows progress
+        (:meth:`cell_report`)."""
+        self.page.evaluate(_JS_WATCH_CELLS)
+
+    def cell_report(self) -> list[dict]:
+        """Per code cell: {index, source (first code line), seconds (kernel time, recordTiming), progress_after
+        (seconds from the page showing it running to its first progress bar; None: never)}."""
+        return self.page.evaluate(_JS_CELL_REPORT)
+
+    def progress_bars(self) -> list[list]:
+        """[cell index, bar style ('success', 'danger', 'info', 'warning', '' = none), percent drawn] of every
+        progress bar in the notebook's outputs."""
+        return self.page.evaluate(_JS_PROGRESS_BARS)
 
     def wide_tables(self) -> list[list]:
         """[cell index, table width, output width, first header] of every output table wider than its cell."""
@@ -561,9 +655,11 @@ class Page:
 
 def launch(playwright: Any, executable: str, profile: Path, viewport=(1400, 1000)) -> Any:
     """A headless Chromium context on a fresh profile folder."""
-    return playwright.chromium.launch_persistent_context(
+    context = playwright.chromium.launch_persistent_context(
         str(profile), executable_path=executable, headless=True, args=CHROMIUM_ARGS,
-        viewport={"width": viewport[0], "height": viewport[1]})
+        viewport={"width": viewport[0], "height": viewport[1]}, accept_downloads=True)
+    context.add_init_script(_JS_INIT)
+    return context
 
 
 def temp_root(prefix: str = "specter-browser-") -> Path:

@@ -17,6 +17,7 @@ import json
 import os
 import re
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -167,6 +168,66 @@ def assert_tables_fit(page: Page, where: str) -> None:
     assert not wide, f"{where}: tables wider than their cell [cell, table px, cell px, first header]: {wide}"
 
 
+def assert_download_delivers(page: Page, needle: str, button: str, where: str) -> None:
+    """E1: the button in the cell with ``needle`` writes a file and shows a link to it; a click on the link
+    downloads the file's own bytes (the old link, a relative href, downloaded JupyterLab's 4.5 KB app page
+    under the file's name)."""
+    cell = page.cell(needle)
+    cell.locator(f"button:has-text('{button}')").click()
+    link = cell.locator("a").filter(has_text=re.compile(r"\.(html|csv)$"))
+    page.wait_for(lambda: link.count() > 0, timeout=60, what=f"{where}: a link to the file after {button}")
+    name = link.first.inner_text().strip()
+    with page.page.expect_download(timeout=60_000) as info:
+        link.first.click()
+    got = Path(info.value.path()).read_bytes()
+    want = (page.lab.root / name).read_bytes()
+    assert got == want, (f"{where}: {button}'s link downloaded {len(got):,} bytes beginning {got[:60]!r}; the file "
+                         f"{name} has {len(want):,} bytes beginning {want[:60]!r}")
+
+
+def assert_report_opens_drawn(page: Page, needle: str, where: str) -> None:
+    """E2: the report link in the cell with ``needle`` opens the report in a tab where its figures draw, with no
+    console error (it opened in JupyterLab's HTML viewer, sandboxed: figures blank, 9 console errors)."""
+    link = page.cell(needle).locator("a").filter(has_text=re.compile(r"\.html$")).first
+    errors: list[str] = []
+    try:
+        with page.page.context.expect_page(timeout=60_000) as info:
+            link.click()
+    except Exception:  # Playwright's timeout
+        raise AssertionError(f"{where}: the report link opened no tab of its own within 60 s (JupyterLab's own "
+                             "link handling opens a relative link inside the app, in its sandboxed HTML viewer)") from None
+    tab = info.value
+    tab.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    tab.on("pageerror", lambda e: errors.append(str(e)))
+    # [figures in the report, figures drawn]
+    count = """() => { const g = Array.from(document.querySelectorAll('.plotly-graph-div'));
+      return [g.length, g.filter(d => d.querySelector('.main-svg .trace, .main-svg .hm')).length]; }"""
+    try:
+        tab.wait_for_function(f"() => {{ const [n, d] = ({count})(); return n > 0 && d === n; }}", timeout=60_000)
+    except Exception:
+        pass  # the assertion below says what it found
+    n, drawn = tab.evaluate(count)
+    url = tab.url
+    tab.close()
+    assert n > 0 and drawn == n, f"{where}: the report opened at {url[:80]} drew {drawn} of its {n} figures"
+    assert not errors, f"{where}: console errors in the report's tab: {errors[:3]}"
+
+
+def assert_prose_rows_printed(page: Page, where: str) -> None:
+    """E5: every strategy the notebook's prose names on its own (`name`) is printed by one of its cells: prose
+    about a row the tables do not print (06 quoted a `specter_split` row its table did not have) fails."""
+    from specter_lab.run.strategies import STRATEGIES
+
+    prose, printed = page.page.evaluate("""() => {
+      const cells = window.jupyterapp.shell.currentWidget.content.widgets;
+      return [cells.filter(c => c.model.type === 'markdown').map(c => c.model.sharedModel.getSource()).join('\\n'),
+              cells.map(c => (c.node.querySelector('.jp-Cell-outputArea') || {}).innerText || '').join('\\n')];
+    }""")
+    named = {m for m in re.findall(r"`([a-z_+]+)`", prose) if m in STRATEGIES}
+    missing = sorted(n for n in named if not re.search(rf"(?<![\w+]){re.escape(n)}(?![\w+])", printed))
+    assert not missing, f"{where}: the prose names {missing}, which no cell prints"
+
+
 # Issue 37's goal for the 01 dashboard: milliseconds per keyboard step of its slider (filled by
 # test_quickstart_dashboard, checked by test_slider_steps_redraw_under_200_ms).
 SLIDER_STEPS_MS: list[int] = []
@@ -174,6 +235,54 @@ SLIDER_STEPS_MS: list[int] = []
 # D9, per notebook: the console errors that File > Close and Shut Down Notebook left (filled by close_clean,
 # checked by the last test of this file, so that a notebook's own checks are reported apart from it).
 CLOSING_ERRORS: dict[str, list[str]] = {}
+
+
+# Issue 55, per notebook: what its Run All did (filled by start_run_all / end_run_all, checked by the tests at the end
+# of this file, so that a notebook's own checks are reported apart): seconds from the menu command to idle, every
+# main-thread long task meanwhile (E3), the cells' kernel times and whether each showed progress while it ran (E7),
+# and the progress bars at the end (E4).
+RUN_ALL: dict[str, dict] = {}
+
+# E3's goal: no main-thread task longer than this while Run All runs and draws (the page froze 1.1-2.6 s at each
+# notebook's first figure). E7's: a cell that runs longer than this shows progress while it runs.
+LONG_TASK_MS = 500
+SLOW_CELL_S = 5.0
+
+# Cells over SLOW_CELL_S that are known to run silent, each with the reason (printed by the test). None now: 07's
+# estimates show a bar over their rows' replays (sl.estimate(progress=True)).
+SILENT_KNOWN: dict[tuple[str, str], str] = {}
+
+
+def start_run_all(page: Page, notebook: str) -> None:
+    """Run > Run All Cells, with the page recording its long tasks and the cells' progress from now on."""
+    page.observe_long_tasks()
+    page.watch_cells()
+    RUN_ALL[notebook] = {"t0": time.monotonic(), "page_t0": page.now_ms()}
+    page.command("notebook:run-all-cells")
+
+
+def end_run_all(page: Page, notebook: str, timeout: float = 400) -> None:
+    """Until Run All is done and its figures drawn (every plot on the page has its traces); then records what
+    the page saw (RUN_ALL)."""
+    rec = RUN_ALL[notebook]
+    page.wait_run_all(timeout)
+    rec["seconds"] = round(time.monotonic() - rec["t0"], 1)
+    try:
+        page.wait_for(lambda: all(p["drawn"] > 0 for p in page.plots(None)), timeout=30, what="figures drawn")
+    except TimeoutError:
+        pass  # assert_drawn says which
+    page.page.wait_for_timeout(1500)  # a last figure's own draw, in the task after its load
+    rec["tasks"] = page.long_tasks(rec["page_t0"])
+    rec["frames"] = page.long_frames(rec["page_t0"])
+    rec["cells"] = page.cell_report()
+    rec["bars"] = page.progress_bars()
+    rec["longest_ms"] = max((d for _, d in rec["tasks"]), default=0)
+    print(f"{notebook}: Run All {rec['seconds']} s, longest main-thread task {rec['longest_ms']} ms")
+
+
+def run_all_measured(page: Page, notebook: str, timeout: float = 400) -> None:
+    start_run_all(page, notebook)
+    end_run_all(page, notebook, timeout)
 
 
 def close_clean(page: Page, where: str) -> None:
@@ -343,7 +452,7 @@ def assert_chart_matches_table(page: Page, what: str) -> None:
     """The chart's TPOT bars carry the table's numbers (3 decimals in the chart, 4 in the table)."""
     def same():
         table, chart = tuner_table(page), tuner_chart(page)
-        want = {k: f"{float(v):.3f}" for k, v in table.items() if v != "–"}
+        want = {k: f"{float(v):.3f}" for k, v in table.items() if v != "—"}
         return chart if chart and {k: chart.get(k) for k in want} == want else None
 
     try:
@@ -357,15 +466,17 @@ def test_quickstart_dashboard(page: Page) -> None:
     """01: every figure drew; the slider redraws them; a reload and a second display show the current step."""
     needle = "sl.viz.dashboard("
     page.open("01_quickstart.ipynb")
-    page.run_all(timeout=300)
+    run_all_measured(page, "01_quickstart.ipynb", timeout=300)
     plots = page.wait_for(lambda: len(page.plots(needle)) == 3 and page.plots(needle), what="dashboard drawn")
     assert_drawn(plots, "dashboard", expect=3)  # routing, cache, timeline (the token strip is HTML)
     wait_readable(page, needle, "dashboard")
     last = slider_value(page, needle)
     wait_dashboard_at(page, needle, last, "dashboard after Run All")
 
-    page.screenshot_element(page.markdown_cell("## What to expect"), "quickstart_where_specter_wins")
+    page.screenshot_element(page.markdown_cell("# 01 · Quickstart"), "01_first_page")
     assert_tables_fit(page, "01")
+    assert_report_opens_drawn(page, "spec_result.to_html(", "01")
+    assert_download_delivers(page, needle, "Save views", "01")
 
     # Move the slider with the keyboard, as a user would: two steps back, one at a time, timing each (D4: each
     # took about 1.6 s, the page frozen meanwhile). Measured in the page, from the key's keydown event to the
@@ -463,7 +574,7 @@ def test_quickstart_dashboard(page: Page) -> None:
 def test_quantization_tuner(page: Page) -> None:
     """02: the tuner's chart drew the table's numbers; a control + Run redraws it; a reload keeps it."""
     page.open("02_quantization.ipynb")
-    page.run_all(timeout=400)
+    run_all_measured(page, "02_quantization.ipynb")
     plots = page.wait_for(lambda: page.plots("sl.viz.QuantTuner("), what="tuner chart in the page")
     assert_drawn(plots, "tuner", expect=1)
     assert_drawn(page.plots(None), "02")
@@ -482,6 +593,7 @@ def test_quantization_tuner(page: Page) -> None:
     page.wait_for(lambda: "press Run" not in cell.inner_text(), timeout=30, what="the stale mark gone after Run")
     assert_tables_fit(page, "02")
     page.screenshot_element(cell, "quanttuner")
+    assert_download_delivers(page, "sl.viz.QuantTuner(", "Save table", "02")
 
     page.save()
     page.reload_until(lambda: page.plots("sl.viz.QuantTuner("), what="tuner chart restored")
@@ -491,13 +603,21 @@ def test_quantization_tuner(page: Page) -> None:
     close_clean(page, "02")
 
 
-def static_figure_cells(notebook: str) -> int:
-    """How many code cells of ``notebook`` end in an expression that draws a static plotly figure
-    (``figures.*_figure(...)``, ``sl.viz.*_figure(...)``, ``sl.viz.bench_figures.*_figure(...)``): what the page
-    must show as plain figures."""
+def figure_cells(notebook: str) -> set[int]:
+    """The cells (positions among all of ``notebook``'s cells, as ``Page.plots`` numbers them) whose code ends in an
+    expression that draws a figure (``figures.*_figure(...)``, ``sl.viz.*_figure(...)``,
+    ``sl.viz.bench_figures.*_figure(...)``): what the page must show as one figure each. Since issue 55 they are
+    figure panels (viz/shown.py), widgets like the views'."""
     cells = json.loads((REPO / "notebooks" / notebook).read_text())["cells"]
-    last = ["".join(c["source"]).rstrip().splitlines()[-1] for c in cells if c["cell_type"] == "code" and c["source"]]
-    return sum(bool(re.match(r"^(figures|sl\.viz|viz)(\.\w+)*\.\w+_figure\(", line)) for line in last)
+    last = {i: "".join(c["source"]).rstrip().splitlines()[-1] for i, c in enumerate(cells)
+            if c["cell_type"] == "code" and c["source"]}
+    return {i for i, line in last.items() if re.match(r"^(figures|sl\.viz|viz)(\.\w+)*\.\w+_figure\(", line)}
+
+
+def figure_cell_plots(plots: list[dict], notebook: str) -> list[dict]:
+    """The plots drawn by ``notebook``'s figure cells (:func:`figure_cells`)."""
+    wanted = figure_cells(notebook)
+    return [p for p in plots if p["cell"] in wanted]
 
 
 LIVE = "sl.viz.live("
@@ -543,8 +663,7 @@ def test_timelines_live(page: Page) -> None:
       token strip short; every static figure drew; closing leaves no console error."""
     notebook = "03_timelines.ipynb"
     page.open(notebook)
-    page.observe_long_tasks()
-    page.command("notebook:run-all-cells")
+    start_run_all(page, notebook)
     page.wait_for(lambda: page.state().get("executed", 0) >= 2, timeout=150, what="Run All under way")
     page.wait_for(lambda: live_status(page), timeout=150, what="the live view drawn under Run All")
     page.watch_status(LIVE)
@@ -601,12 +720,12 @@ def test_timelines_live(page: Page) -> None:
     assert max(during, default=0) < 500, f"the page froze {max(during)} ms while the live run ended"
     page.screenshot_element(cell, "live_stopped_near_end")
 
-    page.wait_run_all(timeout=300)
+    end_run_all(page, notebook, timeout=300)
     plots = page.plots(None)
     assert_drawn(plots, "03")
-    static = [p for p in plots if not p["widget"]]
-    assert len(static) == static_figure_cells(notebook), \
-        f"03: {len(static)} static figures drawn, the notebook has {static_figure_cells(notebook)}"
+    static = figure_cell_plots(plots, notebook)
+    assert len(static) == len(figure_cells(notebook)), \
+        f"03: {len(static)} figures drawn by its figure cells, the notebook has {len(figure_cells(notebook))}"
     printed = page.wait_for(lambda: "generate" in (page.cell_text("run.on_done(") or "") and
                             page.cell_text("run.on_done("), timeout=30, what="the on_done check printed")
     assert "<b>" not in printed and final.split(":")[0] in printed and "True" in printed, printed
@@ -630,6 +749,7 @@ def test_timelines_live(page: Page) -> None:
     assert not page.axis_titles_on_legend(LIVE), page.axis_titles_on_legend(LIVE)
     page.screenshot_element(page.cell("figures.timeline_figure(spec, step)"), "titled_figure")
     assert_tables_fit(page, "03")
+    assert_prose_rows_printed(page, "03")
     assert_no_console_errors(page)
     close_clean(page, "03")
 
@@ -641,9 +761,9 @@ def test_compare(page: Page) -> None:
 
     notebook = "04_compare.ipynb"
     page.open(notebook)
-    page.run_all(timeout=400)
+    run_all_measured(page, notebook)
     plots = page.plots(None)
-    assert_drawn(plots, "04", expect=static_figure_cells(notebook))
+    assert_drawn(plots, "04", expect=len(figure_cells(notebook)))
     for graph in page.labels_clear("sl.viz.compare_figure("):
         assert graph["labels"] and graph["errorbars"], graph
         assert not graph["struck"], f"04: error bars strike the labels {graph['struck']}"
@@ -668,6 +788,7 @@ def test_compare(page: Page) -> None:
     assert not stray, f"04: prose numbers {stray} are not what the cell printed: {printed[:300]!r}"
     assert "0.72" in printed, printed[:300]
     assert not page.stderr_outputs(), page.stderr_outputs()
+    assert_prose_rows_printed(page, "04")
     assert_no_console_errors(page)
     close_clean(page, "04")
 
@@ -676,15 +797,19 @@ def test_your_model(page: Page) -> None:
     """05: runs clean, with no red stderr box (our own helpers warn about nothing)."""
     notebook = "05_your_model.ipynb"
     page.open(notebook)
-    page.run_all(timeout=300)
+    run_all_measured(page, notebook, timeout=300)
     assert not page.stderr_outputs(), page.stderr_outputs()
-    if static_figure_cells(notebook):
-        assert_drawn([p for p in page.plots(None) if not p["widget"]], "05", expect=static_figure_cells(notebook))
-    assert static_figure_cells(notebook) >= 1, "05 shows no figure of the run (M6)"
+    assert figure_cells(notebook), "05 shows no figure of the run (M6)"
+    assert_drawn(figure_cell_plots(page.plots(None), notebook), "05", expect=len(figure_cells(notebook)))
     assert_tables_fit(page, "05")
     assert_no_console_errors(page)
     close_clean(page, "05")
 
+
+# Cells the docs show (docs/*.png, issue 55): written where SPECTER_LAB_BROWSER_SHOTS names a folder.
+SHOTS = {"06_reproducing_specter.ipynb": [('"deepseek-v2-lite-high", execution="eager"', "06_equal_memory_high"),
+                                          ('"deepseek-v2-lite-low", execution="compiled"', "06_equal_memory_low")],
+         "07_estimate.ipynb": [('e = sl.estimate("qwen3-30b-a3b"', "07_first_estimate")]}
 
 # Notebooks with a test of their own above; any other tutorial notebook gets the generic check below.
 DEDICATED = {"01_quickstart.ipynb", "02_quantization.ipynb", "03_timelines.ipynb", "04_compare.ipynb",
@@ -697,16 +822,19 @@ def test_other_notebook_runs_clean(page: Page, notebook: str) -> None:
     """A tutorial notebook without a test of its own: Run All without an error, every static figure drawn (and
     every figure widget at its cell's width), no stderr box, no console error."""
     page.open(notebook)
-    page.run_all(timeout=400)
+    run_all_measured(page, notebook)
     plots = page.plots(None)
-    expected = static_figure_cells(notebook)
-    assert len([p for p in plots if not p["widget"]]) == expected, f"{notebook}: static figures drawn vs {expected}"
+    expected = len(figure_cells(notebook))
+    assert len(figure_cell_plots(plots, notebook)) == expected, f"{notebook}: figures drawn vs {expected} figure cells"
     if plots:
         assert_drawn(plots, notebook)
     if any(p["widget"] for p in plots):
         wait_readable(page, None, notebook)
     assert_tables_fit(page, notebook)
     assert not page.stderr_outputs(), page.stderr_outputs()
+    for needle, name in SHOTS.get(notebook, ()):
+        page.screenshot_element(page.cell(needle), name)
+    assert_prose_rows_printed(page, notebook)
     assert_no_console_errors(page)
     close_clean(page, notebook)
 
@@ -760,3 +888,59 @@ def test_slider_steps_redraw_under_200_ms() -> None:
         pytest.skip("test_quickstart_dashboard did not time its slider")
     print(f"01: slider steps {SLIDER_STEPS_MS} ms; load average {os.getloadavg()[0]:.1f}")
     assert max(SLIDER_STEPS_MS) < 200, f"01: slider steps took {SLIDER_STEPS_MS} ms to redraw (goal: under 200)"
+
+
+def _run_all_table() -> str:
+    rows = [f"  {nb}: Run All {r.get('seconds')} s, longest task {r.get('longest_ms')} ms" for nb, r in RUN_ALL.items()]
+    out = os.environ.get("SPECTER_LAB_BROWSER_ARTIFACTS")
+    if out:  # for docs/measured: each notebook's Run All time, long tasks and cells
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / "run_all.json").write_text(json.dumps(RUN_ALL, indent=1, default=str))
+    return "\n".join(rows)
+
+
+def test_run_all_has_no_long_task() -> None:
+    """E3: no main-thread task over LONG_TASK_MS while Run All runs each notebook and draws its figures (the page
+    froze 1.1-2.6 s at each notebook's first figure: plotly.js evaluated, then every figure of the cell drawn, in
+    one task). Read from what the notebook tests recorded (RUN_ALL), with the scripts each freeze ran."""
+    if not RUN_ALL:
+        pytest.skip("no notebook test ran Run All")
+    print("Run All:\n" + _run_all_table())
+    over = {nb: [(round((t - r["page_t0"]) / 1000, 1), d) for t, d in r.get("tasks", []) if d > LONG_TASK_MS]
+            for nb, r in RUN_ALL.items()}
+    over = {nb: v for nb, v in over.items() if v}
+    what = {nb: [(f["ms"], [(x["ms"], x["invoker"][:40]) for x in f["scripts"][:3]]) for f in RUN_ALL[nb]["frames"]
+                 if f["ms"] > LONG_TASK_MS] for nb in over}
+    assert not over, f"main-thread tasks over {LONG_TASK_MS} ms under Run All [s after Run All, ms]: {over}; " \
+                     f"what they ran: {what}"
+
+
+def test_slow_cells_show_progress() -> None:
+    """E7: every cell that runs longer than SLOW_CELL_S shows progress while it runs (07's first estimate ran
+    10.6 s with none). Kernel times from JupyterLab's recordTiming; progress as the page showed it (a 100 ms poll)."""
+    if not RUN_ALL:
+        pytest.skip("no notebook test ran Run All")
+    silent, known = [], []
+    for nb, r in RUN_ALL.items():
+        for c in r.get("cells", []):
+            if (c["seconds"] or 0) > SLOW_CELL_S and c["progress_after"] is None:
+                entry = (nb, c["index"], round(c["seconds"], 1), c["source"][:60])
+                why = [w for (n, start), w in SILENT_KNOWN.items() if n == nb and c["source"].startswith(start)]
+                (known if why else silent).append(entry + tuple(why))
+    print(f"silent slow cells handed over: {known}")
+    assert not silent, f"cells over {SLOW_CELL_S} s without progress [notebook, cell, s, code]: {silent}"
+
+
+def test_progress_bars_end_complete() -> None:
+    """E4: every progress bar ends green (complete): 06's equal-memory cells ended red at 14/15, as if they had
+    failed. A live run the test stopped ends orange ('stopped'), as it should."""
+    if not RUN_ALL:
+        pytest.skip("no notebook test ran Run All")
+    bad = {}
+    for nb, r in RUN_ALL.items():
+        cells = json.loads((REPO / "notebooks" / nb).read_text())["cells"]
+        live = {i for i, c in enumerate(cells) if LIVE in "".join(c["source"])}
+        wrong = [b for b in r.get("bars", []) if b[1] != "success" and not (b[0] in live and b[1] == "warning")]
+        if wrong:
+            bad[nb] = wrong
+    assert not bad, f"progress bars not ending green [cell, style, percent drawn]: {bad}"

@@ -88,6 +88,8 @@ def test_the_explorer_takes_ram():
     x.ram.value = "lots"
     x.run()  # a bad field is shown, not raised
     assert "ram=&#x27;lots&#x27;: give bytes" in x.status.value
+    # E14: nothing of the previous estimate is left below the error, to be read as this setting's
+    assert x.table.value == x.commands.value == "" and x.figure not in x.box.children
     x.ram.value = ""
     x.run()
     assert "disk_reads_per_token" not in estimate_table(x.summary["table"]).columns

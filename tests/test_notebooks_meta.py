@@ -107,3 +107,28 @@ def test_checked_outputs_exist_somewhere():
     total = sum(c.source.lstrip().startswith(CHECK) for p in _notebooks()
                 for c in nbformat.read(p, as_version=4).cells if c.cell_type == "code")
     assert total >= 2
+
+
+# A number the prose quotes as a result: two or more decimals (10.39, 0.72), a factor (1.71×) or a percentage
+# (12 %). Such a number changes whenever the model, the cost model or an estimate does, so the prose may quote it
+# only where a checked cell prints it (nbval then compares that output, sanitize.cfg masking none of these), or
+# where the notebook's own code sets it (a parameter). Rounded approximations with one decimal ("~0.7 ms") are
+# not held to this (issue 55: E5, E8-E12, E17 were prose that its own output contradicted).
+_QUOTED = re.compile(r"(?<![\w.])(\d+\.\d{2,}|\d+(?:\.\d+)?(?=\s?×)|\d+(?:\.\d+)?(?=\s?%))")
+
+
+def _checked_text(nb) -> str:
+    return "\n".join(o.text for c in nb.cells if c.cell_type == "code" and c.source.lstrip().startswith(CHECK)
+                     for o in c.outputs if o.output_type == "stream")
+
+
+def test_prose_numbers_are_printed_by_checked_cells(nb):
+    checked = _checked_text(nb)
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    # code spans and arXiv ids are not results
+    prose = "\n".join(re.sub(r"`[^`]*`|arXiv \S+", "", c.source) for c in nb.cells if c.cell_type == "markdown")
+    loose = sorted({n for n in _QUOTED.findall(prose) if not re.search(rf"(?<![\d.]){re.escape(n)}(?!\d)", checked)
+                    and not re.search(rf"(?<![\d.]){re.escape(n)}(?!\d)", code)})
+    assert not loose, (f"numbers in the prose that no checked cell prints and no code sets: {loose} (print them in "
+                       "a # NBVAL_CHECK_OUTPUT cell, scripts/notebook_outputs.py stores its output, or refer to "
+                       "the printed line instead)")

@@ -297,7 +297,7 @@ def test_dashboard_slider_updates_views_in_place(spec_run):
     assert (d.routing, d.cache, d.timeline, d.tokens) == widgets
     static = d.static()
     assert set(static) == {"tokens", "routing", "cache", "timeline"}
-    assert all(type(v) is go.Figure for v in static.values())
+    assert all(isinstance(v, go.Figure) for v in static.values())  # plain figures, not widgets
     assert "application/vnd.jupyter.widget-view+json" in d._repr_mimebundle_()
 
 
@@ -664,6 +664,9 @@ def test_live_pause_holds_between_steps_and_reports_an_eta(model):
     run.join(60)
     assert len(run.result.token_ids) == 20 and not run.result.metrics["stopped"]
     assert any(s.endswith("s left") for s in seen), seen
+    # E13: no ETA from the first steps, which carry the prefill (it said 260 s for a 24 s run)
+    early = [s for s in seen if (m := re.match(r"step (\d+) ", s)) and int(m.group(1)) < 4]
+    assert early and not any("left" in s for s in early), early
 
 
 def test_live_dashboard_on_request_and_capped_strip(model):
@@ -816,3 +819,23 @@ def test_dashboard_strip_shows_the_rows_that_end_at_the_step(spec_run):
     assert f"rows 0–1 of {len(steps)}" in page
     live = tokens_html(f["tokens"], kinds, last_rows=2)  # the live view: the last rows, nothing outlined
     assert sorted(set(_strip_cells(live)["steps"])) == steps[-2:] and "last 2 rows" in live and " now" not in live
+
+
+def test_every_figure_loads_the_light_plotly(spec_run):
+    """Issue 55: the package's figures use only the traces of its light plotly.js (viz/panel.py), so a notebook
+    page evaluates that one, not plotly.py's full bundle (a 1-2.6 s task on a small machine)."""
+    from specter_lab.viz.panel import FigurePanel, LIGHT_TRACES, bundle_for, plain_figure
+
+    figs = {name: view(spec_run, None, None) for name, view in F.STEP_VIEWS.items()}
+    figs["steps"] = F.steps_figure(spec_run)
+    figs["tuner"] = F.tuner_figure(None)
+    df = pd.DataFrame({"step": ["artifact protocol", "metric: unbiased TPOT", "memory split: equal bytes",
+                                "prefetch + overlap off"], "speedup": [1.8, 1.6, 0.93, 0.91]})
+    figs["waterfall"] = F.waterfall_figure(df)
+    heavy = {name: sorted({t.type for t in f.data} - LIGHT_TRACES) for name, f in figs.items()
+             if bundle_for(plain_figure(f)) != "light"}
+    assert not heavy, f"figures with traces the light plotly.js lacks: {heavy}"
+    panel = FigurePanel(figs["routing"])
+    assert panel.plotly_js.bundle == "light" and "plotly.js v4.1.1" in panel.plotly_js.source[:200]
+    panel.show(go.Figure(go.Waterfall(y=[1, 2])))  # a trace it lacks: the full bundle from then on
+    assert panel.plotly_js.bundle == "full"

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+from tqdm.auto import tqdm
 
 from ..analysis.pool import cores, install, installed, process_pool
 from ..analysis.replay import replay, replay_setup
@@ -97,14 +98,14 @@ class Estimate:
         """The strategy a row is a replay of (``resident`` and ``yours`` are static splits, or the cache)."""
         return self._inputs["rows"][row][0]
 
-    def prefill(self, prompt: int) -> pd.DataFrame:
+    def prefill(self, prompt: int, progress: bool = False) -> pd.DataFrame:
         """Time to first token at a ``prompt``-token prompt for every row, modelled (a replay of one prompt of that
         length on the same clock: its prefill forward), beside its decode tokens/s: what each placement trades."""
         from .prefill import prefill_table
 
-        return prefill_table(self, prompt)
+        return prefill_table(self, prompt, progress)
 
-    def summary(self, prompt: int | None = None) -> dict:
+    def summary(self, prompt: int | None = None, progress: bool = False) -> dict:
         """What a notebook shows, as plain values: the table, the best row and the planner's pick, the band with the
         unknown that dominates it, the cache cliff, TTFT at ``prompt`` tokens, the commands and the assumptions."""
         best = self.row(self.best)
@@ -113,7 +114,7 @@ class Estimate:
                 "pick": self.pick, "choices": self.choices(),
                 "band_tok_s": (float(best.low_tok_s), float(best.high_tok_s)),
                 "dominant_unknown": best.dominant_unknown, "unknowns": self.unknowns,
-                "cache_sizing": self.cache_sizing(), "prefill": self.prefill(prompt) if prompt else None,
+                "cache_sizing": self.cache_sizing(), "prefill": self.prefill(prompt, progress) if prompt else None,
                 "llama_cpp": self.llama_cpp(), "engine_call": self.engine_call(), "assumptions": self.assumptions,
                 "not_priced": self.not_priced}
 
@@ -156,7 +157,7 @@ def estimate(config, gpu: "str | HardwareProfile" = "rtx4090", vram=None, host=N
              context: int = 4096, trace=None, overhead: float = RUNTIME_OVERHEAD,
              eta_host: float = HOST_DECODE_EFFICIENCY, seed: int = 0, depth: int | None = None,
              placement: str | None = None, ram=None, disk=None, tokens: int = TOKENS,
-             workers: int | None = None) -> Estimate:
+             workers: int | None = None, progress: bool = False) -> Estimate:
     """Expected batch-1 decode TPOT and tokens/s of every strategy for the model of ``config`` (a ``config.json``
     path, its folder, a dict or a bundled name) on ``gpu`` (a catalog name such as ``"rtx3060"``, a profile name or
     a HardwareProfile) with ``vram`` (a number of bytes, or ``"12GB"`` / ``"12GiB"``: a card's memory is binary,
@@ -171,9 +172,9 @@ def estimate(config, gpu: "str | HardwareProfile" = "rtx4090", vram=None, host=N
     assumed to hold them all); where it cannot hold every routed expert beside the embeddings, the experts the host
     reads come from disk at ``disk`` bytes/s (None: the profile's 5 GB/s, banded 2-7), through the replay's disk
     tier. ``tokens``: decode tokens replayed per row (after a prompt that warms the caches); ``workers``: processes
-    the rows are replayed on (None: one per core; 1: here, one after the other; the figures are the same). Modelled,
-    not measured:
-    :attr:`Estimate.assumptions` lists what every number rests on."""
+    the rows are replayed on (None: one per core; 1: here, one after the other; the figures are the same);
+    ``progress``: a bar over the rows (a notebook's cell). Modelled, not measured: :attr:`Estimate.assumptions`
+    lists what every number rests on."""
     _check(context, depth, overhead, eta_host, seed)
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 2:
         raise ValueError(f"tokens={tokens!r}: decode tokens to replay per row, an integer >= 2 (default {TOKENS}).")
@@ -207,7 +208,7 @@ def estimate(config, gpu: "str | HardwareProfile" = "rtx4090", vram=None, host=N
             not_priced[name] = NOT_A_DEPLOYMENT[st.role]
     todo = [t for t in todo if t[0] not in not_priced]
     for (name, st, strategy, opts), out in zip(todo, _replay_all(wl, [(t[2], {**options, **t[3]}) for t in todo],
-                                                                workers)):
+                                                                workers, progress)):
         if isinstance(out, Exception):
             if name == YOURS:
                 raise ValueError(f"placement={placement!r}: {out}") from None
@@ -244,16 +245,23 @@ def _rows(budget: VramBudget, yours: "UserPlacement | None"):
         yield YOURS, yours.strategy, yours.replay_options(budget)
 
 
-def _replay_all(wl: Workload, tasks: list[tuple[str, dict]], workers: int | None) -> list:
+def _replay_all(wl: Workload, tasks: list[tuple[str, dict]], workers: int | None, progress: bool = False) -> list:
     """Each (strategy, options) replayed on the workload: (metrics, parameters), or the refusal it raised. On a
     local process pool when there is more than one core (the set-up is built here first, so forked workers inherit
     the model's skeleton)."""
     n = min(len(tasks), workers or cores())
-    if n <= 1 or installed() is not None:  # one core, asked to stay here, or already inside a pool's worker
-        return [_attempt(wl, s, o) for s, o in tasks]
-    replay_setup(wl.trace, tasks[0][0], check=False, **_setup_options(tasks[0][1]))
-    with process_pool(n, install, (wl,)) as pool:
-        return list(pool.map(_attempt_installed, tasks, chunksize=1))
+    bar = tqdm(total=len(tasks), desc="estimate: replaying rows", unit="row", disable=not progress)
+    with bar:
+        if n <= 1 or installed() is not None:  # one core, asked to stay here, or already inside a pool's worker
+            return [_counted(bar, _attempt(wl, s, o)) for s, o in tasks]
+        replay_setup(wl.trace, tasks[0][0], check=False, **_setup_options(tasks[0][1]))
+        with process_pool(n, install, (wl,)) as pool:
+            return [_counted(bar, out) for out in pool.map(_attempt_installed, tasks, chunksize=1)]
+
+
+def _counted(bar, out):
+    bar.update()
+    return out
 
 
 def _attempt_installed(task: tuple[str, dict]):

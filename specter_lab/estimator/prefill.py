@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 
 import pandas as pd
+from tqdm.auto import tqdm
 
 from ..analysis.replay import replay
 from .workload import workload
@@ -25,7 +26,7 @@ __all__ = ["prefill_table", "UBATCH"]
 UBATCH = 512
 
 
-def prefill_table(e, prompt: int) -> pd.DataFrame:  # e: an estimate.core.Estimate
+def prefill_table(e, prompt: int, progress: bool = False) -> pd.DataFrame:  # e: an estimate.core.Estimate
     """TTFT and prefill tokens/s of every row of ``e`` at a ``prompt``-token prompt, beside its decode tokens/s (what
     each row trades). The user's row uses its own ``-ub``."""
     if isinstance(prompt, bool) or not isinstance(prompt, int) or prompt < 1:
@@ -33,7 +34,7 @@ def prefill_table(e, prompt: int) -> pd.DataFrame:  # e: an estimate.core.Estima
     wl = e.workload
     cache: dict[int, object] = {}
     rows = []
-    for name in e.table.strategy:
+    for name in tqdm(list(e.table.strategy), desc="estimate: prefill", unit="row", disable=not progress):
         strategy = e.replayed_strategy(name)
         yours = e._inputs.get("yours") if name == "yours" else None
         ub = (yours.ubatch if yours is not None and yours.ubatch else UBATCH)

@@ -11,6 +11,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 import torch
+from tqdm.auto import tqdm
 
 from ..errors import CheckpointError
 from .checkpoint_check import BUNDLED, CheckpointInfo, check_checkpoint
@@ -37,7 +38,7 @@ def _refuse_pickles(path: Path) -> None:
 
 def load_model(name_or_path: str | Path = "tiny", *, dtype: torch.dtype | str | None = None,
                device: str | torch.device = "cpu", trust_remote_code: bool = False,
-               memory_limit: int | str | None = None, **kwargs: Any):
+               memory_limit: int | str | None = None, progress: bool = False, **kwargs: Any):
     """Load an MoE model and its tokenizer: ``"tiny"`` (bundled, offline), a local HF folder, or a hub id.
 
     Weights are read from safetensors only; ``trust_remote_code`` stays off unless you pass True. ``dtype``
@@ -54,13 +55,24 @@ def load_model(name_or_path: str | Path = "tiny", *, dtype: torch.dtype | str | 
     :class:`~specter_lab.errors.NotEnoughMemory` shows the numbers and the fixes before anything is allocated
     (:func:`~specter_lab.model.memory.plan_memory`). Other ValueErrors: a path that does not exist, a folder
     without safetensors, a model without MoE layers.
-    """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    ``progress=True`` shows a bar of its three stages (check, weights, tokenizer): the first import of
+    transformers' model code alone takes seconds, which a notebook cell would otherwise spend silent.
+    """
     dtype, dev = _check_load_args(name_or_path, dtype, device, trust_remote_code)
     key = str(name_or_path)
+    with tqdm(total=3, desc=f"load_model({key!r}): checking", disable=not progress) as bar:
+        return _load(key, dtype, dev, trust_remote_code, memory_limit, kwargs, bar)
+
+
+def _load(key: str, dtype, dev: torch.device, trust_remote_code: bool, memory_limit, kwargs: dict, bar):
+    """:func:`load_model`'s stages, each ticking ``bar``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     path, source = _resolve_source(key, kwargs)
     ck = _check_local(path, source, dtype, dev, memory_limit, trust_remote_code)
+    bar.update()
+    bar.set_description(f"load_model({key!r}): weights")
     if ck is not None and dtype is None:
         dtype = torch.bfloat16 if dev.type == "cuda" and ck.dtype == torch.float32 else ck.dtype
     elif dtype is None:  # a hub id: the checkpoint's dtype as its config says (transformers' "auto")
@@ -76,6 +88,8 @@ def load_model(name_or_path: str | Path = "tiny", *, dtype: torch.dtype | str | 
         if dev.type == "cuda" and model.dtype == torch.float32 and dtype == "auto":
             model.to(torch.bfloat16)
         inspect_model(model)  # fail early, with a clear message, on a dense model (before the tokenizer)
+        bar.update()
+        bar.set_description(f"load_model({key!r}): tokenizer")
         tokenizer = None  # a local folder without tokenizer files: the model runs on token ids
         if not path.exists() or any(path.glob("tokenizer*")) or (path / "vocab.json").is_file():
             tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
@@ -91,6 +105,8 @@ def load_model(name_or_path: str | Path = "tiny", *, dtype: torch.dtype | str | 
         place_for_offload(model, inspect_model(model), dev)
     else:
         model.to(dev)
+    bar.update()
+    bar.set_description(f"load_model({key!r})")
     return model, tokenizer
 
 

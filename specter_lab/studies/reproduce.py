@@ -311,8 +311,9 @@ def paper_equal_memory(model, tokenizer, case: str = "deepseek-v2-lite-high", ex
     (``sl.plan(draft=, k=)``): every strategy, speculative or not, at this case's draft. ``results=``: as
     :func:`reproduce_paper`'s (a row read from it skips its engine, the planner's too)."""
     (case,) = _check([case], [execution], None)
-    b = _setup(model, tokenizer, prompts, n_prompts, max_new_tokens, len(strategies) + 1, progress,
-               results=results)
+    # one run per strategy: Specter's engine sizes the budget and is the 'specter' row's, run once (counting
+    # it twice left the bar one short, and tqdm draws a bar closed short red, as if the run had failed: E4)
+    b = _setup(model, tokenizer, prompts, n_prompts, max_new_tokens, len(strategies), progress, results=results)
     spec = case.method("specter")
     with b.bar:
         ref = b.engine("specter", case, execution, k=spec.k, cache_slots=spec.slots_on(b.num_experts, case.num_experts))

@@ -237,14 +237,22 @@ def waterfall_figure(df: pd.DataFrame, claim: tuple[float, float] = (1.50, 1.88)
     x.append("speculation alone (no prefetch)")
     measure.append("total")
     y.append(0.0)
-    fig = go.Figure(go.Waterfall(
-        x=x, y=y, measure=measure, textposition="outside", cliponaxis=False,
+    # Drawn as floating bars (a bar's base is the running total before it), not as plotly's waterfall trace: that
+    # one is not in the light plotly.js the notebooks load (viz/panel.py, issue 55).
+    ends = _running_totals(y, measure)
+    starts = [0.0 if m != "relative" else (ends[i - 1] if i else 0.0) for i, m in enumerate(measure)]
+    heights = [e - b for b, e in zip(starts, ends)]
+    colors = ["#4d4d4d" if m != "relative" else ("#1b7837" if v >= 0 else "#b2182b") for v, m in zip(y, measure)]
+    fig = go.Figure(go.Bar(
+        x=x, y=heights, base=starts, marker=dict(color=colors), cliponaxis=False,
         # A relative bar's height is the change in speedup; its label is the factor that step multiplies the
-        # speedup by (the table's ``factor`` column), so figure and table read the same.
-        text=_labels(y, measure),
-        increasing=dict(marker=dict(color="#1b7837")), decreasing=dict(marker=dict(color="#b2182b")),
-        totals=dict(marker=dict(color="#4d4d4d")), connector=dict(line=dict(color="#999", width=1)),
-        hovertemplate="%{x}<br>speedup %{y:.3f}<extra></extra>"))
+        # speedup by (the table's ``factor`` column), so figure and table read the same. A total's label sits
+        # inside its bar: above it, a total near 1× put its label on the dashed 1× line (E15).
+        text=_labels(y, measure), textposition=["inside" if m != "relative" else "outside" for m in measure],
+        insidetextanchor="end", textfont=dict(size=11), customdata=[[m, e] for m, e in zip(measure, ends)],
+        hovertemplate="%{x}<br>speedup %{customdata[1]:.3f}<extra></extra>", showlegend=False))
+    for i in range(len(x) - 1):  # connectors: each bar's end level to the next bar
+        fig.add_shape(type="line", x0=i + 0.4, x1=i + 0.6, y0=ends[i], y1=ends[i], line=dict(color="#999", width=1))
     fig.add_hline(y=1.0, line=dict(color="#444", dash="dash", width=1))
     for v, name in zip(claim, ("paper mean", "paper max")):
         fig.add_hline(y=v, line=dict(color="#2166ac", dash="dot", width=1), annotation_text=f"{name} {v:.2f}×",
@@ -274,10 +282,10 @@ def _labels(y: list[float], measure: list[str]) -> list[str]:
     return out
 
 
-def _running(y: list[float], measure: list[str]) -> list[float]:
-    """The value each waterfall bar shows: the change for a relative bar, the running total otherwise."""
+def _running_totals(y: list[float], measure: list[str]) -> list[float]:
+    """The speedup where each bar ends: the running total after it."""
     out, total = [], 0.0
     for v, m in zip(y, measure):
         total = v if m == "absolute" else total + (v if m == "relative" else 0.0)
-        out.append(v if m == "relative" else total)
+        out.append(total)
     return out

@@ -19,7 +19,7 @@ from .tables import Table
 from .panel import FigurePanel
 from .widgets import figure_widget, sync_figure
 
-__all__ = ["EstimateExplorer", "cliff_figure", "estimate_table", "ESTIMATE_COLUMNS"]
+__all__ = ["EstimateExplorer", "band_text", "cliff_figure", "estimate_table", "ESTIMATE_COLUMNS"]
 
 # What the placements table shows by default (the rest: the "all columns" section, or ``summary["table"]``).
 ESTIMATE_COLUMNS = ["strategy", "tokens_per_s", "band_tok_s", "dominant_unknown", "hit_rate", "runs_as"]
@@ -29,8 +29,21 @@ def estimate_table(table: pd.DataFrame) -> Table:
     """The placements, fastest first: the columns that matter, formatted, the rest one click away (with the disk
     reads where host RAM is short, ``ram=``)."""
     disk = ["disk_reads_per_token"] if "disk_ms" in table and table.disk_ms.max() > 0 else []
+    if {"low_tok_s", "high_tok_s"} <= set(table):  # one format for every band (E15: "50-60.7", "8.47-25.6")
+        table = table.assign(band_tok_s=[band_text(lo, hi) for lo, hi in zip(table.low_tok_s, table.high_tok_s)])
     return tables.table(table, ESTIMATE_COLUMNS[:-1] + disk + ESTIMATE_COLUMNS[-1:], digits=3,
                         formats={"tokens_per_s": "{:.1f}".format, "hit_rate": "{:.0%}".format})
+
+
+def band_text(lo: float, hi: float) -> str:
+    """A band of tokens/s as the views print it: one decimal at both ends."""
+    return f"{lo:.1f}–{hi:.1f}"
+
+
+def _choices_text(choices: pd.DataFrame) -> str:
+    """The planner's pick and llama.cpp's best row in words, each with its tokens/s and what runs it."""
+    return "; ".join(f"{html.escape(c.who)}: <b>{c.strategy}</b>, {c.tokens_per_s:.1f} tok/s ({html.escape(c.runs_as)})"
+                     for c in choices.itertuples() if c.who in ("the planner's pick", "llama.cpp's best"))
 
 
 def cliff_figure(sizing) -> go.Figure:
@@ -41,14 +54,22 @@ def cliff_figure(sizing) -> go.Figure:
     fig.add_scatter(x=sw.cache_mib, y=sw.tokens_per_s, mode="lines+markers", name="tokens/s (modelled)")
     fig.add_scatter(x=sw.cache_mib, y=sw.hit_rate * 100, mode="lines", name="hit rate %", yaxis="y2",
                     line=dict(dash="dot"))
-    for x, label in ((sizing.cliff_mib, "cliff: 0 % hits below"), (sizing.enough_mib, "more stops paying"),
-                     (sizing.budget_mib, "what the VRAM leaves")):
-        fig.add_vline(x=x, line=dict(width=1, color="#888"), annotation_text=label, annotation_position="top left",
-                      annotation_font_size=11)
+    # The three sizes as lines of their own in the legend: as annotations at the top they overlapped, and read as
+    # three unlabelled lines (E15).
+    top = float(sw.tokens_per_s.max()) * 1.05 or 1.0
+    for x, label, dash in ((sizing.cliff_mib, "cliff: no hits below", "solid"),
+                           (sizing.enough_mib, "knee: more stops paying", "dash"),
+                           (sizing.budget_mib, "what the VRAM leaves", "dot")):
+        if x is None:
+            continue
+        fig.add_scatter(x=[x, x], y=[0, top], mode="lines", name=f"{label} ({x:,.0f} MiB)", hoverinfo="name",
+                        line=dict(width=1.5, color="#555", dash=dash))
     fig.update_xaxes(type="log", title_text="--moe-cache-mib (MiB, log)")
     fig.update_layout(yaxis=dict(title="tokens/s", rangemode="tozero"),
-                      yaxis2=dict(title="hit rate %", overlaying="y", side="right", range=[0, 100]))
-    return base_layout(fig, "A global expert cache: the cliff and the knee (modelled)", 260)
+                      yaxis2=dict(title="hit rate %", overlaying="y", side="right", range=[0, 100],
+                                  tickvals=[0, 25, 50, 75, 100], showgrid=False))
+    return base_layout(fig, "A global expert cache: the cliff and the knee (modelled)", 260, legend="below",
+                       legend_rows=2)
 
 
 class EstimateExplorer:
@@ -92,7 +113,7 @@ class EstimateExplorer:
         self.tokens = tokens  # decode tokens replayed per row: fewer than the CLI's, so a change answers quickly
         self.summary: dict[str, Any] | None = None
         if run_now:
-            self.run()
+            self.run(progress=True)  # in the cell that makes it: its bars show there (a click's would go to the log)
         self._layout()
 
     def _layout(self) -> None:
@@ -104,25 +125,30 @@ class EstimateExplorer:
         if self.summary is not None:
             self.status.value = "<b>stale</b>: the fields changed — press <b>Estimate</b>"
 
-    def run(self) -> None:
-        """Estimate with the fields as they are; a bad field is shown, never raised into the notebook."""
+    def run(self, progress: bool = False) -> None:
+        """Estimate with the fields as they are; a bad field is shown, never raised into the notebook. ``progress``:
+        bars over the rows' replays (the status line says "estimating …" either way)."""
         from ..estimator import estimate
 
         self.status.value = "estimating …"
         try:
             e = estimate(self.config.value, gpu=self.gpu.value, vram=self.vram.value or None,
                          host=self.host.value or None, weights=self.weights.value, context=self.context.value,
-                         ram=self.ram.value.strip() or None, tokens=self.tokens)
-            s = self.summary = e.summary(prompt=self.prompt.value)
+                         ram=self.ram.value.strip() or None, tokens=self.tokens, progress=progress)
+            s = self.summary = e.summary(prompt=self.prompt.value, progress=progress)
         except (ValueError, FileNotFoundError) as exc:
+            # The previous estimate's table, figure and commands would read as this setting's (E14): cleared.
             self.status.value = f"<span style='color:#b00'>{html.escape(str(exc))}</span>"
+            self.table.value = self.commands.value = ""
+            self._show_figure = False
+            self._layout()
             return
         lo, hi = s["band_tok_s"]
         host = "" if s["host_given"] else " (no host given: the band covers a desktop's range)"
         self.status.value = (f"<b>{html.escape(s['model'])}</b> on {html.escape(s['machine'])}, "
                              f"{html.escape(s['weights'])}{host}: fastest <b>{s['best']}</b>, "
-                             f"{lo:.1f}–{hi:.1f} tok/s (widest unknown: {html.escape(s['dominant_unknown'])}); the "
-                             f"planner's pick <b>{s['pick']}</b>. MODELLED from the config, not measured.")
+                             f"{lo:.1f}–{hi:.1f} tok/s (widest unknown: {html.escape(s['dominant_unknown'])}); "
+                             f"{_choices_text(s['choices'])}. MODELLED from the config, not measured.")
         self.table.value = estimate_table(s["table"])._repr_html_()
         sizing = s["cache_sizing"]
         self._show_figure = sizing is not None  # every expert fits in VRAM: no cache to size

@@ -7,6 +7,8 @@ from typing import Any
 
 import plotly.graph_objects as go
 
+from .shown import as_shown
+
 __all__ = ["base_layout", "discrete_colorscale", "legend_swatch"]
 
 
@@ -24,8 +26,9 @@ def base_layout(fig: go.Figure, title: str, plot_height: int, legend: str = "top
     elif legend == "below":
         # Under the x-axis title with room to spare: tick labels and the title take ~55 px below the plot area,
         # more where the page falls back to a taller font than Inter.
-        bottom = 92 + 22 * legend_rows
-        leg = dict(orientation="h", yanchor="top", y=-78 / plot_height, xanchor="left", x=0.0)
+        # (E15: 78 px left the legend 50-70 px below the axis title, read as part of the next figure)
+        bottom = 78 + 22 * legend_rows
+        leg = dict(orientation="h", yanchor="top", y=-62 / plot_height, xanchor="left", x=0.0)
     elif legend == "right":
         leg = dict(orientation="v", yanchor="top", y=1.0, xanchor="left", x=1.02)
     fig.update_layout(title=dict(text=title, x=0.01, xanchor="left", y=1 - 14 / (plot_height + top + bottom),
@@ -36,7 +39,7 @@ def base_layout(fig: go.Figure, title: str, plot_height: int, legend: str = "top
     # would, measuring every label's box on every redraw, a third of a dashboard step's drawing (issue 37).
     fig.update_xaxes(ticklabeloverflow="allow")
     fig.update_yaxes(ticklabeloverflow="allow")
-    return fig
+    return as_shown(fig)  # a notebook shows it as a figure panel (shown.py)
 
 def legend_swatch(name: str, color: str, help_text: str = "", group: str | None = None) -> go.Scatter:
     """An invisible trace whose only job is a legend entry (heatmaps have no per-category legend)."""

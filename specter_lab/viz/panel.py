@@ -20,6 +20,14 @@ A view can also draw figures ahead of time, out of sight (the dashboard's neighb
 A panel keeps taking the kernel's figures when its module loaded late on a busy page, and then asks for its state
 again (:mod:`.listening`).
 
+plotly.js is evaluated once per page, in one main-thread task that nothing can split (issue 55: 1.1-2.6 s at
+each notebook's first figure on a 2-core box with plotly.py's 4.6 MB bundle). So a panel whose traces are all
+scatter, bar and heatmap (:data:`LIGHT_TRACES`, every figure of this package) gets a plotly.js cut to those
+(``assets/plotly``, 1.2 MB), loaded as a script (compiled off the main thread while it streams in, every
+function at once: V8's compile hint): under 0.1 s, where plotly.js's own cartesian bundle took 0.3-0.7 s. Each
+view draws in a task of its own. The package's static figures are panels too
+(:mod:`.shown`), so JupyterLab's plotly renderer, which would evaluate the full bundle again, never runs for them.
+
 The figure is synced as plain JSON (lists, no numpy arrays), without its template; the template (the same for
 every figure of the views) is synced once per panel in ``template``.
 """
@@ -28,6 +36,7 @@ from __future__ import annotations
 
 import base64
 import math
+from pathlib import Path
 from typing import Any
 
 import anywidget
@@ -36,51 +45,121 @@ import plotly.graph_objects as go
 import traitlets
 from ipywidgets import widget_serialization
 from plotly.basedatatypes import BaseFigure
-from plotly.offline import get_plotlyjs
+from plotly.offline import get_plotlyjs, get_plotlyjs_version
 
 from .listening import KEEP_LISTENING_JS, Listening
 
-__all__ = ["FigurePanel", "PlotlyJS", "plain_figure"]
+__all__ = ["FIGURE_CONFIG", "FigurePanel", "LIGHT_TRACES", "PlotlyJS", "plain_figure"]
 
 
 class PlotlyJS(anywidget.AnyWidget):
-    """plotly.js's source, synced once per kernel (:func:`plotly_js`); every :class:`FigurePanel` refers to it.
-    It has no view of its own."""
+    """A plotly.js bundle's source (``bundle``: 'light' or 'full'), synced once per kernel
+    (:func:`plotly_js`); every :class:`FigurePanel` refers to one. It has no view of its own."""
 
     _esm = "export default {};"
     source = traitlets.Unicode("").tag(sync=True)
+    bundle = traitlets.Unicode("full").tag(sync=True)
 
 
-_LOADER: "PlotlyJS | None" = None
+# Trace types of the light plotly.js (assets/plotly/README.md).
+LIGHT_TRACES = frozenset({"bar", "heatmap", "scatter"})
+_LIGHT_FILE = Path(__file__).resolve().parents[1] / "assets" / "plotly" / "plotly-specter.min.js"
+_LIGHT_VERSION = "4.1.1"
+
+_LOADERS: "dict[str, PlotlyJS]" = {}
 
 
-def plotly_js() -> PlotlyJS:
-    """The kernel's :class:`PlotlyJS` (made on first use, and again if it was closed)."""
-    global _LOADER
-    if _LOADER is None or _LOADER.comm is None:
-        _LOADER = PlotlyJS(source=get_plotlyjs())
-    return _LOADER
+def plotly_js(bundle: str = "full") -> PlotlyJS:
+    """The kernel's :class:`PlotlyJS` of ``bundle`` (made on first use, and again if it was closed). 'light' is
+    the bundled build where it is plotly.py's own plotly.js version, else the full one."""
+    if bundle == "light" and not light_bundle_usable():
+        bundle = "full"
+    loader = _LOADERS.get(bundle)
+    if loader is None or loader.comm is None:
+        source = _LIGHT_FILE.read_text(encoding="utf-8") if bundle == "light" else get_plotlyjs()
+        loader = _LOADERS[bundle] = PlotlyJS(source=source, bundle=bundle)
+    return loader
+
+
+def light_bundle_usable() -> bool:
+    """Whether the bundled light plotly.js is the version plotly.py writes figures for."""
+    return _LIGHT_FILE.is_file() and get_plotlyjs_version() == _LIGHT_VERSION
+
+
+def bundle_for(fig: dict) -> str:
+    """'light' when every trace of ``fig`` (plain JSON) is in :data:`LIGHT_TRACES`, else 'full'."""
+    types = {str(t.get("type") or "scatter") for t in fig.get("data", [])}
+    return "light" if types <= LIGHT_TRACES else "full"
 
 
 # The view. plotly.js is a UMD bundle: run with ``define``, ``module`` and ``exports`` out of sight it installs
-# itself as ``globalThis.Plotly``; the first panel of a page does that, the others wait on the same promise (a
-# failed load is forgotten, so the next view tries again). A figure is drawn once the view is in the page
-# (drawn earlier, plotly.js cannot measure the cell and falls back to 700 px) and redrawn when its width changes.
+# itself as ``globalThis.Plotly``. It runs from a <script> of a blob URL, whose source Chromium compiles off the main
+# thread as it streams in (every function at once, by the compile-hint comment V8 reads on the first line); where
+# such a script is refused (a page's content policy), from ``new Function``. The first panel of a page loads it,
+# the others wait on the same promise (a failed load is forgotten, so the next view tries again). A Plotly already
+# in the page (JupyterLab's plotly renderer drew a figure of the user's: the full bundle) serves every panel.
+# A figure is drawn once the view is in the page (drawn earlier, plotly.js cannot measure the cell and falls back
+# to 700 px), in a task of its own (the views of one cell do not add up to one long task), and redrawn when its
+# width changes.
 _ESM = KEEP_LISTENING_JS + r"""
 const KEY = "__specter_lab_plotly";
+const HINT = "//# allFunctionsCalledOnLoad\n";
+function runScript(source) {
+  const body = HINT + "(function(define, module, exports) {\n" + source + "\n}).call(globalThis);";
+  const url = URL.createObjectURL(new Blob([body], { type: "text/javascript" }));
+  return new Promise((resolve, reject) => {
+    const s = document.createElement("script");
+    s.src = url;
+    s.onload = () => { URL.revokeObjectURL(url); s.remove(); resolve(); };
+    s.onerror = () => { URL.revokeObjectURL(url); s.remove(); reject(new Error("script refused")); };
+    document.head.appendChild(s);
+  });
+}
 function loadPlotly(model) {
-  if (globalThis.Plotly && globalThis.Plotly.react) return Promise.resolve(globalThis.Plotly);
-  if (!globalThis[KEY]) {
-    globalThis[KEY] = (async () => {
-      const ref = String(model.get("plotly_js") || "").replace(/^IPY_MODEL_/, "");
-      const loader = await model.widget_manager.get_model(ref);
-      new Function("define", "module", "exports", loader.get("source")).call(globalThis);
-      if (!globalThis.Plotly) throw new Error("specter_lab: plotly.js did not load");
-      return globalThis.Plotly;
-    })();
-    globalThis[KEY].catch(() => { delete globalThis[KEY]; });
-  }
-  return globalThis[KEY];
+  const loaded = (globalThis[KEY] = globalThis[KEY] || {});
+  const own = globalThis.__specter_lab_plotly_bundle;  // the bundle we put in globalThis.Plotly, if we did
+  if (globalThis.Plotly && globalThis.Plotly.react && !own) return Promise.resolve(globalThis.Plotly);
+  return (async () => {
+    const ref = String(model.get("plotly_js") || "").replace(/^IPY_MODEL_/, "");
+    const loader = await model.widget_manager.get_model(ref);
+    const bundle = loader.get("bundle") || "full";
+    if (loaded.full) return loaded.full;  // a superset of any other
+    if (!loaded[bundle]) {
+      loaded[bundle] = (async () => {
+        const before = globalThis.Plotly;
+        delete globalThis.Plotly;
+        try { await runScript(loader.get("source")); } catch (err) { /* below */ }
+        if (!globalThis.Plotly) new Function("define", "module", "exports", loader.get("source")).call(globalThis);
+        const Plotly = globalThis.Plotly;
+        if (!Plotly) throw new Error("specter_lab: plotly.js did not load");
+        if (before && bundle !== "full") globalThis.Plotly = before;  // keep the fuller one global
+        else globalThis.__specter_lab_plotly_bundle = bundle;
+        await warmUp(Plotly);
+        return Plotly;
+      })();
+      loaded[bundle].catch(() => { delete loaded[bundle]; });
+    }
+    return loaded[bundle];
+  })();
+}
+const nextTask = () => new Promise(resolve => setTimeout(resolve, 0));
+// plotly.js's first draw in a page also adds its style rules to the document, which restyles the whole notebook,
+// and builds what it keeps for later draws: done here on a tiny figure out of sight, in a task of its own, so
+// that the cell's first figure draws in a task no longer than the next ones.
+async function warmUp(Plotly) {
+  await nextTask();
+  const div = document.createElement("div");
+  div.style.cssText = "position:absolute;left:-10000px;top:0;width:300px;height:150px;visibility:hidden";
+  document.body.appendChild(div);
+  try {
+    await Plotly.newPlot(div, [{ type: "bar", y: [1] }, { type: "scatter", y: [1, 2], mode: "lines+markers" },
+                               { type: "heatmap", z: [[1]], text: [["s"]], texttemplate: "%{text}", xgap: 1 }],
+                         { title: { text: " " }, xaxis: { title: { text: " " } }, showlegend: true },
+                         { displayModeBar: "hover" });
+    Plotly.purge(div);
+  } catch (err) { /* a warm-up only */ }
+  div.remove();
+  await nextTask();
 }
 
 function whenInPage(el, signal) {
@@ -117,8 +196,14 @@ export default {
     const layoutOf = fig => Object.assign({}, fig.layout || {}, { template: model.get("template") || undefined });
     // A copy: plotly.js writes into what it draws (trace uids, axis ranges), and the model's figure must stay
     // what the kernel sent, or the same figure sent again (step_sync.py) would look new and be drawn twice.
+    // The div takes the figure's height before plotly.js draws, and is size-contained (_CSS): what plotly.js
+    // changes and measures inside it then never lays out the rest of the notebook again (a figure's first draw
+    // took 0.3-0.8 s in a long notebook, most of it forced layouts of the page, against 0.1 s on a blank page).
     const react = (div, figure) => {
       const fig = structuredClone(figure || {});
+      const height = (fig.layout || {}).height;
+      div.style.height = height ? height + "px" : "";
+      div.classList.toggle("sl-sized", !!height);
       return Plotly.react(div, fig.data || [], layoutOf(fig), model.get("config") || {});
     };
     const drop = div => { Plotly.purge(div); div.remove(); };
@@ -179,8 +264,19 @@ export default {
     const mine = panels().get(id) || new Set();
     panels().set(id, mine);
     mine.add(drawAhead);
+    const onLoader = async () => {
+      Plotly = await loadPlotly(model);
+      await nextTask();
+      if (gone.signal.aborted) return;
+      forget();
+      draw();
+    };
+    model.on("change:plotly_js", onLoader);
     (async () => {
-      [Plotly] = await Promise.all([loadPlotly(model), whenInPage(el, gone.signal)]);
+      const [P] = await Promise.all([loadPlotly(model), whenInPage(el, gone.signal)]);
+      await nextTask();  // each view draws in a task of its own, not in the one that evaluated plotly.js
+      if (gone.signal.aborted) return;
+      Plotly = P;
       width = Math.round(el.getBoundingClientRect().width);
       draw();
       resize.observe(el);
@@ -192,6 +288,7 @@ export default {
       if (!mine.size) panels().delete(id);
       model.off("change:figure", onChange);
       model.off("change:config", onConfig);
+      model.off("change:plotly_js", onLoader);
       if (Plotly) { forget(); Plotly.purge(gd); }
       if (holder) holder.remove();
     };
@@ -199,7 +296,17 @@ export default {
 };
 """
 
-_CSS = ".specter-figure { width: 100%; }"
+# Plotly config of every figure panel here. The modebar sits on the right end of the title line, where the
+# titles put their numbers: it shows only while the pointer is over the figure (plotly.js keeps it always on for
+# a device without hover, such as a touch screen), and it keeps only download, zoom, pan and reset, so it is
+# short enough to clear a title at a cell's width. No plotly logo; ``responsive`` so a figure follows the width
+# of its cell.
+FIGURE_CONFIG: dict[str, Any] = {
+    "displayModeBar": "hover", "displaylogo": False, "responsive": True,
+    "modeBarButtonsToRemove": ["select2d", "lasso2d", "zoomIn2d", "zoomOut2d", "autoScale2d"],
+}
+
+_CSS = ".specter-figure { width: 100%; } .specter-figure.sl-sized { contain: size layout style; }"
 
 
 class FigurePanel(Listening):
@@ -218,14 +325,17 @@ class FigurePanel(Listening):
 
     def __init__(self, fig: "go.Figure | dict", config: "dict | None" = None, **kwargs: Any) -> None:
         template = fig.layout.template.to_plotly_json() if isinstance(fig, go.Figure) else {}
-        super().__init__(figure=_as_plain(fig), template=_plain(template), config=dict(config or {}),
-                         plotly_js=plotly_js(), **kwargs)
+        plain = _as_plain(fig)
+        super().__init__(figure=plain, template=_plain(template), config=dict(config or {}),
+                         plotly_js=plotly_js(bundle_for(plain)), **kwargs)
 
     def show(self, fig: "go.Figure | dict") -> bool:
         """Show ``fig``; returns False, sending nothing, when the panel already shows it."""
         plain = _as_plain(fig)
         if plain == self.figure:
             return False
+        if bundle_for(plain) == "full" and self.plotly_js.bundle != "full":  # a trace type the light one lacks
+            self.plotly_js = plotly_js("full")
         self.figure = plain
         return True
 

@@ -56,7 +56,9 @@ def tokens_html(tokens: pd.DataFrame, kinds: Mapping[int, str], tokenizer: Any =
     legend = " ".join(f'<span class="t {s}" title="{_attr(STATUS_HELP[s])}">{s}</span>'
                       for s in STATUS_COLORS if s in counts.index)
     glyphs = (f"<span class='g'>{esc(GLYPH_LEGEND)}</span>" if tokenizer is not None else "")
-    return f"{_STYLE}<div class='sl-strip'><div>{title} &nbsp; {legend} &nbsp; {glyphs}</div>{''.join(rows)}</div>"
+    # Each part of the title line wraps as a whole: a narrow cell put the legend's last chip alone on a line (E15).
+    parts = "".join(f"<span style='white-space:nowrap;margin-right:1em'>{p}</span>" for p in (title, legend, glyphs) if p)
+    return f"{_STYLE}<div class='sl-strip'><div>{parts}</div>{''.join(rows)}</div>"
 
 
 def _attr(text: str) -> str:

@@ -31,6 +31,7 @@ from typing import Any, Callable, Mapping, Sequence
 import ipywidgets as W
 import pandas as pd
 import plotly.graph_objects as go
+from tqdm.auto import tqdm
 
 from ..atomic import atomic_open, write_atomic
 from ..decode import StopGeneration
@@ -39,23 +40,13 @@ from ..studies.runs import DoesNotFit, run_prompts, try_engine
 from ..run.strategies import get_strategy
 from ..records.trace import COLUMNS
 from . import figures as F
-from .panel import FigurePanel, plain_figure
+from .download import file_link
+from .panel import FIGURE_CONFIG, FigurePanel, plain_figure
 from .step_sync import StepSync
 from .live_file import save_live
 from .strip import tokens_html
 
 __all__ = ["Dashboard", "LiveRun", "QuantTuner", "dashboard", "figure_widget", "live", "sync_figure"]
-
-
-# Plotly config of every figure panel here. The modebar sits on the right end of the title line, where the
-# titles put their numbers: it shows only while the pointer is over the figure (plotly.js keeps it always on for
-# a device without hover, such as a touch screen), and it keeps only download, zoom, pan and reset, so it is
-# short enough to clear a title at a cell's width. No plotly logo; ``responsive`` so a figure follows the width
-# of its cell.
-FIGURE_CONFIG: dict[str, Any] = {
-    "displayModeBar": "hover", "displaylogo": False, "responsive": True,
-    "modeBarButtonsToRemove": ["select2d", "lasso2d", "zoomIn2d", "zoomOut2d", "autoScale2d"],
-}
 
 
 def figure_widget(fig: go.Figure) -> FigurePanel:
@@ -87,6 +78,8 @@ def _static(widget: FigurePanel) -> go.Figure:
 # ----------------------------------------------------------------------------------------- dashboard
 # The dashboard's figures; its token strip is HTML (Dashboard.tokens), one plotly redraw fewer per slider step.
 _PANELS = tuple(name for name in F.STEP_VIEWS if name != "tokens")
+
+_PLAY_CSS = "<style>.sl-play button:has(.fa-stop){display:none}</style>"
 
 class Dashboard:
     """Step-by-step views of one finished run.
@@ -126,12 +119,15 @@ class Dashboard:
         self.slider = W.IntSlider(value=first, min=lo, max=hi, description="step", continuous_update=False,
                                   layout=W.Layout(width="360px"))
         self.play = W.Play(value=first, min=lo, max=hi, interval=play_interval_ms, description="play")
+        # Play's own stop button (■) also sets its value to the first step, which the link passes on to the
+        # slider (E18): it is hidden, and its play/pause button pauses on the step shown.
+        self.play.add_class("sl-play")
         W.jslink((self.play, "value"), (self.slider, "value"))
         self.info = W.HTML(layout=W.Layout(width="100%"))
         self.save_button = W.Button(description="Save views", icon="download", tooltip=(
             "write the shown step's views to an HTML file beside the notebook (opens offline)"),
             layout=W.Layout(width="120px"))
-        self.saved = W.HTML()
+        self.saved = W.Box()  # a link that delivers the file written (download.py)
         self.save_button.on_click(lambda _: self._save_clicked())
         # ``reuse``: panels already in the page (a live run's detail views) are redrawn, not recreated.
         reuse = dict(reuse or {})
@@ -153,7 +149,7 @@ class Dashboard:
                    "info": (self.info, "value"), "tokens": (self.tokens, "value")}
         self._sync = StepSync(self.slider, targets, on_ready=self._resend)
         # The step's one-line summary gets its own line, so it never wraps beside the controls.
-        self.widget = W.VBox([W.HBox([self.play, self.slider, self.save_button, self.saved]),
+        self.widget = W.VBox([W.HBox([self.play, self.slider, self.save_button, self.saved, W.HTML(_PLAY_CSS)]),
                               self.info, self.tokens, *self.views.values()])
         self._prefetch = prefetch
         if prefetch:
@@ -291,24 +287,10 @@ class Dashboard:
 
     def _save_clicked(self) -> None:
         path = self.export()
-        self.saved.value = file_link(path)
+        self.saved.children = (file_link(path),)
 
     def _repr_mimebundle_(self, **kwargs):
         return self.widget._repr_mimebundle_(**kwargs)
-
-
-def file_link(path: str) -> str:
-    """An HTML link to a file the notebook wrote (relative to the notebook's folder, as JupyterLab serves it),
-    with its size: a click opens it in a new tab; the file browser lists it too."""
-    import os
-
-    size = os.path.getsize(path) / 1e6
-    rel = os.path.relpath(path)
-    if rel.startswith(".."):  # outside the notebook's folder: JupyterLab cannot serve it; say where it is
-        return f"<span style='font-size:12px'>wrote {html.escape(path)} ({size:.1f} MB)</span>"
-    href = html.escape(rel.replace(os.sep, "/"), quote=True)
-    return (f"<span style='font-size:12px'>wrote <a href='{href}' target='_blank' download>{html.escape(rel)}</a>"
-            f" ({size:.1f} MB)</span>")
 
 
 def dashboard(result, tokenizer: Any = None, step: int | None = None, token_rows: int = 12) -> Dashboard:
@@ -319,6 +301,7 @@ def dashboard(result, tokenizer: Any = None, step: int | None = None, token_rows
 # ----------------------------------------------------------------------------------------- live
 # Steps and tokens only: what the progress bars and the token strip draw, copied from the trace's own records.
 _LIVE_KINDS = ("steps", "tokens")
+_ETA_AFTER_STEPS = 4  # the live status line estimates the time left from this step on
 
 
 class LiveRun:
@@ -578,7 +561,9 @@ class LiveRun:
         elapsed = time.perf_counter() - self._t0
         active = max(elapsed - self._paused_s, 1e-9)
         eta = ""
-        if 0 < n < self.max_new_tokens:
+        # Not before a few steps: the first ones carry the prefill and the draft's start, and an ETA from them
+        # was 260 s for a 24 s run (E13).
+        if step >= _ETA_AFTER_STEPS and 0 < n < self.max_new_tokens:
             eta = f" · about {(self.max_new_tokens - n) * active / n:.0f} s left"
         return f"step {step} · {n}/{self.max_new_tokens} tokens{acc} · {elapsed:.1f} s{eta}"
 
@@ -766,7 +751,7 @@ class QuantTuner:
         self.table_html = W.HTML()
         self.save_button = W.Button(description="Save table", icon="download", layout=W.Layout(width="120px"),
                                     tooltip="write the table to a CSV file beside the notebook")
-        self.saved = W.HTML()
+        self.saved = W.Box()  # a link that delivers the file written (download.py)
         self.save_button.on_click(lambda _: self._save_clicked())
         self.table: pd.DataFrame | None = None
         self._shown_setting: tuple | None = None
@@ -782,8 +767,8 @@ class QuantTuner:
                                      layout=W.Layout(align_items="center")),
                               W.HBox([self.k, self.auto, self.run_button, self.stale]), self.status,
                               self.table_html, W.HBox([self.save_button, self.saved]), self.figure])
-        if run_now:
-            self.run()
+        if run_now:  # in the cell that makes it: a bar while the strategies run (E7)
+            self.run(progress=True)
 
     @property
     def spec(self) -> QuantSpec:
@@ -820,9 +805,9 @@ class QuantTuner:
 
     def _save_clicked(self) -> None:
         try:
-            self.saved.value = file_link(self.save())
+            self.saved.children = (file_link(self.save()),)
         except ValueError as exc:
-            self.saved.value = html.escape(str(exc))
+            self.saved.children = (W.HTML(html.escape(str(exc))),)
 
     def _evaluate(self, name: str, spec, k: int) -> tuple[dict, str | None]:
         """Mean metrics of one strategy over the prompts (cached per setting); the error text if the setting
@@ -831,7 +816,7 @@ class QuantTuner:
         key = (name, spec if speculative else None, k if name == "specter" else None)
         if key in self._cache:
             return self._cache[key], None
-        row: dict[str, Any] = {"strategy": name, "draft": spec.label if speculative else "–",
+        row: dict[str, Any] = {"strategy": name, "draft": spec.label if speculative else "—",
                                "k": (k if name == "specter" else get_strategy(name).k) if speculative else None}
         eng = try_engine(self.model, self.tokenizer, name, expert_budget=self.expert_budget, hardware=self.hardware,
                          cost_shape=self.cost_shape, draft=spec if speculative else None,
@@ -850,12 +835,16 @@ class QuantTuner:
         self._cache[key] = row
         return row, None
 
-    def run(self) -> pd.DataFrame:
-        """Evaluate the current setting for specter and the baselines; update table, figure and status."""
+    def run(self, progress: bool = False) -> pd.DataFrame:
+        """Evaluate the current setting for specter and the baselines; update table, figure and status.
+        ``progress``: a bar over the strategies in the output of the cell that calls it (not for a click: a
+        button's call has no cell to show it in, and the status line says it runs)."""
         spec, k = self.spec, int(self.k.value)
         self.status.value = f"running {spec.label}, K={k} …"
         rows, errors = [], []
-        for name in self.strategies:
+        # (kept when done: a bar closed with leave=False left a closed widget in the output, which the page
+        # reported as 'widget model not found' after a reload)
+        for name in tqdm(self.strategies, desc=f"QuantTuner: {spec.label}, K={k}", disable=not progress):
             row, err = self._evaluate(name, spec, k)
             rows.append(row)
             if err:
@@ -879,13 +868,13 @@ class QuantTuner:
 
     @staticmethod
     def _table_to_html(table: pd.DataFrame) -> str:
-        fmt = {"k": "{:.0f}", "tpot_ms": "{:.4f}", "speedup_vs_lru": "{:.2f}×", "acceptance_rate": "{:.0%}",
-               "recall": "{:.0%}",
-               "hit_rate": "{:.0%}", "draft_bytes": "{:,.0f}"}
+        # Rates as fractions and "—" where a value does not apply, as sl.viz.table shows them below the tuner (E11).
+        fmt = {"k": "{:.0f}", "tpot_ms": "{:.4f}", "speedup_vs_lru": "{:.2f}×", "acceptance_rate": "{:.3f}",
+               "recall": "{:.3f}", "hit_rate": "{:.3f}", "draft_bytes": "{:,.0f}"}
         shown = table.copy().astype(object)
         for col, f in fmt.items():
-            shown[col] = [f.format(v) if isinstance(v, (int, float)) and not pd.isna(v) else "–" for v in table[col]]
-        shown = shown.fillna("–")
+            shown[col] = [f.format(v) if isinstance(v, (int, float)) and not pd.isna(v) else "—" for v in table[col]]
+        shown = shown.fillna("—")
         # Compact, and headers may break after an underscore, so all ten columns fit a notebook cell.
         page = shown.to_html(index=False, classes="sl-tuner", border=0, escape=True)
         for col in shown.columns:
