@@ -91,7 +91,7 @@ def test_what_a_trace_cannot_replay_is_a_row_that_says_why(model):
 def test_a_replayed_sweep_of_many_cells_runs_on_a_local_pool_by_default(recorded, monkeypatch):
     from specter_lab.studies import runs
 
-    monkeypatch.setattr(runs, "_cores", lambda: 2)  # the default is for machines with more than one core
+    monkeypatch.setattr(runs, "cores", lambda: 2)  # the default is for machines with more than one core
     source = runs.TraceSource(recorded)
     with runs.sweep_executor(source, runs.POOL_MIN_CELLS, "auto") as ex:
         assert isinstance(ex, runs.TracePool) and ex.serves(source)

@@ -16,9 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import multiprocessing
-import os
-import sys
 import time
 import warnings
 from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
@@ -32,6 +29,7 @@ from tqdm.auto import tqdm
 from ..errors import BudgetTooSmall
 from ..model.identity import model_identity
 from ..offload.clock import is_measured
+from ..analysis.pool import cores, install, installed, process_pool
 from ..analysis.replay import replay, replay_setup
 from ..run.engine import Engine, auto_planner
 from ..run.setup import RunSetup
@@ -297,43 +295,23 @@ class TracePool:
         return self.pool.submit(fn, *args)
 
 
-_WORKER_SOURCE: "TraceSource | None" = None  # in a pool worker: the source its cells replay
-
-
 def _install(trace: RoutingTrace, tokenizer) -> None:
-    global _WORKER_SOURCE
-    _WORKER_SOURCE = TraceSource(trace, tokenizer)
+    install(TraceSource(trace, tokenizer))  # a pool worker's source: the cells it is sent replay it
 
 
 def _run_installed(cell: Cell, plan=None):
+    source = installed()
     if plan is not None:
-        _WORKER_SOURCE._plans[cell] = plan
-    return _WORKER_SOURCE.run(cell)
-
-
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
-def _start_method() -> str:
-    """``fork`` on Linux before Python 3.12 (workers start in milliseconds with everything imported); from 3.12,
-    where forking a process with threads (torch's) is deprecated, ``forkserver`` with the package preloaded;
-    ``spawn`` elsewhere (macOS, Windows)."""
-    if sys.platform == "linux":
-        return "fork" if sys.version_info < (3, 12) else "forkserver"
-    return "spawn"
+        source._plans[cell] = plan
+    return source.run(cell)
 
 
 @contextmanager
 def trace_pool(trace: RoutingTrace, tokenizer=None, workers: int | None = None,
                start_method: str | None = None) -> Iterator[TracePool]:
     """A local process pool for replayed sweeps of ``trace`` (``workers``: default one per core; the trace is sent
-    once per worker). ``start_method``: multiprocessing's (default :func:`_start_method`)."""
-    ctx = multiprocessing.get_context(start_method or _start_method())
-    if ctx.get_start_method() == "forkserver":
-        ctx.set_forkserver_preload(["specter_lab"])
-    with ProcessPoolExecutor(workers or _cores(), mp_context=ctx, initializer=_install,
-                             initargs=(trace, tokenizer)) as pool:
+    once per worker). ``start_method``: multiprocessing's (default :func:`~specter_lab.analysis.pool.start_method`)."""
+    with process_pool(workers, _install, (trace, tokenizer), start_method) as pool:
         yield TracePool(pool, trace, tokenizer)
 
 
@@ -350,9 +328,8 @@ def sweep_executor(source, n_cells: int, executor: "Executor | str | None"):
     at its end). ``"auto"``: a :func:`trace_pool` for a replayed sweep of :data:`POOL_MIN_CELLS` or more cells on
     more than one core (never inside a pool worker), else None (here)."""
     if executor == "auto":
-        if isinstance(source, TraceSource) and n_cells >= POOL_MIN_CELLS and _cores() > 1 \
-                and _WORKER_SOURCE is None:
-            return trace_pool(source.trace, source.tokenizer, min(_cores(), n_cells))
+        if isinstance(source, TraceSource) and n_cells >= POOL_MIN_CELLS and cores() > 1 and installed() is None:
+            return trace_pool(source.trace, source.tokenizer, min(cores(), n_cells))
         return nullcontext(None)
     if isinstance(executor, str):
         raise ValueError(f"executor={executor!r}: use 'auto', None (serial) or a concurrent.futures.Executor.")
