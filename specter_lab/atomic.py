@@ -52,6 +52,7 @@ import io
 import os
 import secrets
 import shutil
+import signal
 import stat
 from contextlib import contextmanager
 from pathlib import Path
@@ -91,13 +92,14 @@ def atomic_open(path: "str | os.PathLike", mode: str = "w", encoding: str = "utf
     if mode not in ("w", "wb"):
         raise ValueError(f"mode={mode!r}: atomic_open writes a whole new file, 'w' (text) or 'wb' (binary).")
     path = _destination(path)
-    tmp, fd = _temp_for(path)
-    try:
-        raw = os.fdopen(fd, "wb")
-    except BaseException:
-        os.close(fd)
-        _remove(tmp)
-        raise
+    with _no_interrupt():  # a Ctrl-C between creating the temporary and the cleanup below would leave it behind
+        tmp, fd = _temp_for(path)
+        try:
+            raw = os.fdopen(fd, "wb")
+        except BaseException:
+            os.close(fd)
+            _remove(tmp)
+            raise
     f = raw if mode == "wb" else io.TextIOWrapper(raw, encoding=encoding, newline=newline)
     try:
         try:
@@ -180,6 +182,20 @@ def temp_files(path: "str | os.PathLike") -> list[Path]:
 
 
 # ----------------------------------------------------------------------------------------------- the pieces
+@contextmanager
+def _no_interrupt() -> Iterator[None]:
+    """SIGINT held back for a few instructions (POSIX): delivered, as a KeyboardInterrupt, once they are done."""
+    block = getattr(signal, "pthread_sigmask", None)
+    if block is None:
+        yield
+        return
+    old = block(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        block(signal.SIG_SETMASK, old)
+
+
 def _destination(path) -> Path:
     path = Path(path)
     if path.is_symlink():  # replace the file the link points to; the link stays a link
