@@ -60,9 +60,9 @@ import specter_lab as sl  # noqa: E402
 from specter_lab import atomic  # noqa: E402
 from specter_lab.errors import DiskFull  # noqa: E402
 from specter_lab.model.geometry import CONFIG_DIR, geometry_from_config  # noqa: E402
-from specter_lab.routing import trace_file  # noqa: E402
-from specter_lab.routing.synthetic import locality_for, synthetic_routing  # noqa: E402
-from specter_lab.routing.trace_file import _ARRAYS  # noqa: E402
+from specter_lab.traces import trace_file  # noqa: E402
+from specter_lab.traces.synthetic import locality_for, synthetic_routing  # noqa: E402
+from specter_lab.traces.trace_file import _ARRAYS  # noqa: E402
 from specter_lab.studies import results_file  # noqa: E402
 from specter_lab.studies.results_file import open_results, read_lines  # noqa: E402
 
