@@ -608,7 +608,7 @@ def _parser() -> argparse.ArgumentParser:
                         "2-7)")
     e.add_argument("--gguf", default="model.gguf", help="the GGUF path to put in the emitted llama.cpp command")
     e.add_argument("--tokens", type=int, default=None,
-                   help="decode tokens replayed per row (default 256: steadier; 64 answers about four times sooner)")
+                   help="decode tokens replayed per row (default 256: steadier; 64 answers about three times sooner)")
     e.add_argument("--wide", action="store_true", help="every column of the table (default: the columns that decide "
                    "first, fitted to the terminal's width)")
     e.add_argument("--format", choices=("text", "csv", "json"), default="text",

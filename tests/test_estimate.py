@@ -78,6 +78,30 @@ def test_the_pick_is_the_planners_rule_among_its_candidates(dsv2):
     assert f"The planner's pick: {dsv2.pick}" in str(dsv2) and "llama.cpp's best:" in str(dsv2)
 
 
+def test_choices_put_the_planners_pick_beside_llama_cpps_best_with_what_runs_each(dsv2):
+    """Notebook 07's side by side: the planner's pick with its Engine call, llama.cpp's best row with its flags."""
+    from specter_lab.estimator.commands import llama_cpp_rows
+
+    c = dsv2.choices().set_index("who")
+    assert c.loc["the planner's pick", "strategy"] == dsv2.pick
+    assert c.loc["the planner's pick", "run_it"].startswith(f"sl.Engine(model, tok, strategy={dsv2.pick!r}")
+    best_ll = llama_cpp_rows(dsv2)[0]
+    assert c.loc["llama.cpp's best", "strategy"] == best_ll
+    assert c.loc["llama.cpp's best", "run_it"].startswith("llama-server ")
+    assert c.loc["llama.cpp's best", "tokens_per_s"] == dsv2.row(best_ll).tokens_per_s
+    assert "your flags" not in c.index  # only with placement=
+
+
+def test_a_row_refused_in_a_pool_worker_is_said_not_raised():
+    """Rows replayed in worker processes that do not fit come back as reasons (the refusal crosses the process
+    boundary whole), the same as in one process."""
+    args = dict(gpu="rtx3060", host="ddr4-3200x2", weights="q4_k_m", ram="8GB", tokens=4)
+    pooled, here = estimate("mixtral-8x7b", workers=2, **args), estimate("mixtral-8x7b", workers=1, **args)
+    assert any(why.startswith("does not fit") for why in pooled.not_priced.values())
+    assert pooled.not_priced == here.not_priced
+    assert list(pooled.table.tpot_ms) == list(here.table.tpot_ms)
+
+
 def test_every_row_says_what_runs_it_today(dsv2):
     t = dsv2.table.set_index("strategy")
     assert t.loc["static_split", "runs_as"].startswith("llama.cpp --n-cpu-moe")
