@@ -19,7 +19,8 @@ LAYERS = [
     ["offload"],  # the runtime: store, cache policies, clocks, the layer schedule, host execution
     ["predict", "decode"],  # forecasts, prefetch, K; the decode loops
     ["run"],  # strategies, the assembly (the only reader of their mechanisms), budget, draft, quantization, engine
-    ["traces", "analysis"],  # routing as data (file, formats, import, synthetic, locality); record, replay, bounds
+    ["traces"],  # routing as data: the file, its formats, imports, synthetic routing, locality (torch-free to import)
+    ["analysis"],  # record, replay, the bound and the gap: they drive the runtime over traces
     ["estimator"],  # estimates from a config alone, and the consumer rows they are held to
     ["studies"],  # things that run many engines: sweeps, bench, planner, fidelity, the paper's protocol
     ["viz"],  # notebook views

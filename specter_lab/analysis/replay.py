@@ -11,15 +11,15 @@ governor, host execution and clock are the live run's own code, so the trace rec
 
 from __future__ import annotations
 
-import json
-from functools import lru_cache, partial
+from functools import partial
 from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
 
 from ..decode import Decoder
-from ..model import MoEModelInfo, inspect_model
+from ..model import MoEModelInfo
+from ..model.skeleton import skeleton, skeleton_info  # noqa: F401 - re-exported (sl's replay callers)
 from ..offload.clock import is_measured
 from ..offload.hostcache import HostExpertCache
 from ..offload.schedule import ForwardInfo, counts_of, rank_prediction
@@ -154,38 +154,15 @@ class ReplayDecoder(Decoder):
             raise ReplayMismatch(f"{what}: the loop fed {ids[:8]}, the trace recorded {want[:8]}.")
 
 
-@lru_cache(maxsize=8)
-def _skeleton(config_json: str):
-    import transformers
-
-    cfg = dict(json.loads(config_json))
-    model_type = cfg.pop("model_type", None)
-    if not model_type:
-        raise TraceError("config: no 'model_type': the trace's config cannot be sized (give a config.json).")
+def _trace_model(trace: RoutingTrace) -> MoEModelInfo:
+    """The trace's model, from its header's config; a config that builds no model a replay can size is the trace's
+    fault (a TraceError naming the field)."""
     try:
-        config = transformers.AutoConfig.for_model(model_type, **cfg)
-        with torch.device("meta"):
-            model = transformers.AutoModelForCausalLM.from_config(config)
-    except Exception as exc:  # noqa: BLE001 - transformers raises many kinds; the message is what helps
-        raise TraceError(f"config: transformers cannot build the {model_type!r} model it describes "
-                         f"({type(exc).__name__}: {str(exc).splitlines()[0]}). Give the model's own config.json."
-                         ) from exc
-    return model.eval()
-
-
-def skeleton(config: "dict[str, Any]"):
-    """The model a config describes, on the ``meta`` device: shapes and modules, no weights (nothing allocated)."""
-    return _skeleton(json.dumps(config, sort_keys=True, default=str))
-
-
-def skeleton_info(config: "dict[str, Any]") -> MoEModelInfo:
-    """What the runtime needs to know of the model a config describes (its skeleton's, nothing allocated)."""
-    return _skeleton_info(json.dumps(config, sort_keys=True, default=str))
-
-
-@lru_cache(maxsize=8)
-def _skeleton_info(config_json: str) -> MoEModelInfo:
-    return inspect_model(_skeleton(config_json))
+        return skeleton_info(trace.config, "trace.config")
+    except TraceError:
+        raise
+    except ValueError as exc:  # ConfigError (a field transformers refuses), or no MoE layers to size
+        raise TraceError(str(exc)) from exc
 
 
 def replay_setup(trace: RoutingTrace, strategy="lru", *, draft: "QuantSpec | None" = None, trace_level: str = "full",
@@ -207,7 +184,7 @@ def replay_setup(trace: RoutingTrace, strategy="lru", *, draft: "QuantSpec | Non
     if hasattr(strategy, "engine_kwargs"):  # a plan: the strategy, draft and K it chose
         chosen = strategy.engine_kwargs()
         strategy, draft, options["k"] = chosen.pop("strategy"), chosen.get("draft", draft), chosen.get("k")
-    info = skeleton_info(trace.config)
+    info = _trace_model(trace)
     setup = resolve(info, strategy, draft=_recorded_draft(trace, draft), trace=trace_level, **options)
     if check:
         _check_replayable(setup, info, trace)

@@ -51,11 +51,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import ConfigError
-from ..model import inspect_model
-from ..model.config_check import build_config, check_moe_info, read_config_json
+from ..model.config_check import read_config_json
+from ..model.skeleton import skeleton_info
 from .formats import detect_format, read_routing
 from .locality import replace_experts
-from ..analysis.replay import skeleton
 from .trace_file import RoutedSequence, RoutingTrace, TraceError, TraceSpec, read_npz
 
 __all__ = ["import_routing", "gate_recall", "ModeledDraft", "MEASURED_DRAFT", "MEASURED_GATE_RECALL",
@@ -241,11 +240,7 @@ def _config_dict(config) -> dict[str, Any]:
 
 def _moe_info(cfg: dict):
     try:
-        build_config(cfg)  # every field checked, transformers' own errors named (ConfigError)
-        model = skeleton(cfg)  # TraceError if transformers cannot build it
-        info = inspect_model(model)
-        check_moe_info(info)
-        return info
+        return skeleton_info(cfg)  # every field checked, transformers' own errors named (ConfigError)
     except ConfigError as exc:
         raise TraceError(str(exc)) from exc
     except TraceError:

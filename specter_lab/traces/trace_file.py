@@ -325,13 +325,9 @@ def _spec_of(config: dict, where: str) -> TraceSpec:
 
 @lru_cache(maxsize=8)
 def _spec_cached(config_json: str) -> TraceSpec:
-    from ..model import inspect_model
-    from ..model.config_check import build_config, build_meta_model, check_moe_info
+    from ..model.skeleton import skeleton_info
 
-    cfg = build_config(json.loads(config_json), "header.config")
-    info = inspect_model(build_meta_model(cfg, "header.config"))
-    check_moe_info(info, "header.config")
-    return TraceSpec.of(info)
+    return TraceSpec.of(skeleton_info(json.loads(config_json), "header.config"))
 
 
 def _expected_shapes(z: NpzArchive, fields: dict, spec: TraceSpec, where: str) -> list[set]:
