@@ -34,6 +34,8 @@ from collections import OrderedDict, defaultdict
 from operator import itemgetter
 from typing import Callable, Container, Hashable, Iterable, Mapping, Sequence
 
+from .decay_order import TimelessOrder
+
 __all__ = ["Policy", "LRU", "LFU", "DecayLFU", "ARC", "ArcLists", "ForecastBelady", "Belady", "Static", "NextUse",
            "POLICIES", "ONLINE", "DEFAULT_DECAY", "make_policy", "Key"]
 
@@ -177,12 +179,23 @@ class DecayLFU(Policy):
         self.uses: defaultdict[Hashable, int] = defaultdict(int)  # layer → its use clock
         self.value: dict[Key, tuple[float, int]] = {}  # key → (score, clock at update)
         self._powers: dict[int, float] = {}  # age → decay ** age
+        # the residents in an order that does not age, so a victim ranks a few keys, not all (decay_order.py)
+        self.order = TimelessOrder(self.decay, layer_of)
+
+    def loaded(self, key: Key, now: int = 0) -> None:
+        super().loaded(key, now)
+        self.order.put(key, self.value.get(key))
 
     def touch(self, key: Key, now: int = 0) -> None:
         super().touch(key, now)
         layer = self.layer_of(key)
         self.uses[layer] += 1  # the clock first, then the decayed value plus this use
-        self.value[key] = (self.rank(key) + 1.0, self.uses[layer])
+        v = self.value[key] = (self.rank(key) + 1.0, self.uses[layer])
+        self.order.put(key, v)
+
+    def evicted(self, key: Key) -> None:
+        super().evicted(key)
+        self.order.drop(key)
 
     def _power(self, age: int) -> float:
         """``decay ** age``, each age computed once (the same float every time: a victim ranks every resident)."""
@@ -201,7 +214,17 @@ class DecayLFU(Policy):
 
     def victim(self, protected: Container[Key] = (), now: int = 0,
                among: "Container[Key] | None" = None) -> Key | None:
-        """:meth:`Policy.victim` with :meth:`rank` inlined (the same floats, in the same order)."""
+        """:meth:`Policy.victim`: ranked on the few residents :class:`TimelessOrder` leaves in question, else (where
+        its argument does not hold) by the walk over every resident, :meth:`rank` inlined (the same floats, in the
+        same order)."""
+        if self.order.usable:
+            key = self.order.victim(self.uses, self.rank, protected, among)
+            if key is not NotImplemented:
+                return key
+        return self.walk(protected, among)
+
+    def walk(self, protected: Container[Key] = (), among: "Container[Key] | None" = None) -> Key | None:
+        """The victim by ranking every allowed resident (what :meth:`victim` answers, always)."""
         value, uses, layer_of, power = self.value, self.uses, self.layer_of, self._power
         best, best_rank = None, None
         for k in self.recency:
