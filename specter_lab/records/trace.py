@@ -238,9 +238,19 @@ class Trace:
             self.compute.append(ComputeSpan(self.step, phase, layer, expert, span.start, span.end,
                                             span.stall_from, copy_id, lane))
 
+    def spans(self, phase: str, layer: int, experts: list[int], spans: list, copy_ids: "list[int | None] | None" = None,
+              lane: str = "device") -> None:
+        """:meth:`span` of each of ``experts`` in turn (their ``spans``, and the copies they read when the trace is
+        full): one call per layer, not per expert."""
+        self.tally.spans(phase, lane, spans)
+        if self.full:
+            step, ids = self.step, copy_ids or [None] * len(spans)
+            self.compute.extend([ComputeSpan(step, phase, layer, e, sp.start, sp.end, sp.stall_from, c, lane)
+                                 for e, sp, c in zip(experts, spans, ids)])
+
     def routed(self, source: str, layer: int, pos0: int, index_array) -> None:
         if source == "target":
-            self.tally.routed(layer, index_array.ravel().tolist())
+            self.tally.routed(layer, index_array)
         if self.record_routing and self.full:
             # A list, not the numpy view: views of tiny tensors pin small heap blocks between the KV-cache
             # reallocations and fragment the heap (measured by scripts/long_run.py).
