@@ -59,6 +59,7 @@ class Policy:
         self.capacity = capacity
         self.layer_of = layer_of
         self.recency: OrderedDict[Key, None] = OrderedDict()
+        self._by_recency = type(self).rank is Policy.rank  # by_recency, asked per victim
 
     # ------------------------------------------------------------------ the pool, where the policy is one
     def __contains__(self, key: Key) -> bool:
@@ -104,7 +105,7 @@ class Policy:
         given: a store's per-layer choice in a global pool), the least recent first on ties; None when none may
         be evicted."""
         # plain loops, not a generator into min(): a miss asks for a victim, and this walks every resident
-        if self.by_recency:
+        if self._by_recency:
             for k in self.recency:
                 if k not in protected and (among is None or k in among):
                     return k
@@ -366,6 +367,23 @@ class ForecastBelady(Policy):
     def rank(self, key: Key) -> float:
         # a larger next use is evicted first: the negated forecast
         return -self.forecast.next_use(*key) if self.forecast is not None else -math.inf
+
+    def victim(self, protected: Container[Key] = (), now: int = 0,
+               among: "Container[Key] | None" = None) -> Key | None:
+        """:meth:`Policy.victim`, ended at the first allowed resident the forecast does not name: its rank (−inf) is
+        the smallest there is, and the walk keeps the first of equal ranks, so it is the victim (the same key)."""
+        forecast, best, best_rank = self.forecast, None, None
+        for k in self.recency:
+            if k in protected or (among is not None and k not in among):
+                continue
+            if forecast is None:
+                return k
+            r = -forecast.next_use(*k)
+            if r == -math.inf:
+                return k
+            if best is None or r < best_rank:
+                best, best_rank = k, r
+        return best
 
 
 class NextUse:
