@@ -110,12 +110,12 @@ class ReplayDecoder(Decoder):
         routing, tokens, gate = self._lookup(mode, phase, self.kv.length, ids)
         sched = self.rt.schedule
         math = _GateMath(gate, self._top_k) if sched.gate_lookahead else None
+        counts = _layer_counts(routing, self._top_k) if mode != "shadow" else None
         with self.rt.forward(info):
             for layer, k in enumerate(self._top_k):
-                idx = routing[:, layer, :k]
-                sched.routed(info, layer, idx)
-                if mode != "shadow":
-                    sched.layer(info, layer, counts_of(idx), len(ids), math)
+                sched.routed(info, layer, routing[:, layer, :k])
+                if counts is not None:
+                    sched.layer(info, layer, counts[layer], len(ids), math)
         self.kv.length += len(ids)
         if mode != "shadow":
             n_head = len(ids) if keep == 0 else keep
@@ -154,6 +154,20 @@ class ReplayDecoder(Decoder):
     def _expect(ids: list[int], want: list[int], what: str) -> None:
         if ids != want:
             raise ReplayMismatch(f"{what}: the loop fed {ids[:8]}, the trace recorded {want[:8]}.")
+
+
+def _layer_counts(routing: np.ndarray, top_k: list[int]) -> list[dict[int, int]]:
+    """:func:`~specter_lab.offload.schedule.counts_of` of every layer of a forward's routing ``[T, L, k]``; for one
+    token (decode, a draft step) from one read-back of the whole row, not a numpy slice per layer."""
+    if routing.shape[0] != 1:
+        return [counts_of(routing[:, layer, :k]) for layer, k in enumerate(top_k)]
+    out = []
+    for row, k in zip(routing[0].tolist(), top_k):
+        ids = sorted(row[:k])
+        if ids[0] < 0:  # -1: a slot an imported trace did not record
+            ids = [e for e in ids if e >= 0]
+        out.append(dict.fromkeys(ids, 1) if len(set(ids)) == len(ids) else counts_of(np.asarray([row[:k]])))
+    return out
 
 
 @lru_cache(maxsize=8)
