@@ -136,19 +136,22 @@ class ReplayDecoder(Decoder):
             return s.decode[i: i + 1], s.tokens[i + 1: i + 2], gate
         if phase == "recompute":
             raise ReplayMismatch("a recurrent cache's recompute is not recorded: replay needs an attention-only model.")
-        if s.draft_tokens is None:
+        if not s.speculative:
             raise ReplayMismatch("this trace has no draft chains (recorded with k_max=0 or imported without a "
                                  "modeled draft): speculative strategies cannot replay from it.")
         w = len(self.out) - 1  # the window starts at the last committed token (its position: n)
         n = p + w
         if mode == "draft":
             j = pos - n
-            want = [int(s.tokens[w])] if j == 0 else [int(s.draft_tokens[w, j - 1])]
+            d_tok, d_route = s.drafts(w, j + 1)
+            want = [int(s.tokens[w])] if j == 0 else [int(d_tok[j - 1])]
             self._expect(ids, want, f"draft step {j} of the window at {n}")
-            return s.draft_routing[w, j: j + 1], s.draft_tokens[w, j: j + 1], None
+            return d_route[j: j + 1], d_tok[j: j + 1], None
         t = len(ids)  # verification (or the oracle's look) over [last, d1..dK]
-        self._expect(ids, [int(s.tokens[w])] + s.draft_tokens[w, : t - 1].tolist(), f"verification at {n}")
-        return s.verify_routing[w, :t], s.verify_tokens[w, :t], None
+        d_tok = s.drafts(w, t - 1)[0] if t > 1 else ()
+        self._expect(ids, [int(s.tokens[w])] + [int(d) for d in d_tok[: t - 1]], f"verification at {n}")
+        v_route, v_tok = s.verification(w, t)
+        return v_route[:t], v_tok[:t], None
 
     @staticmethod
     def _expect(ids: list[int], want: list[int], what: str) -> None:
