@@ -323,14 +323,24 @@ class Trace:
 
     def frames(self) -> dict[str, pd.DataFrame]:
         """All frames as pandas DataFrames (cached after the first call)."""
+        if self._frames is None or len(self._frames) < len(_FRAME_ORDER):
+            self._frames = {name: self.frame(name) for name in _FRAME_ORDER}
+        return self._frames
+
+    def frame(self, name: str) -> pd.DataFrame:
+        """One of :meth:`frames`, built alone (and cached): a view of the steps and tokens builds no other."""
         if not self._finalized:
             raise RuntimeError("trace is still recording; frames() is available once generate() returned")
         if self._frames is None:
-            self._frames = {name: _frame(self._records(name), COLUMNS[name]) for name in _RECORDS}
-            self._frames["routing"] = _routing_frame(self.routing_raw)
-            self._frames = {k: self._frames[k] for k in ("steps", "tokens", "routing", "forecast", "cache",
-                                                          "transfers", "compute", "disk")}
-        return self._frames
+            self._frames = {}
+        f = self._frames.get(name)
+        if f is None:
+            f = self._frames[name] = (_routing_frame(self.routing_raw) if name == "routing" else
+                                      _frame(self._records(name), COLUMNS[name]))
+        return f
+
+
+_FRAME_ORDER = ("steps", "tokens", "routing", "forecast", "cache", "transfers", "compute", "disk")
 
 
 def _cutting(ms, cuts: list[tuple[float, float]]):
