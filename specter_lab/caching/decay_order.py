@@ -48,24 +48,26 @@ class TimelessOrder:
     def usable(self) -> bool:
         return self.log_decay is not None
 
-    def put(self, key, value: "tuple[float, int] | None") -> None:
-        """``key`` is resident and became the most recent, with decayed count and clock ``value`` (None: never
-        used)."""
+    def put(self, key, value: "tuple[float, int] | None", layer) -> None:
+        """``key`` (of ``layer``) is resident and became the most recent, with decayed count and clock ``value``
+        (None: never used)."""
         if self.log_decay is None:
             return
-        self.drop(key)
+        lst = self.lists.get(layer)
+        if lst is None:
+            lst = self.lists[layer] = []
+        old = self.entry.get(key)
+        if old is not None:
+            del lst[bisect_left(lst, old)]
         self.clock += 1
         ls = -math.inf if value is None else math.log(value[0]) - value[1] * self.log_decay
         ent = self.entry[key] = (ls, self.clock, key)
-        lst = self.lists.get(self.layer_of(key))
-        if lst is None:
-            lst = self.lists[self.layer_of(key)] = []
         insort(lst, ent)
 
-    def drop(self, key) -> None:
+    def drop(self, key, layer) -> None:
         ent = self.entry.pop(key, None)
         if ent is not None:
-            lst = self.lists[self.layer_of(key)]
+            lst = self.lists[layer]
             del lst[bisect_left(lst, ent)]
 
     def victim(self, uses, rank: Callable, protected: Container, among: "Container | None"):

@@ -185,18 +185,24 @@ class DecayLFU(Policy):
 
     def loaded(self, key: Key, now: int = 0) -> None:
         super().loaded(key, now)
-        self.order.put(key, self.value.get(key))
+        self.order.put(key, self.value.get(key), self.layer_of(key))
 
     def touch(self, key: Key, now: int = 0) -> None:
-        super().touch(key, now)
+        self.recency.move_to_end(key)  # Policy.touch
         layer = self.layer_of(key)
-        self.uses[layer] += 1  # the clock first, then the decayed value plus this use
-        v = self.value[key] = (self.rank(key) + 1.0, self.uses[layer])
-        self.order.put(key, v)
+        u = self.uses[layer] = self.uses[layer] + 1  # the clock first, then the decayed value plus this use
+        v = self.value.get(key)  # rank() inlined (a touch per expert computed): the same floats
+        if v is None:
+            r = 0.0
+        else:
+            p = self._powers.get(u - v[1])
+            r = v[0] if u == v[1] else v[0] * (p if p is not None else self._power(u - v[1]))
+        v = self.value[key] = (r + 1.0, u)
+        self.order.put(key, v, layer)
 
     def evicted(self, key: Key) -> None:
         super().evicted(key)
-        self.order.drop(key)
+        self.order.drop(key, self.layer_of(key))
 
     def _power(self, age: int) -> float:
         """``decay ** age``, each age computed once (the same float every time: a victim ranks every resident)."""

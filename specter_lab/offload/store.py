@@ -316,7 +316,7 @@ class ExpertStore:
     def evict_all(self) -> None:
         """Drop every resident expert (``on_demand``: nothing is kept between steps)."""
         for layer, s in enumerate(self.slots):
-            for slot in range(s.size):
+            for slot in sorted(s.where.values()):  # the occupied slots, in slot order (an empty one has nothing)
                 self.evict(layer, slot)
 
     def load(self, layer: int, expert: int, reason: str, protected: Iterable[int] = (),
