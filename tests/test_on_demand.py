@@ -10,7 +10,7 @@ import pytest
 import specter_lab as sl
 from specter_lab.analysis.lazy_record import record_on_demand
 from specter_lab.studies.calibration import ReplayedLiveSource
-from specter_lab.studies.runs import Cell, LiveSource
+from specter_lab.studies.runs import Cell, LiveSource, run_prompts
 
 PROMPTS = [[5, 6, 7, 8, 9, 10], [17, 3, 99, 42, 42, 7, 200, 11]]
 N = 12
@@ -52,4 +52,20 @@ def test_replayed_calibration_gives_the_live_metrics(model, strategy, opts):
         for key in ("tpot_ms", "hit_rate", "stall_ms_per_token", "acceptance_rate", "recall", "mean_k",
                     "h2d_bytes_per_token", "slots_per_layer", "draft_bytes"):
             x, y = a.get(key), b.get(key)
+            assert x == y or (isinstance(x, float) and np.isnan(x) and np.isnan(y)), (key, x, y)
+
+
+@pytest.mark.parametrize("strategy", ["mixtral_offloading", "specter"])
+def test_an_engine_that_ignores_eos_replays_its_fixed_length(model, strategy):
+    """The paper benches' engines (a fixed output length, EOS ignored; studies/reproduce.py): replayed from a
+    recording that runs past EOS, the live figures."""
+    eng = sl.Engine(model, None, strategy, cache_slots=3, k=8 if strategy == "specter" else None, ignore_eos=True,
+                    hardware="a100-40g-pcie4", cost_shape="deepseek-v2-lite@full")
+    source = ReplayedLiveSource(model, None, PROMPTS, N)
+    assert source.replays(eng)
+    replayed = source.run_engine(eng)
+    for a, b in zip(run_prompts(eng, PROMPTS, N).metrics, replayed.metrics):
+        assert a["new_tokens"] == b["new_tokens"] == N
+        for key in ("tpot_ms", "tpot_ms_artifact", "hit_rate", "acceptance_rate", "first_commit_tokens"):
+            x, y = a[key], b[key]
             assert x == y or (isinstance(x, float) and np.isnan(x) and np.isnan(y)), (key, x, y)

@@ -142,10 +142,12 @@ class OnDemandSequence(RoutedSequence):
 
 
 def record_on_demand(model, tokenizer, prompts: Sequence, *, max_new_tokens: int, drafts: Sequence[QuantSpec],
-                     k_max: int = 16, base: "RoutingTrace | None" = None) -> "tuple[RoutingTrace, dict]":
+                     k_max: int = 16, base: "RoutingTrace | None" = None,
+                     stop_at_eos: bool = True) -> "tuple[RoutingTrace, dict]":
     """The autoregressive routing of ``model`` over ``prompts`` (a trace with no chains: ``base`` when given, a
     recording of the same prompts already made), and per draft in ``drafts`` a trace with the same routing whose
-    chains (up to ``k_max``) are drafted on demand (module docstring)."""
+    chains (up to ``k_max``) are drafted on demand (module docstring). ``stop_at_eos=False``: every continuation
+    runs ``max_new_tokens`` (what an engine with ``ignore_eos=True`` replays)."""
     info = inspect_model(model)
     device = model.get_input_embeddings().weight.device
     name = getattr(model.config, "_name_or_path", "") or info.model_type
@@ -156,7 +158,8 @@ def record_on_demand(model, tokenizer, prompts: Sequence, *, max_new_tokens: int
             for p in prompts:
                 ids = _encode(p, tokenizer, info.vocab)
                 prefill, tokens, decode, gate = _autoregressive(_Pass(model, rec, device, False, _Quiet()), ids,
-                                                                max_new_tokens, set(info.eos_token_ids))
+                                                                max_new_tokens,
+                                                                set(info.eos_token_ids) if stop_at_eos else set())
                 plain.append(RoutedSequence(np.asarray(ids, np.int32), np.asarray(tokens, np.int32), prefill,
                                             decode, gate))
         base = RoutingTrace(config, plain, 0, None, f"recorded: {name} on {device}", {"on_demand": True})

@@ -32,7 +32,7 @@ from ..run.quant import QuantSpec
 from ..run.setup import GenerationResult, RunSetup, prepare_run, resolve
 from ..traces.trace_file import RoutedSequence, RoutingTrace, TraceError
 
-__all__ = ["replay", "replay_setup", "ReplayDecoder", "skeleton", "skeleton_info", "ReplayMismatch", "refusal"]
+__all__ = ["replay", "replay_runs", "replay_setup", "ReplayDecoder", "skeleton", "skeleton_info", "ReplayMismatch", "refusal"]
 
 class ReplayMismatch(RuntimeError):
     """The decode loop asked for a forward the trace does not hold (a bug, or a trace of another run)."""
@@ -244,7 +244,19 @@ def replay(trace: RoutingTrace, strategy="lru", *, tokenizer=None, sequences: "S
     draft it was recorded with, and K ≤ the trace's ``k_max``. ``trace_level``: the Engine's ``trace=``;
     ``"steps"`` keeps no per-op record (the metrics are the same: what a sweep runs)."""
     plan = strategy if hasattr(strategy, "engine_kwargs") else None
-    setup, info = replay_setup(trace, strategy, draft=draft, trace_level=trace_level, **options)
+    setup, info = replay_setup(trace, strategy, draft=draft, trace_level=trace_level, check=False, **options)
+    return replay_runs(trace, setup, info, tokenizer=tokenizer, sequences=sequences, callback=callback, plan=plan)
+
+
+def replay_runs(trace: RoutingTrace, setup: RunSetup, info: MoEModelInfo, *, tokenizer=None,
+                sequences: "Sequence[int] | None" = None, callback: Callable | None = None,
+                plan=None) -> list[GenerationResult]:
+    """:func:`replay` of a set-up already resolved: :func:`replay_setup`'s, or a live
+    :class:`~specter_lab.run.engine.Engine`'s own (``engine.setup``, ``engine.info``: what a sweep on a live model
+    replays instead of generating, :mod:`specter_lab.studies.calibration`). ``plan``: the plan the set-up came
+    from (its label goes in the metrics, as a live run's). Refused, before any run, where the trace cannot
+    replay the set-up."""
+    _check_replayable(setup, info, trace)
     governor = KGovernor() if setup.strategy.k == "auto" else None  # learns across the sequences, as live
     # the disk tier (host_budget=): one host cache across the sequences, warm as a live engine's; no memory, no files
     host_cache = HostExpertCache.tensorless(info, setup.host_budget) if setup.host_budget is not None else None

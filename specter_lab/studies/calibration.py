@@ -11,10 +11,10 @@ chains kept (16), a model whose cache cannot be rewound for drafting.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..analysis.lazy_record import record_on_demand
-from ..analysis.replay import replay
+from ..analysis.replay import replay_runs
 from ..decode.kv import SequenceCache
 from ..predict import KGovernor
 from ..run.assembly import uses_gate_predictions
@@ -32,28 +32,35 @@ class ReplayedLiveSource(LiveSource):
     on the first cell that needs it and kept for the others."""
 
     label: str = "live"
-    _base: object = field(default=None, repr=False)  # the autoregressive recording (non-speculative cells)
-    _drafts: dict = field(default_factory=dict, repr=False)  # QuantSpec → its trace with chains on demand
+    _base: dict = field(default_factory=dict, repr=False)  # stops at EOS? → the autoregressive recording
+    _drafts: dict = field(default_factory=dict, repr=False)  # (stops at EOS?, QuantSpec) → its chains on demand
     _rewinds: bool | None = field(default=None, repr=False)
 
     def run(self, cell: Cell) -> "PromptRuns | DoesNotFit":
         eng = self.engine(cell)  # every check the live run makes (budget, exactness, the draft's fit) still runs
         if isinstance(eng, DoesNotFit):
             return eng
+        return self.run_engine(eng)
+
+    def run_engine(self, eng, bar=None) -> PromptRuns:
+        """``eng``'s runs over the prompts: replayed where that is the live run, else live (``bar``: a tqdm bar
+        advanced once per prompt)."""
         t0 = time.perf_counter()
         if self.replays(eng):
-            results = replay(self._trace(eng), cell.strategy, tokenizer=self.tokenizer, trace_level="steps",
-                             **cell.kwargs)
+            setup = replace(eng.setup, trace_level="steps")  # a sweep reads metrics: the same at every level
+            results = replay_runs(self._trace(eng), setup, eng.info, tokenizer=self.tokenizer, plan=eng.plan)
             runs = PromptRuns([r.metrics for r in results])
+            if bar is not None:
+                bar.update(len(results))
         else:
-            runs = run_prompts(eng, self.prompts, self.max_new_tokens)
+            runs = run_prompts(eng, self.prompts, self.max_new_tokens, bar)
         runs.seconds = time.perf_counter() - t0
         return runs
 
     def replays(self, eng) -> bool:
         """Does a replay give ``eng``'s runs exactly (module docstring)? Else they run live."""
         setup, st = eng.setup, eng.strategy
-        if setup.measured or setup.ignore_eos or setup.host_budget is not None or setup.verify != "batched":
+        if setup.measured or setup.host_budget is not None or setup.verify != "batched":
             return False
         if uses_gate_predictions(st) and not any(l.router is not None for l in eng.info.layers[1:]):
             return False  # no router to record a gate prediction with (a live run predicts nothing either)
@@ -64,21 +71,20 @@ class ReplayedLiveSource(LiveSource):
         return (KGovernor().k_max if st.k == "auto" else st.k) <= K_MAX and self._can_rewind()
 
     def _trace(self, eng):
-        """The recording that replays ``eng``'s runs (made on first use)."""
+        """The recording that replays ``eng``'s runs (made on first use): to EOS, or the whole length where the
+        engine ignores EOS (a benchmark protocol's fixed length)."""
+        stop = not eng.setup.ignore_eos
+        if stop not in self._base:
+            self._base[stop] = record_on_demand(self.model, self.tokenizer, self.prompts, drafts=(),
+                                                max_new_tokens=self.max_new_tokens, stop_at_eos=stop)[0]
         if not eng.strategy.speculative:
-            return self._recording()[0]
-        spec = eng.draft_spec
-        if spec not in self._drafts:
-            self._drafts.update(record_on_demand(self.model, self.tokenizer, self.prompts,
-                                                 max_new_tokens=self.max_new_tokens, drafts=[spec],
-                                                 k_max=K_MAX, base=self._recording()[0])[1])
-        return self._drafts[spec]
-
-    def _recording(self):
-        if self._base is None:
-            self._base = record_on_demand(self.model, self.tokenizer, self.prompts,
-                                          max_new_tokens=self.max_new_tokens, drafts=())[0]
-        return self._base, self._drafts
+            return self._base[stop]
+        key = (stop, eng.draft_spec)
+        if key not in self._drafts:
+            self._drafts[key] = record_on_demand(self.model, self.tokenizer, self.prompts, drafts=[key[1]],
+                                                 max_new_tokens=self.max_new_tokens, k_max=K_MAX,
+                                                 base=self._base[stop])[1][key[1]]
+        return self._drafts[key]
 
     def _can_rewind(self) -> bool:
         """Drafting needs a cache cropped back to a window's start: attention layers only (as ``sl.record``)."""
