@@ -42,6 +42,17 @@ class ReplayedLiveSource(LiveSource):
             return eng
         return self.run_engine(eng)
 
+    def order(self, cells: "list[Cell]") -> list[int]:
+        """The order to run ``cells`` in: the longest fixed K of each draft first, so a shorter one's window finds
+        its chain already drafted far enough (drafting one again, longer, costs its forwards twice); the governor's
+        (``k="auto"``, whose windows grow a step at a time) last."""
+        def key(i: int):
+            kw = cells[i].kwargs
+            k = kw.get("k", 0)
+            return (str(kw.get("draft")), -1 if k == "auto" else -(k or 0), i)
+
+        return sorted(range(len(cells)), key=key)
+
     def run_engine(self, eng, bar=None) -> PromptRuns:
         """``eng``'s runs over the prompts: replayed where that is the live run, else live (``bar``: a tqdm bar
         advanced once per prompt)."""
