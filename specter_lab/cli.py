@@ -166,6 +166,8 @@ def _cuda_load(hardware: str | None) -> dict[str, Any]:
 
 def cmd_bench(a) -> int:
 
+    if a.speed:
+        return _bench_speed(a)
     if a.published:
         return _bench_published(a)
     if a.paper:
@@ -234,6 +236,30 @@ def _bench_note(hardware, cost_shape) -> str:
     modes = ", ".join("cuda (measured)" if c.measured else c.profile.clock_label for c in clocks)
     shape = get_cost_shape(cost_shape)
     return f"simulated clock [{modes}] · " + (f"projected as {shape.label}" if shape else "not projected (the model as it is)")
+
+
+def _bench_speed(a) -> int:
+    """``bench --speed``: how fast replay, the live view, the launch count, the planner and the notebooks are
+    (studies/speed.py), written to --out; ``--quick``: the figures that take seconds, checked against the page."""
+    from .studies import speed
+
+    page = Path(a.out)
+    results = speed.measure(quick=a.quick, notebooks=not a.no_notebooks)
+    if a.speed_json:
+        write_atomic(a.speed_json, json.dumps(results, default=str))
+    if a.quick:
+        bad = speed.regressions(results, speed.read_page(page))
+        for name, (value, _) in speed.figures(results).items():
+            print(f"{name}: {value:.3g}")
+        if bad:
+            print("slower than the page by more than 2x:\n  " + "\n  ".join(bad), file=sys.stderr)
+            return 1
+        print(f"no figure more than {speed.WORSE:g}x worse than {page}")
+        return 0
+    before = json.loads(Path(a.speed_before).read_text()) if a.speed_before else None
+    speed.write_page(results, page, before)
+    print(f"written to {page}")
+    return 0
 
 
 def _bench_paper(a) -> int:
@@ -522,6 +548,17 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--gap", action="store_true",
                    help="with --trace: split each non-speculative row's distance to the bound into eviction "
                         "(Belady's against the row's policy) and the schedule (copies before the router asks)")
+    b.add_argument("--speed", action="store_true",
+                   help="only how fast the toolkit is: replay tok/s, the live view, aten ops vs HF, sl.plan, every "
+                        "notebook's Run All (studies/speed.py), written to --out")
+    b.add_argument("--quick", action="store_true",
+                   help="with --speed: the figures that take seconds, checked against --out (exit 1 on one more than "
+                        "2x worse); writes nothing")
+    b.add_argument("--out", default="docs/measured/speed.md", help="with --speed: the page")
+    b.add_argument("--no-notebooks", action="store_true", help="with --speed: leave the notebooks out")
+    b.add_argument("--speed-json", default=None, help="with --speed: also write the figures as JSON here")
+    b.add_argument("--speed-before", default=None,
+                   help="with --speed: figures (JSON from --speed-json) of an older commit, shown beside")
     b.add_argument("--json", action="store_true")
     b.add_argument("--html", default=None)
     b.add_argument("--results", default=None, metavar="FILE",

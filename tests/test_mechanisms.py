@@ -75,6 +75,28 @@ def test_loads_are_not_uses_history_survives_eviction_and_ties_break_by_recency(
         DecayLFU(decay=1.5)
 
 
+@pytest.mark.parametrize("decay", [0.98, 0.9, 0.5, 1.0, 0.0, 1e-3])
+def test_decayed_lfu_victim_is_the_walks_on_random_sequences(decay):
+    """The victim from the timeless order (caching/decay_order.py) is the walk's over every resident, bit for bit:
+    per-layer and global pools, protected and ``among`` sets, ties of never-used keys, underflowing ranks."""
+    rng = np.random.default_rng(int(decay * 1000) + 7)
+    for layers, slots in ((1, 6), (3, 12)):
+        p = DecayLFU(decay=decay)
+        for step in range(3000):
+            l, e = int(rng.integers(0, layers)), int(rng.integers(0, 10))
+            key = (l, e)
+            if key not in p:
+                if len(p) >= slots:
+                    p.evicted(p.victim())
+                p.loaded(key)
+            if rng.random() < 0.8:  # a load is not always followed by a use (a prefetch)
+                p.touch(key)
+            if step % 7 == 0:
+                prot = {(int(rng.integers(0, layers)), int(x)) for x in rng.integers(0, 10, int(rng.integers(0, 5)))}
+                among = None if rng.random() < 0.5 else {(l, x) for x in range(10)}
+                assert p.victim(prot, among=among) == p.walk(prot, among), (step, prot, among)
+
+
 # ------------------------------------------------------------------------------------------- ARC
 
 def test_arc_keeps_a_reused_expert_over_recent_one_offs_and_adapts_from_its_ghosts():

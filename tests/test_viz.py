@@ -556,7 +556,25 @@ def test_widgets_config_and_status_text(model):
     run = viz.live(sl.Engine(model, None, "lru", cache_slots=3), PROMPT, max_new_tokens=4)
     run.join(60)
     assert run.status_text.startswith("done: ") and "<" not in run.status_text
+    assert run.tokens in run.widget.children  # never shown: no dashboard drawn yet
+    assert run.dashboard is not None  # drawn on first ask
     assert run.tokens not in run.widget.children  # the finished dashboard has the one token strip
+
+
+def test_live_dashboard_is_drawn_when_the_view_is_shown(model):
+    """dashboard=True draws the finished run's dashboard for a view that was shown; one never shown draws it when
+    it is shown, or asked for, later (a script watching a run pays nothing for it)."""
+    engine = sl.Engine(model, None, "lru", cache_slots=3)
+    shown = viz.LiveRun(engine, PROMPT, max_new_tokens=4, start=False)
+    shown.widget._repr_mimebundle_()  # displayed while it runs (display(run.widget), as notebook 03 does)
+    shown.start()
+    shown.join(60)
+    assert shown._dashboard is not None
+    hidden = viz.live(engine, PROMPT, max_new_tokens=4)
+    hidden.join(60)
+    assert hidden._dashboard is None and "dashboard at step" in hidden.status_text
+    hidden._repr_mimebundle_()
+    assert hidden._dashboard is not None and hidden.tokens not in hidden.widget.children
 
 
 def test_live_redraws_are_throttled(model):

@@ -11,6 +11,8 @@ governor, host execution and clock are the live run's own code, so the trace rec
 
 from __future__ import annotations
 
+import gc
+from contextlib import contextmanager
 from functools import partial
 from typing import Any, Callable, Sequence
 
@@ -30,7 +32,7 @@ from ..run.quant import QuantSpec
 from ..run.setup import GenerationResult, RunSetup, prepare_run, resolve
 from ..traces.trace_file import RoutedSequence, RoutingTrace, TraceError
 
-__all__ = ["replay", "replay_setup", "ReplayDecoder", "skeleton", "skeleton_info", "ReplayMismatch", "refusal"]
+__all__ = ["replay", "replay_runs", "replay_setup", "ReplayDecoder", "skeleton", "skeleton_info", "ReplayMismatch", "refusal"]
 
 class ReplayMismatch(RuntimeError):
     """The decode loop asked for a forward the trace does not hold (a bug, or a trace of another run)."""
@@ -108,12 +110,12 @@ class ReplayDecoder(Decoder):
         routing, tokens, gate = self._lookup(mode, phase, self.kv.length, ids)
         sched = self.rt.schedule
         math = _GateMath(gate, self._top_k) if sched.gate_lookahead else None
+        counts = _layer_counts(routing, self._top_k) if mode != "shadow" else None
         with self.rt.forward(info):
             for layer, k in enumerate(self._top_k):
-                idx = routing[:, layer, :k]
-                sched.routed(info, layer, idx)
-                if mode != "shadow":
-                    sched.layer(info, layer, counts_of(idx), len(ids), math)
+                sched.routed(info, layer, routing[:, layer, :k])
+                if counts is not None:
+                    sched.layer(info, layer, counts[layer], len(ids), math)
         self.kv.length += len(ids)
         if mode != "shadow":
             n_head = len(ids) if keep == 0 else keep
@@ -134,24 +136,41 @@ class ReplayDecoder(Decoder):
             return s.decode[i: i + 1], s.tokens[i + 1: i + 2], gate
         if phase == "recompute":
             raise ReplayMismatch("a recurrent cache's recompute is not recorded: replay needs an attention-only model.")
-        if s.draft_tokens is None:
+        if not s.speculative:
             raise ReplayMismatch("this trace has no draft chains (recorded with k_max=0 or imported without a "
                                  "modeled draft): speculative strategies cannot replay from it.")
         w = len(self.out) - 1  # the window starts at the last committed token (its position: n)
         n = p + w
         if mode == "draft":
             j = pos - n
-            want = [int(s.tokens[w])] if j == 0 else [int(s.draft_tokens[w, j - 1])]
+            d_tok, d_route = s.drafts(w, j + 1)
+            want = [int(s.tokens[w])] if j == 0 else [int(d_tok[j - 1])]
             self._expect(ids, want, f"draft step {j} of the window at {n}")
-            return s.draft_routing[w, j: j + 1], s.draft_tokens[w, j: j + 1], None
+            return d_route[j: j + 1], d_tok[j: j + 1], None
         t = len(ids)  # verification (or the oracle's look) over [last, d1..dK]
-        self._expect(ids, [int(s.tokens[w])] + s.draft_tokens[w, : t - 1].tolist(), f"verification at {n}")
-        return s.verify_routing[w, :t], s.verify_tokens[w, :t], None
+        d_tok = s.drafts(w, t - 1)[0] if t > 1 else ()
+        self._expect(ids, [int(s.tokens[w])] + [int(d) for d in d_tok[: t - 1]], f"verification at {n}")
+        v_route, v_tok = s.verification(w, t)
+        return v_route[:t], v_tok[:t], None
 
     @staticmethod
     def _expect(ids: list[int], want: list[int], what: str) -> None:
         if ids != want:
             raise ReplayMismatch(f"{what}: the loop fed {ids[:8]}, the trace recorded {want[:8]}.")
+
+
+def _layer_counts(routing: np.ndarray, top_k: list[int]) -> list[dict[int, int]]:
+    """:func:`~specter_lab.offload.schedule.counts_of` of every layer of a forward's routing ``[T, L, k]``; for one
+    token (decode, a draft step) from one read-back of the whole row, not a numpy slice per layer."""
+    if routing.shape[0] != 1:
+        return [counts_of(routing[:, layer, :k]) for layer, k in enumerate(top_k)]
+    out = []
+    for row, k in zip(routing[0].tolist(), top_k):
+        ids = sorted(row[:k])
+        if ids[0] < 0:  # -1: a slot an imported trace did not record
+            ids = [e for e in ids if e >= 0]
+        out.append(dict.fromkeys(ids, 1) if len(set(ids)) == len(ids) else counts_of(np.asarray([row[:k]])))
+    return out
 
 
 def _trace_model(trace: RoutingTrace) -> MoEModelInfo:
@@ -202,30 +221,61 @@ def replay(trace: RoutingTrace, strategy="lru", *, tokenizer=None, sequences: "S
     draft it was recorded with, and K ≤ the trace's ``k_max``. ``trace_level``: the Engine's ``trace=``;
     ``"steps"`` keeps no per-op record (the metrics are the same: what a sweep runs)."""
     plan = strategy if hasattr(strategy, "engine_kwargs") else None
-    setup, info = replay_setup(trace, strategy, draft=draft, trace_level=trace_level, **options)
+    setup, info = replay_setup(trace, strategy, draft=draft, trace_level=trace_level, check=False, **options)
+    return replay_runs(trace, setup, info, tokenizer=tokenizer, sequences=sequences, callback=callback, plan=plan)
+
+
+def replay_runs(trace: RoutingTrace, setup: RunSetup, info: MoEModelInfo, *, tokenizer=None,
+                sequences: "Sequence[int] | None" = None, callback: Callable | None = None,
+                plan=None) -> list[GenerationResult]:
+    """:func:`replay` of a set-up already resolved: :func:`replay_setup`'s, or a live
+    :class:`~specter_lab.run.engine.Engine`'s own (``engine.setup``, ``engine.info``: what a sweep on a live model
+    replays instead of generating, :mod:`specter_lab.studies.calibration`). ``plan``: the plan the set-up came
+    from (its label goes in the metrics, as a live run's). Refused, before any run, where the trace cannot
+    replay the set-up."""
+    _check_replayable(setup, info, trace)
     governor = KGovernor() if setup.strategy.k == "auto" else None  # learns across the sequences, as live
     # the disk tier (host_budget=): one host cache across the sequences, warm as a live engine's; no memory, no files
     host_cache = HostExpertCache.tensorless(info, setup.host_budget) if setup.host_budget is not None else None
     picked = range(len(trace.sequences)) if sequences is None else list(sequences)
-    results = []
-    for i in picked:
-        seq = trace.sequences[i]
-        run = prepare_run(setup, info, seq.prompt.tolist(), len(seq.tokens), device=torch.device("meta"),
-                          draft=setup.draft_source(), governor=governor, callback=callback,
-                          replay=partial(ReplayDecoder, seq), host_cache=host_cache)
-        run.tokenizer = tokenizer
-        if plan is not None:
-            run.finish = lambda m: m.update({"strategy": "auto", "plan": plan.label})
-        try:
-            result = run.execute()
-        finally:
-            run.store.release()
-        if result.token_ids != seq.tokens.tolist():
-            raise ReplayMismatch(f"sequence {i}: the replay committed other tokens than recorded (a bug).")
-        result.metrics["routing_source"] = trace.source
-        result.trace.meta["routing_source"] = trace.source
-        results.append(result)
-    return results
+    with _cycles_uncollected():
+        return [_replay_one(trace, i, setup, info, governor, host_cache, callback, tokenizer, plan) for i in picked]
+
+
+def _replay_one(trace: RoutingTrace, i: int, setup: RunSetup, info: MoEModelInfo, governor, host_cache, callback,
+                tokenizer, plan) -> GenerationResult:
+    """One recorded sequence replayed (see :func:`replay`)."""
+    seq = trace.sequences[i]
+    run = prepare_run(setup, info, seq.prompt.tolist(), len(seq.tokens), device=torch.device("meta"),
+                      draft=setup.draft_source(), governor=governor, callback=callback,
+                      replay=partial(ReplayDecoder, seq), host_cache=host_cache)
+    run.tokenizer = tokenizer
+    if plan is not None:
+        run.finish = lambda m: m.update({"strategy": "auto", "plan": plan.label})
+    try:
+        result = run.execute()
+    finally:
+        run.store.release()
+    if result.token_ids != seq.tokens.tolist():
+        raise ReplayMismatch(f"sequence {i}: the replay committed other tokens than recorded (a bug).")
+    result.metrics["routing_source"] = trace.source
+    result.trace.meta["routing_source"] = trace.source
+    return result
+
+
+@contextmanager
+def _cycles_uncollected():
+    """Python's cyclic garbage collector paused while a replay runs. A replay allocates hundreds of thousands of
+    small records that form no cycle (freed by reference counting as always), and at ``trace_level="full"`` the
+    collector's passes over the ones the trace keeps were ~45 % of a replay's time. Cycles made meanwhile are
+    collected once it is back on."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _recorded_draft(trace: RoutingTrace, draft) -> "QuantSpec | None":

@@ -34,6 +34,8 @@ from collections import OrderedDict, defaultdict
 from operator import itemgetter
 from typing import Callable, Container, Hashable, Iterable, Mapping, Sequence
 
+from .decay_order import TimelessOrder
+
 __all__ = ["Policy", "LRU", "LFU", "DecayLFU", "ARC", "ArcLists", "ForecastBelady", "Belady", "Static", "NextUse",
            "POLICIES", "ONLINE", "DEFAULT_DECAY", "make_policy", "Key"]
 
@@ -57,6 +59,7 @@ class Policy:
         self.capacity = capacity
         self.layer_of = layer_of
         self.recency: OrderedDict[Key, None] = OrderedDict()
+        self._by_recency = type(self).rank is Policy.rank  # by_recency, asked per victim
 
     # ------------------------------------------------------------------ the pool, where the policy is one
     def __contains__(self, key: Key) -> bool:
@@ -102,7 +105,7 @@ class Policy:
         given: a store's per-layer choice in a global pool), the least recent first on ties; None when none may
         be evicted."""
         # plain loops, not a generator into min(): a miss asks for a victim, and this walks every resident
-        if self.by_recency:
+        if self._by_recency:
             for k in self.recency:
                 if k not in protected and (among is None or k in among):
                     return k
@@ -177,12 +180,29 @@ class DecayLFU(Policy):
         self.uses: defaultdict[Hashable, int] = defaultdict(int)  # layer → its use clock
         self.value: dict[Key, tuple[float, int]] = {}  # key → (score, clock at update)
         self._powers: dict[int, float] = {}  # age → decay ** age
+        # the residents in an order that does not age, so a victim ranks a few keys, not all (decay_order.py)
+        self.order = TimelessOrder(self.decay, layer_of)
+
+    def loaded(self, key: Key, now: int = 0) -> None:
+        super().loaded(key, now)
+        self.order.put(key, self.value.get(key), self.layer_of(key))
 
     def touch(self, key: Key, now: int = 0) -> None:
-        super().touch(key, now)
+        self.recency.move_to_end(key)  # Policy.touch
         layer = self.layer_of(key)
-        self.uses[layer] += 1  # the clock first, then the decayed value plus this use
-        self.value[key] = (self.rank(key) + 1.0, self.uses[layer])
+        u = self.uses[layer] = self.uses[layer] + 1  # the clock first, then the decayed value plus this use
+        v = self.value.get(key)  # rank() inlined (a touch per expert computed): the same floats
+        if v is None:
+            r = 0.0
+        else:
+            p = self._powers.get(u - v[1])
+            r = v[0] if u == v[1] else v[0] * (p if p is not None else self._power(u - v[1]))
+        v = self.value[key] = (r + 1.0, u)
+        self.order.put(key, v, layer)
+
+    def evicted(self, key: Key) -> None:
+        super().evicted(key)
+        self.order.drop(key, self.layer_of(key))
 
     def _power(self, age: int) -> float:
         """``decay ** age``, each age computed once (the same float every time: a victim ranks every resident)."""
@@ -201,7 +221,17 @@ class DecayLFU(Policy):
 
     def victim(self, protected: Container[Key] = (), now: int = 0,
                among: "Container[Key] | None" = None) -> Key | None:
-        """:meth:`Policy.victim` with :meth:`rank` inlined (the same floats, in the same order)."""
+        """:meth:`Policy.victim`: ranked on the few residents :class:`TimelessOrder` leaves in question, else (where
+        its argument does not hold) by the walk over every resident, :meth:`rank` inlined (the same floats, in the
+        same order)."""
+        if self.order.usable:
+            key = self.order.victim(self.uses, self.rank, protected, among)
+            if key is not NotImplemented:
+                return key
+        return self.walk(protected, among)
+
+    def walk(self, protected: Container[Key] = (), among: "Container[Key] | None" = None) -> Key | None:
+        """The victim by ranking every allowed resident (what :meth:`victim` answers, always)."""
         value, uses, layer_of, power = self.value, self.uses, self.layer_of, self._power
         best, best_rank = None, None
         for k in self.recency:
@@ -343,6 +373,23 @@ class ForecastBelady(Policy):
     def rank(self, key: Key) -> float:
         # a larger next use is evicted first: the negated forecast
         return -self.forecast.next_use(*key) if self.forecast is not None else -math.inf
+
+    def victim(self, protected: Container[Key] = (), now: int = 0,
+               among: "Container[Key] | None" = None) -> Key | None:
+        """:meth:`Policy.victim`, ended at the first allowed resident the forecast does not name: its rank (−inf) is
+        the smallest there is, and the walk keeps the first of equal ranks, so it is the victim (the same key)."""
+        forecast, best, best_rank = self.forecast, None, None
+        for k in self.recency:
+            if k in protected or (among is not None and k not in among):
+                continue
+            if forecast is None:
+                return k
+            r = -forecast.next_use(*k)
+            if r == -math.inf:
+                return k
+            if best is None or r < best_rank:
+                best, best_rank = k, r
+        return best
 
 
 class NextUse:

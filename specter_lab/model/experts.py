@@ -117,7 +117,10 @@ def _matmul(x: torch.Tensor, w: dict, name: str, transposed: bool, impl: str = "
     if impl == "batched_mm":
         return _batched(x, m, transposed, pairs)
     if impl == "grouped_mm":
-        return _grouped(x, m if transposed else w.get(name + ".t", m.t()))
+        if transposed:
+            return _grouped(x, m)
+        mt = w.get(name + ".t")  # the cached transposed view; only without one a transpose op
+        return _grouped(x, mt if mt is not None else m.t())
     if transposed:
         return x @ m
     mt = w.get(name + ".t")  # the slot's cached transposed view: one mm instead of linear's t + mm
@@ -226,13 +229,20 @@ def _sum_over_topk(x: torch.Tensor, outs: dict[int, torch.Tensor], groups: dict[
     t, k = w.shape
     if not outs:
         return torch.zeros_like(x)
+    # Each product is one elementwise multiply, so the products of all pairs in one op are the per-pair products,
+    # bit for bit: one op per layer instead of a few per expert (the launch count a GPU pays).
     if t == 1 and len(outs) == k and all(g.rows is None for g in groups.values()):
         # one token, every expert computed: its k products in top-k order are the [1, k, H] tensor itself
         by_pos = sorted(outs, key=lambda e: groups[e].kpos)
-        prods = [outs[e] * w[:, groups[e].kpos:groups[e].kpos + 1] for e in by_pos]
-        return torch.cat(prods).view(1, k, -1).sum(dim=1).to(x.dtype)
+        prods = torch.cat([outs[e] for e in by_pos]) * w.reshape(k, 1)
+        return prods.view(1, k, -1).sum(dim=1).to(x.dtype)
     dtype = torch.result_type(next(iter(outs.values())), w)  # HF: proj_out * sample_weights (promoted)
     weighted = torch.zeros(t, k, x.shape[-1], dtype=dtype, device=x.device)
+    if all(groups[e].rows is not None for e in outs):  # every pair's product in one op, scattered once
+        rows = torch.cat([groups[e].rows for e in outs])
+        kpos = torch.cat([groups[e].kpos for e in outs])
+        weighted[rows, kpos] = torch.cat(list(outs.values())) * w[rows, kpos, None]
+        return weighted.sum(dim=1).to(x.dtype)
     for e, o in outs.items():
         g = groups[e]
         if g.rows is None:

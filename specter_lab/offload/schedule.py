@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Protocol, Sequence
+from typing import Any, Callable, Container, Literal, Protocol, Sequence
 
 import numpy as np
 
@@ -124,6 +124,8 @@ class LayerSchedule:
         self._named: dict[int, set[int]] = {}  # pre-gated: every expert the forecast named for a layer, this forward
         self._routed_memo: dict[tuple, list[float]] = {}  # verify_estimate's routed part by (n, distinct curve)
         self._host_times: dict[int, float] = {}  # host_time(n): asked per miss
+        self._expert_time = _Memo(cost.expert_time)  # expert_time(n) by subscript: asked per expert
+        self._lowbit_times = _Memo(self._lowbit_time)  # a low-bit draft expert's, likewise
 
     # ------------------------------------------------------------------ entry
     def begin_forward(self) -> None:
@@ -171,14 +173,18 @@ class LayerSchedule:
         self.trace.cache_many(layer, missing, "miss", now)
         # Host execution: issue the host's experts first, so they run while the device computes its own.
         late = self._late(fwd, layer, resident, now)
-        jobs = self._issue_host(fwd, layer, self._host_misses(fwd, layer, missing, counts, late), counts, now, math)
-        for e in late.keys() & jobs.keys():
-            store.host_used(layer, where[e], jobs[e][0].end)
-        missing = [e for e in missing if e not in jobs]
-        resident = [e for e in resident if e not in jobs]
-        loaded, deferred = self._issue_demand(layer, set(ids), missing, now)
-        on_device = self._by_landing(layer, resident + loaded, now)
-        store.pinned = {layer: set(on_device)}  # a global pool's prefetch for layer l+1 must not take them
+        host = self._host_misses(fwd, layer, missing, counts, late)
+        jobs = self._issue_host(fwd, layer, host, counts, now, math) if host else {}
+        if jobs:
+            for e in late.keys() & jobs.keys():
+                store.host_used(layer, where[e], jobs[e][0].end)
+            missing = [e for e in missing if e not in jobs]
+            resident = [e for e in resident if e not in jobs]
+        loaded, deferred = self._issue_demand(layer, counts, missing, now) if missing else ((), ())
+        on_device = self._by_landing(layer, resident + loaded if loaded else resident, now)
+        global_pool = store.pool == "global"
+        if global_pool:
+            store.pinned = {layer: set(on_device)}  # a global pool's prefetch for layer l+1 must not take them
         if self.gate_lookahead and math is not None and layer + 1 < self.info.num_layers:
             predicted = math.gate_prediction(layer + 1)
             if self._pregated(fwd):
@@ -186,7 +192,8 @@ class LayerSchedule:
                 predicted = self._worth_copying_ahead(fwd, layer, predicted, counts, on_device, jobs, now, n_tokens)
             self._gate_prefetch(layer + 1, predicted)
         outs = self._compute_all(fwd, layer, on_device, counts, math)
-        store.pinned = {}
+        if global_pool:
+            store.pinned = {}
         # Fewer slots than experts: stream the rest through slots whose experts are done.
         pending = set(deferred)  # streamed ones leave it as they are computed
         for e in deferred:
@@ -196,23 +203,32 @@ class LayerSchedule:
                 raise RuntimeError(f"layer {layer}: no slot can be freed for expert {e} "
                                    f"(slots={store.slots[layer].size})")
             outs[e] = self._compute(fwd, layer, e, counts[e], slot, math)
-        host_outs = self._join_host(fwd, layer, jobs)
-        self._refresh(fwd, layer, counts)
+        host_outs = self._join_host(fwd, layer, jobs) if jobs else {}
+        if self.refresh is not None:
+            self._refresh(fwd, layer, counts)
         return outs, host_outs
 
     def _compute_all(self, fwd, layer: int, experts: list[int], counts, math) -> dict[int, Any]:
-        """:meth:`_compute` of each resident expert in turn (its slot's lookups inlined: this runs for every expert
-        of every replayed layer)."""
-        store, clock, trace, cost = self.store, self.clock, self.trace, self.cost
+        """:meth:`_compute` of each resident expert in turn, with one trace and one store call for the layer (this
+        runs for every layer of a replay)."""
+        store, clock, expert_time = self.store, self.clock, self._expert_time
         s = store.slots[layer]
-        where, ready, copy_id, phase, full = s.where, s.ready, s.copy_id, fwd.phase, trace.full
-        outs = {}
-        for e in experts:
-            slot = where[e]
-            fn = math.device(e, store.weights(layer, slot)) if math is not None else None
-            span, outs[e] = clock.compute(cost.expert_time(counts[e]), fn, after=(ready[slot],))
-            trace.span(phase, layer, e, span, copy_id=copy_id[slot] if full else None)
-            store.mark_used(layer, slot, span.end)
+        where, ready = s.where, s.ready
+        slots = [where[e] for e in experts]
+        spans = []
+        if math is None:  # priced only (a replay): no tensor work to hand over
+            compute = clock.compute
+            for e, slot in zip(experts, slots):
+                spans.append(compute(expert_time[counts[e]], None, (ready[slot],))[0])
+            outs = dict.fromkeys(experts)
+        else:
+            outs = {}
+            for e, slot in zip(experts, slots):
+                fn = math.device(e, store.weights(layer, slot))
+                span, outs[e] = clock.compute(expert_time[counts[e]], fn, after=(ready[slot],))
+                spans.append(span)
+        self.trace.spans(fwd.phase, layer, experts, spans, [s.copy_id[i] for i in slots] if self.trace.full else None)
+        store.used(layer, slots, spans)
         return outs
 
     def _compute(self, fwd, layer: int, e: int, n: int, slot: int, math):
@@ -223,7 +239,7 @@ class LayerSchedule:
         store.mark_used(layer, slot, span.end)
         return out
 
-    def _issue_demand(self, layer: int, needed: set[int], missing: list[int], now) -> tuple[list[int], list[int]]:
+    def _issue_demand(self, layer: int, needed: "Container[int]", missing: list[int], now) -> tuple[list[int], list[int]]:
         """Issue every demand copy that has a slot not needed by this layer, before computing anything, so the
         copies overlap the resident experts' compute. Returns (loaded, deferred for streaming). A forecast of this
         layer made one layer ago protects nothing now: what the layer needs is known, and an expert it named that
@@ -300,15 +316,20 @@ class LayerSchedule:
         if now is None and self.clock.readable_midrun:
             return experts
         s = self.store.slots[layer]
-        is_ready, where, ready = self.clock.is_ready, s.where, s.ready
-        if all(is_ready(ready[where[e]], now) for e in experts):  # the common case: nothing in flight
+        is_ready, where, ready, copy_id = self.clock.is_ready, s.where, s.ready, s.copy_id
+        readable = self.clock.readable_midrun  # handles compare as times: is_ready without a call per expert
+        landed, in_flight = [], []
+        for e in experts:
+            slot = where[e]
+            h = ready[slot]
+            if h is None or (h <= now if readable else is_ready(h, now)):
+                landed.append(e)
+            else:
+                in_flight.append((copy_id[slot], e))
+        if not in_flight:  # the common case: nothing in flight
             return experts
-
-        def landing(e: int) -> tuple[int, int]:
-            slot = s.where[e]
-            return (0, 0) if self.clock.is_ready(s.ready[slot], now) else (1, s.copy_id[slot])
-
-        return sorted(experts, key=landing)
+        in_flight.sort()  # copy ids are unique: the order they were issued in
+        return landed + [e for _, e in in_flight]
 
     def _late(self, fwd, layer: int, resident: list[int], now) -> dict[int, float]:
         """Residents whose copy (a prefetch still in flight) lands after ``now``: expert → seconds until it lands
@@ -427,11 +448,12 @@ class LayerSchedule:
 
     def _lowbit_layer(self, layer: int, counts: dict[int, int], math) -> dict[int, Any]:
         """Every routed expert of a draft layer from its resident low-bit copy: no slot, no wait, no host."""
-        outs = {}
+        outs, spans, compute, lowbit_time = {}, [], self.clock.compute, self._lowbit_times
         for e, n in counts.items():
             fn = math.device(e, self.draft.weights(layer, e)) if math is not None else None
-            span, outs[e] = self.clock.compute(self._lowbit_time(n), fn)
-            self.trace.span("draft", layer, e, span)
+            span, outs[e] = compute(lowbit_time[n], fn)
+            spans.append(span)
+        self.trace.spans("draft", layer, list(counts), spans)
         return outs
 
     def _draft_expert(self, layer: int, e: int, now):
@@ -493,3 +515,15 @@ def host_lane_time(cost, n: int, host_weight_bytes: float | None = None) -> floa
 
 def _nothing() -> None:
     return None
+
+
+class _Memo(dict):
+    """``fn(n)`` by subscript, each ``n`` computed once (a subscript is no Python call: this is read per expert)."""
+
+    def __init__(self, fn: Callable[[Any], Any]) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def __missing__(self, n):
+        v = self[n] = self.fn(n)
+        return v

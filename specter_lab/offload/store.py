@@ -173,6 +173,11 @@ class ExpertStore:
                     self.slots[l].add(row)
                     row += 1
         self.group = [sorted(set(self.group)).index(g) for g in self.group]
+        # per pool group: its rows, and how many hold an expert (a global pool's take looks for an empty slot
+        # across the layers only while one exists)
+        self._rows = [sum(slots_per_layer[l] for l in range(len(self.slots)) if self.group[l] == g)
+                      for g in range(len(self.pools))]
+        self._filled = [0] * len(self.pools)
         self._views: dict[tuple[int, int], dict[str, torch.Tensor]] = {}  # (group, row) → weight views
         self._host_views: dict[tuple[int, int], dict[str, torch.Tensor]] = {}  # (layer, expert) → host views
 
@@ -202,10 +207,12 @@ class ExpertStore:
 
     def _layer_victim(self, layer: int, protected) -> "tuple[int, int] | None":
         """The policy's victim among ``layer``'s residents not in ``protected`` (expert ids): a (layer, expert)."""
-        pol, where = self.policies[layer], self.slots[layer].where
+        pol = self.policies[layer]
         if self.pool == "global":  # the shared policy ranks every layer: keep to this layer's residents
-            return pol.victim(_Protected(layer, protected), among=_OfLayer(layer, where))
-        return pol.victim({(layer, e) for e in protected})  # a layer's own policy: its keys are all this layer's
+            return pol.victim(_Protected(layer, protected), among=_OfLayer(layer, self.slots[layer].where))
+        # a layer's own policy: its keys are all this layer's (asked of the few residents a victim's walk looks
+        # at, rather than building every protected key)
+        return pol.victim(_Protected(layer, protected))
 
     def resident(self, layer: int) -> set[int]:
         return set(self.slots[layer].where)
@@ -260,9 +267,9 @@ class ExpertStore:
     # ------------------------------------------------------------------ loading
     def _choose_slot(self, layer: int, protected: Iterable[int]) -> int | None:
         s = self.slots[layer]
-        if -1 in s.expert:  # an empty slot (experts are >= 0, empty is -1)
+        if len(s.where) < len(s.expert):  # an empty slot (experts are >= 0, empty is -1)
             return s.expert.index(-1)
-        if not isinstance(protected, (set, frozenset)):
+        if not isinstance(protected, (set, frozenset, dict)):
             protected = set(protected)
         if self.pool == "global":
             return self._take_global(layer, protected)
@@ -274,8 +281,10 @@ class ExpertStore:
         layer sharing the pool (the policy's recency clock is global, so scores compare across layers). A slot
         of another layer moves here, with its row."""
         group = self.group[layer]
-        empty = next(((m, s.expert.index(-1)) for m, s in enumerate(self.slots)
-                      if self.group[m] == group and -1 in s.expert), None)
+        empty = None
+        if self._filled[group] < self._rows[group]:  # else no layer of the group has an empty slot: skip the look
+            empty = next(((m, s.expert.index(-1)) for m, s in enumerate(self.slots)
+                          if self.group[m] == group and -1 in s.expert), None)
         if empty is not None:
             m, j = empty
         else:
@@ -298,6 +307,7 @@ class ExpertStore:
             self.trace.cache(layer, e, "prefetch_wasted", self._stamp())
         self.trace.cache(layer, e, "evict", self._stamp())
         self.policies[layer].evicted((layer, e))
+        self._filled[self.group[layer]] -= 1
         del s.where[e]
         s.expert[slot] = -1
         s.ready[slot] = s.copy_id[slot] = None
@@ -306,7 +316,7 @@ class ExpertStore:
     def evict_all(self) -> None:
         """Drop every resident expert (``on_demand``: nothing is kept between steps)."""
         for layer, s in enumerate(self.slots):
-            for slot in range(s.size):
+            for slot in sorted(s.where.values()):  # the occupied slots, in slot order (an empty one has nothing)
                 self.evict(layer, slot)
 
     def load(self, layer: int, expert: int, reason: str, protected: Iterable[int] = (),
@@ -326,6 +336,7 @@ class ExpertStore:
         span = self._copy(layer, expert, slot, after, issue_at, reason)
         s.expert[slot] = expert
         s.where[expert] = slot
+        self._filled[self.group[layer]] += 1
         s.ready[slot] = span.end
         s.prefetched[slot] = reason in AHEAD
         if reason in AHEAD:  # one accounting for both: a cache "prefetch", later used or wasted
@@ -345,6 +356,8 @@ class ExpertStore:
             dst = None if self.aliases else self.weights(layer, slot)
         else:
             src = dst = None  # a tensorless store (a replay): only the fault hook, if any, runs
+            if self.fault_hook is None:
+                return self._clock_copy(layer, expert, slot, _no_copy, after, issue_at)
 
         def do_copy() -> None:
             if self.fault_hook is not None:
@@ -357,13 +370,16 @@ class ExpertStore:
                 for name, t in src.items():
                     dst[name].copy_(t, non_blocking=True)
 
-        try:
-            span = self.clock.copy(self._copy_s, do_copy, after=after, issue_at=issue_at)
-        except Exception as exc:  # the slot stays empty: nothing stale can be marked ready
-            raise CopyFault(f"copy of layer {layer} expert {expert} into slot {slot} failed: {exc}") from exc
+        span = self._clock_copy(layer, expert, slot, do_copy, after, issue_at)
         if hslot is not None:
             self.tier.used(hslot, span.end)  # the host slot is not refilled before this copy ended
         return span
+
+    def _clock_copy(self, layer: int, expert: int, slot: int, do_copy: Callable[[], None], after, issue_at):
+        try:
+            return self.clock.copy(self._copy_s, do_copy, after=after, issue_at=issue_at)
+        except Exception as exc:  # the slot stays empty: nothing stale can be marked ready
+            raise CopyFault(f"copy of layer {layer} expert {expert} into slot {slot} failed: {exc}") from exc
 
     def source_expert(self, layer: int, expert: int) -> dict[str, torch.Tensor]:
         """One expert's full-precision weights on the host, off the clock and outside the cache (the oracle's
@@ -408,6 +424,17 @@ class ExpertStore:
             self.trace.cache(layer, s.expert[slot], "prefetch_used", end)
         self.policies[layer].touch((layer, s.expert[slot]))
 
+    def used(self, layer: int, slots: list[int], spans: list) -> None:
+        """:meth:`mark_used` of each slot in turn, read by the compute op whose span is given: one call per layer."""
+        s, touch = self.slots[layer], self.policies[layer].touch
+        last_use, prefetched, expert = s.last_use, s.prefetched, s.expert
+        for slot, span in zip(slots, spans):
+            end = last_use[slot] = span.end
+            if prefetched[slot]:
+                prefetched[slot] = False
+                self.trace.cache(layer, expert[slot], "prefetch_used", end)
+            touch((layer, expert[slot]))
+
     def host_used(self, layer: int, slot: int, end: Handle) -> None:
         """A resident expert the host computed (a pre-gated split sends a copy still landing there): its lookup was
         a use, so the policy counts it as :meth:`mark_used` does (else a late prefetch is the next victim), and the
@@ -436,7 +463,7 @@ class ExpertStore:
         s, d = self.slots[src], self.slots[dst]
         if s.size <= min_keep or self.group[src] != self.group[dst]:
             return False
-        empty = [i for i, e in enumerate(s.expert) if e < 0]
+        empty = [i for i, e in enumerate(s.expert) if e < 0] if slot is None else None
         if slot is not None:
             i = slot
         elif empty:
@@ -479,6 +506,14 @@ class ExpertStore:
             assert len(held) == len(set(held)) == len(s.where), f"layer {layer}: duplicate residency"
             if budget_slots is not None:
                 assert len(s.where) <= budget_slots[layer]
+        for g in range(len(self.pools)):
+            members = [s for l, s in enumerate(self.slots) if self.group[l] == g]
+            assert self._rows[g] == sum(s.size for s in members), f"group {g}: rows miscounted"
+            assert self._filled[g] == sum(len(s.where) for s in members), f"group {g}: filled slots miscounted"
+
+
+def _no_copy() -> None:
+    """A tensorless store's copy (a replay): nothing to move."""
 
 
 class _Protected:

@@ -75,7 +75,7 @@ class Tally:
     forecast: list[int] = field(default_factory=lambda: [0, 0, 0])
     ms: dict[str, float] = field(default_factory=dict)  # time's totals in ms, once finalized
     _step: int = 0
-    _used: set = field(default_factory=set)
+    _routed: list = field(default_factory=list)  # (layer, ids) of the target's routing in this step
     _named: set = field(default_factory=set)
 
     def __post_init__(self) -> None:
@@ -120,20 +120,45 @@ class Tally:
         if phase in _TIMED_PHASES:
             self.time[phase].add(start, end)
 
-    def routed(self, layer: int, ids: list) -> None:
-        """The target's top-k ids of one layer (a flat list; -1: not recorded)."""
-        self._used.update((layer, e) for e in ids if e >= 0)
+    def spans(self, phase: str, lane: str, spans) -> None:
+        """:meth:`span` of each of a layer's ops (:class:`~specter_lab.offload.clock.Span`), in order: the same sums
+        in the same order, one call (this runs for every layer of a replay)."""
+        if not self.numeric:
+            for sp in spans:
+                self.span(phase, lane, sp.start, sp.end, sp.stall_from)
+            return
+        decode = self._step >= 1
+        stall = self.time["stall"]
+        host = self.time["host"] if decode and lane == "host" else None
+        timed = self.time[phase] if decode and phase in _TIMED_PHASES else None
+        for sp in spans:  # Durations.add inlined (numeric: seconds += end - start)
+            ready, start = sp.stall_from, sp.start
+            if ready is not None and start != ready:
+                self.stalls.append(start - ready)
+                if decode:
+                    stall.seconds += start - ready
+            if host is not None:
+                host.seconds += sp.end - start
+            if timed is not None:
+                timed.seconds += sp.end - start
+
+    def routed(self, layer: int, ids) -> None:
+        """The target's top-k ids of one layer (an int array of any shape, not changed afterwards; -1: not
+        recorded). Kept as given: the step's set of used (layer, expert) is made when it closes, and only if a
+        forecast named anything (the recall)."""
+        self._routed.append((layer, ids))
 
     def named(self, layer: int, expert: int) -> None:
         self._named.add((layer, expert))
 
     def close_step(self) -> None:
         if self._named:
+            used = {(layer, e) for layer, ids in self._routed for e in ids.ravel().tolist() if e >= 0}
             f = self.forecast
-            f[0] += len(self._used)
+            f[0] += len(used)
             f[1] += len(self._named)
-            f[2] += len(self._used & self._named)
-        self._used, self._named = set(), set()
+            f[2] += len(used & self._named)
+        self._routed, self._named = [], set()
 
     def finalize(self, to_ms: Callable[[Handle], float]) -> None:
         """The run is over: close the last step and resolve every duration to milliseconds (``ms``)."""

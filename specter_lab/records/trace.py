@@ -238,9 +238,19 @@ class Trace:
             self.compute.append(ComputeSpan(self.step, phase, layer, expert, span.start, span.end,
                                             span.stall_from, copy_id, lane))
 
+    def spans(self, phase: str, layer: int, experts: list[int], spans: list, copy_ids: "list[int | None] | None" = None,
+              lane: str = "device") -> None:
+        """:meth:`span` of each of ``experts`` in turn (their ``spans``, and the copies they read when the trace is
+        full): one call per layer, not per expert."""
+        self.tally.spans(phase, lane, spans)
+        if self.full:
+            step, ids = self.step, copy_ids or [None] * len(spans)
+            self.compute.extend([ComputeSpan(step, phase, layer, e, sp.start, sp.end, sp.stall_from, c, lane)
+                                 for e, sp, c in zip(experts, spans, ids)])
+
     def routed(self, source: str, layer: int, pos0: int, index_array) -> None:
         if source == "target":
-            self.tally.routed(layer, index_array.ravel().tolist())
+            self.tally.routed(layer, index_array)
         if self.record_routing and self.full:
             # A list, not the numpy view: views of tiny tensors pin small heap blocks between the KV-cache
             # reallocations and fragment the heap (measured by scripts/long_run.py).
@@ -313,14 +323,24 @@ class Trace:
 
     def frames(self) -> dict[str, pd.DataFrame]:
         """All frames as pandas DataFrames (cached after the first call)."""
+        if self._frames is None or len(self._frames) < len(_FRAME_ORDER):
+            self._frames = {name: self.frame(name) for name in _FRAME_ORDER}
+        return self._frames
+
+    def frame(self, name: str) -> pd.DataFrame:
+        """One of :meth:`frames`, built alone (and cached): a view of the steps and tokens builds no other."""
         if not self._finalized:
             raise RuntimeError("trace is still recording; frames() is available once generate() returned")
         if self._frames is None:
-            self._frames = {name: _frame(self._records(name), COLUMNS[name]) for name in _RECORDS}
-            self._frames["routing"] = _routing_frame(self.routing_raw)
-            self._frames = {k: self._frames[k] for k in ("steps", "tokens", "routing", "forecast", "cache",
-                                                          "transfers", "compute", "disk")}
-        return self._frames
+            self._frames = {}
+        f = self._frames.get(name)
+        if f is None:
+            f = self._frames[name] = (_routing_frame(self.routing_raw) if name == "routing" else
+                                      _frame(self._records(name), COLUMNS[name]))
+        return f
+
+
+_FRAME_ORDER = ("steps", "tokens", "routing", "forecast", "cache", "transfers", "compute", "disk")
 
 
 def _cutting(ms, cuts: list[tuple[float, float]]):

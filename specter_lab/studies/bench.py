@@ -31,6 +31,7 @@ from ..analysis.bound import bound_tpots, x_of_bound
 from ..analysis.gap import cell_gaps
 from ..analysis.record import record
 from ..traces.trace_file import RoutingTrace
+from .calibration import ReplayedLiveSource
 from .results_file import sweep_results
 from .runs import SKIPPED, Cell, DoesNotFit, PromptRuns, as_source, run_cells, run_prompts, sweep_executor, workers_of
 from ..run.strategies import AUTO, BASELINES, STRATEGIES, get_strategy, strategy_names
@@ -210,11 +211,12 @@ def ablations(model, tokenizer, prompts, hardware="rtx4090-pcie4", expert_budget
               max_new_tokens=48, draft=None, progress=True) -> pd.DataFrame:
     """Specter with one piece switched at a time, same prompts and budget (means over the prompts)."""
     rows = []
+    source = ReplayedLiveSource(model, tokenizer, list(prompts), max_new_tokens)  # replayed where that is live
     for name, kw in tqdm(ABLATIONS.items(), desc="ablations", disable=not progress):
         kw = dict(kw)
         eng = Engine(model, tokenizer, kw.pop("strategy"), expert_budget=expert_budget, hardware=hardware,
                      cost_shape=cost_shape, draft=draft, **kw)
-        rows.append({"variant": name, **run_prompts(eng, prompts, max_new_tokens).means(_ABLATION_KEYS)})
+        rows.append({"variant": name, **source.run_engine(eng).means(_ABLATION_KEYS)})
     return pd.DataFrame(rows)
 
 
@@ -223,10 +225,11 @@ def k_sweep(model, tokenizer, prompts, ks=(1, 2, 4, 6, 8, 12, 16, "auto"), hardw
             **engine_kw) -> pd.DataFrame:
     """The paper's offline profiler: TPOT against K, to show where ``k="auto"`` lands."""
     rows = []
+    source = ReplayedLiveSource(model, tokenizer, list(prompts), max_new_tokens)  # replayed where that is live
     for k in tqdm(ks, desc="k sweep", disable=not progress):
         eng = Engine(model, tokenizer, strategy, expert_budget=expert_budget, hardware=hardware,
                      cost_shape=cost_shape, k=k, **engine_kw)
-        runs = run_prompts(eng, prompts, max_new_tokens)
+        runs = source.run_engine(eng)
         rows.append({"k": str(k), **runs.means(("tpot_ms", "acceptance_rate", "mean_k", "hit_rate"))})
     return pd.DataFrame(rows)
 

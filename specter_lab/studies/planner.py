@@ -31,6 +31,7 @@ from ..run.quant import QuantSpec
 from ..analysis.bound import bound_tpots
 from ..analysis.replay import skeleton
 from ..traces.trace_file import RoutingTrace
+from .calibration import ReplayedLiveSource
 from .runs import SKIPPED, Cell, PromptRuns, as_source, run_cells, sweep_executor
 from ..run.strategies import (BASELINES, NOT_CANDIDATES, PLANNER_MARGIN, STRATEGIES, get_strategy,
                               planner_choice)
@@ -155,7 +156,8 @@ def plan(model, tokenizer, hardware="rtx4090-pcie4", expert_budget=0.5, prompts:
     else:
         info = inspect_model(model)
         calib = list(prompts) if prompts is not None else calibration_prompts(tokenizer, vocab=info.vocab)
-        source = as_source(model, tokenizer, calib, max_new_tokens, None)
+        # each candidate's calibration runs as a replay of the model's routing where that is the live run
+        source = ReplayedLiveSource(model, tokenizer, calib, max_new_tokens)
     if not source.prompts:
         raise ValueError("prompts is empty: the planner needs at least one calibration prompt.")
     if candidates is not None and (draft is not None or k is not None):

@@ -23,9 +23,10 @@ from ..traces.trace_file import RoutingTrace
 from ..pricing.profiles import EXECUTIONS
 from ..pricing.shapes import get_cost_shape
 from .paper import PAPER_CASES, PAPER_CLAIM, PAPER_EXECUTIONS, PAPER_PROFILE, PROTOCOL, PaperCase, get_case
+from .calibration import ReplayedLiveSource
 from .prompts import heldout_prompts
 from .results_file import ResultsFile, open_results
-from .runs import LiveSource, PromptRuns, TraceSource, run_prompts
+from .runs import LiveSource, PromptRuns, TraceSource
 from ..run.strategies import AUTO, BASELINES, Strategy, get_strategy
 
 __all__ = ["reproduce_paper", "paper_waterfall", "paper_equal_memory", "paper_prompts", "paper_header",
@@ -76,6 +77,7 @@ class _Bench:
     bar: Any = None
     trace: RoutingTrace | None = None  # replay this recorded routing instead of running the model
     log: ResultsFile | None = None  # each run's means on disk as it finishes (``results=``)
+    source: ReplayedLiveSource | None = None  # live: each engine's runs replayed where that is the live run
 
     @property
     def num_experts(self) -> int:
@@ -108,8 +110,7 @@ class _Bench:
         """Every prompt's metrics: a live run of each (the protocol's fixed length), or a replay of the trace's
         recorded sequences, the one place where the two differ."""
         if self.trace is None:
-            return run_prompts(self.engine(strategy, case, execution, **kw), self.prompts, self.max_new_tokens,
-                               self.bar)
+            return self.source.run_engine(self.engine(strategy, case, execution, **kw), self.bar)
         results = replay(self.trace, strategy, hardware=f"{PAPER_PROFILE}@{execution}", cost_shape=case.cost_shape,
                          **kw)
         if self.bar is not None:
@@ -123,7 +124,7 @@ class _Bench:
 
     def run(self, eng: Engine) -> dict[str, float]:
         """:meth:`measure` of an engine already made (live only)."""
-        return _summary(run_prompts(eng, self.prompts, self.max_new_tokens, self.bar))
+        return _summary(self.source.run_engine(eng, self.bar))
 
 
 def _summary(runs: PromptRuns) -> dict[str, float]:
@@ -140,7 +141,10 @@ def _setup(model, tokenizer, prompts, n_prompts, max_new_tokens, total, progress
         prompts = list(prompts) if prompts is not None else paper_prompts(tokenizer, n_prompts)
         if not prompts:
             raise ValueError("prompts is empty: give at least one prompt.")
-        b = _Bench(model, tokenizer, prompts, max_new_tokens)
+        # every engine's runs replayed from the model's routing, recorded once (chains on demand), where that is
+        # the live run (studies/calibration.py): the same figures for a fraction of the forwards
+        b = _Bench(model, tokenizer, prompts, max_new_tokens,
+                   source=ReplayedLiveSource(model, tokenizer, prompts, max_new_tokens))
     if results is not None:  # every table of the paper's protocol shares one kind: a run is named in full
         b.log = open_results(results, "paper", {"source": b.identity(), "settings": {"profile": PAPER_PROFILE}})
     b.bar = tqdm(total=total * len(b.prompts), desc="paper (replay)" if trace is not None else "paper",

@@ -259,11 +259,11 @@ def run_cells(source: "LiveSource | TraceSource", cells: Sequence[Cell], executo
     done = on_result or (lambda i, r: None)
     with sweep_executor(source, len(cells), executor) as ex, \
             tqdm(total=len(cells), desc=desc, disable=not progress) as bar:
-        if ex is None:
-            out = []
-            for i, c in enumerate(cells):
-                out.append(source.run(c))
-                done(i, out[-1])
+        if ex is None:  # in the source's own order where it has one (the results are each cell's, whatever it is)
+            out: list = [None] * len(cells)
+            for i in (source.order(cells) if hasattr(source, "order") else range(len(cells))):
+                out[i] = source.run(cells[i])
+                done(i, out[i])
                 bar.update()
             return out
         if isinstance(ex, TracePool) and ex.serves(source):

@@ -86,6 +86,16 @@ class RoutedSequence:
     def speculative(self) -> bool:
         return self.draft_tokens is not None
 
+    def drafts(self, w: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """The draft's chain from window start ``w``: tokens ``[K]`` and routing ``[K, L, k]`` (at least ``n``
+        long: a sequence drafted on demand holds only what was asked)."""
+        return self.draft_tokens[w], self.draft_routing[w]
+
+    def verification(self, w: int, t: int) -> tuple[np.ndarray, np.ndarray]:
+        """The target's routing ``[K+1, L, k]`` and argmax ``[K+1]`` over ``[last, d1..dK]`` from window start
+        ``w`` (at least ``t`` rows)."""
+        return self.verify_routing[w], self.verify_tokens[w]
+
 
 @dataclass
 class RoutingTrace:

@@ -349,7 +349,9 @@ class LiveRun:
         self._generate_kwargs = generate_kwargs
         self.result = None
         self.error: BaseException | None = None
-        self.dashboard: Dashboard | None = None
+        self._dashboard: Dashboard | None = None
+        self._shown = False  # the view was displayed (its finished run's dashboard is drawn for it)
+        self._dashboard_pending = False  # dashboard=True, run finished, never shown: built when first asked
         self.views: dict[str, FigurePanel] = {}
         self.live_step: int | None = None  # the step the live views last drew
         self.live_tokens = 0  # the tokens the live views last drew
@@ -385,8 +387,9 @@ class LiveRun:
         self.status = W.HTML("starting …")
         self._result_box = W.VBox([])
         self._details_box = W.VBox([])
-        self.widget = W.VBox([W.HBox([self.stop_button, self.pause_button, self.dashboard_button, self.status]),
-                              self.progress, self.tokens, self._details_box, self._result_box])
+        self.widget = _ShownBox([W.HBox([self.stop_button, self.pause_button, self.dashboard_button, self.status]),
+                                 self.progress, self.tokens, self._details_box, self._result_box])
+        self.widget.on_show = self._on_show
         self.thread = threading.Thread(target=self._run, name="specter-live", daemon=True)
         if start:
             self.start()
@@ -395,6 +398,26 @@ class LiveRun:
         if name in F.STEP_VIEWS:
             return self.__dict__.get("views", {}).get(name)
         raise AttributeError(f"'LiveRun' has no attribute {name!r}")
+
+    @property
+    def dashboard(self) -> "Dashboard | None":
+        """The finished run's step dashboard. With ``dashboard=True`` it is drawn when the run ends if the view was
+        shown, else here on first ask (or when the view is shown): drawing it is about a tenth of a 300-token
+        run's time, for a page nobody may look at (a script, a cell that does not show the run)."""
+        if self._dashboard is None and self._dashboard_pending:
+            with self._draw_lock:
+                if self._dashboard is None and self._dashboard_pending:
+                    self._dashboard_pending = False
+                    self._build_dashboard()
+        return self._dashboard
+
+    @dashboard.setter
+    def dashboard(self, value: "Dashboard | None") -> None:
+        self._dashboard = value
+
+    def _on_show(self) -> None:
+        self._shown = True
+        self.dashboard  # a finished run shown for the first time: its dashboard now
 
     # control ---------------------------------------------------------------------------------
     def start(self) -> "LiveRun":
@@ -576,7 +599,7 @@ class LiveRun:
     def _refresh(self) -> None:
         with self._lock:
             frames = self._latest
-        if frames is None or self._done.is_set() or self.dashboard is not None:
+        if frames is None or self._done.is_set() or self._dashboard is not None:
             return
         st = frames["steps"]
         step = int(st.step.iloc[-1]) if len(st) else 0
@@ -610,7 +633,7 @@ class LiveRun:
             self._draw_finished()
 
     def _watched_step(self) -> int:
-        steps = [int(s) for s in self.result.trace.frames()["steps"].step]
+        steps = [int(s) for s in self.result.trace.frame("steps").step]
         return self.live_step if self.live_step in steps else steps[-1]
 
     def _draw_finished(self) -> None:
@@ -623,8 +646,7 @@ class LiveRun:
         r = self.result
         how = "stopped" if r.metrics.get("stopped") else "done"
         # The final strip and progress, from the finished trace (the last live redraw may be a step behind).
-        f = r.trace.frames()
-        self.tokens.value = self._strip(f)
+        self.tokens.value = self._strip({name: r.trace.frame(name) for name in _LIVE_KINDS})
         self.progress.value = len(r.token_ids)
         self.progress.bar_style = "warning" if how == "stopped" else "success"
         self.live_tokens = len(r.token_ids)
@@ -632,8 +654,11 @@ class LiveRun:
         clock = html.escape(F.clock_label(r.trace.meta))
         self._done_text = (f"<b>{how}</b>: {len(r.token_ids)} tokens in {time.perf_counter() - self._t0:.1f} s · "
                            f"TPOT {m.get('tpot_ms', float('nan')):.3f} ms ({clock})")
-        if self.auto_dashboard:
+        if self.auto_dashboard and self._shown:
             self._build_dashboard()
+        elif self.auto_dashboard:  # drawn at that step when the view is shown or the dashboard asked for
+            self._dashboard_pending = True
+            self.status.value = f"{self._done_text} · dashboard at step {self._watched_step()}"
         else:
             self.dashboard_button.layout.display = None
             self.status.value = self._done_text
@@ -672,6 +697,18 @@ class LiveRun:
 
     def _repr_mimebundle_(self, **kwargs):
         return self.widget._repr_mimebundle_(**kwargs)
+
+
+class _ShownBox(W.VBox):
+    """The live view's box: tells its run when a page is given it to show (``on_show``), however it is displayed
+    (the run itself, or ``run.widget``)."""
+
+    on_show: Callable[[], None] | None = None
+
+    def _repr_mimebundle_(self, **kwargs):
+        if self.on_show is not None:
+            self.on_show()
+        return super()._repr_mimebundle_(**kwargs)
 
 
 def _detail_names(details: "bool | Sequence[str]") -> tuple[str, ...]:
