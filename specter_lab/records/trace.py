@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from operator import attrgetter
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
@@ -149,8 +149,6 @@ _RECORDS = {"steps": StepRecord, "tokens": TokenRecord, "forecast": ForecastReco
             "transfers": Transfer, "compute": ComputeSpan, "disk": DiskRead}
 COLUMNS: dict[str, list[str]] = {name: [f.name for f in fields(cls)] for name, cls in _RECORDS.items()}
 COLUMNS["routing"] = ["step", "position", "layer", "expert", "rank", "source"]
-_TIMES = {"steps": ("start", "end"), "tokens": ("time",), "cache": ("time",), "transfers": ("start", "end"),
-          "compute": ("start", "end"), "disk": ("start", "end")}
 TRACE_LEVELS = ("full", "steps")
 
 
@@ -166,12 +164,6 @@ class Trace:
     meta: dict[str, Any] = field(default_factory=dict)
     steps: list[StepRecord] = field(default_factory=list)
     tokens: list[TokenRecord] = field(default_factory=list)
-    routing_raw: list[RoutingRecord] = field(default_factory=list)
-    forecast: list[ForecastRecord] = field(default_factory=list)
-    cache_events: list[CacheEvent] = field(default_factory=list)
-    transfers: list[Transfer] = field(default_factory=list)
-    compute: list[ComputeSpan] = field(default_factory=list)
-    disk_reads: list[DiskRead] = field(default_factory=list)
     record_routing: bool = True
     level: str = "full"
     numeric: bool = True
@@ -191,6 +183,20 @@ class Trace:
         self.full = self.level == "full"
         if self.tally is None:
             self.tally = Tally(self.numeric, timed=self.numeric or self.full)
+        # The per-op records, as rows (tuples in their record's field order, clock handles as recorded): a tuple
+        # costs a tenth of a record object, and a replay at trace="full" writes hundreds of thousands. The record
+        # objects (``compute``, ``cache_events``, ...) are made when first read; times turn into ms then.
+        self._rows: dict[str, list[tuple]] = {name: [] for name in _ROW_KINDS}
+        self._objects: dict[str, list] = {}
+        self._ms: Callable[[Handle], float] | None = None  # handle → ms, once finalized
+
+    # the per-op records, read as objects (made from the rows on first read; their times in ms once finalized)
+    routing_raw = property(lambda self: self._records("routing"))
+    forecast = property(lambda self: self._records("forecast"))
+    cache_events = property(lambda self: self._records("cache"))
+    transfers = property(lambda self: self._records("transfers"))
+    compute = property(lambda self: self._records("compute"))
+    disk_reads = property(lambda self: self._records("disk"))
 
     # ----------------------------------------------------------- recording (hot path)
     def begin_step(self, step: int) -> None:
@@ -200,13 +206,13 @@ class Trace:
     def cache(self, layer: int, expert: int, event: str, t: Handle) -> None:
         self.tally.cache(event)
         if self.full:
-            self.cache_events.append(CacheEvent(self.step, layer, expert, event, t))
+            self._rows["cache"].append((self.step, layer, expert, event, t))
 
     def cache_many(self, layer: int, experts: list[int], event: str, t: Handle) -> None:
         """:meth:`cache` for several experts of one layer at once (one count at the ``steps`` level)."""
         if self.full:
-            for e in experts:
-                self.cache_events.append(CacheEvent(self.step, layer, e, event, t))
+            step = self.step
+            self._rows["cache"].extend([(step, layer, e, event, t) for e in experts])
         if experts:
             self.tally.cache(event, len(experts))
 
@@ -217,7 +223,7 @@ class Trace:
         self._copies += 1
         self.tally.transfer(nbytes, reason)
         if self.full:
-            self.transfers.append(Transfer(tid, self.step, layer, expert, slot, nbytes, start, end, reason))
+            self._rows["transfers"].append((tid, self.step, layer, expert, slot, nbytes, start, end, reason))
         return tid
 
     def disk_read(self, layer: int, expert: int, slot: int, nbytes: int, file_bytes: int, start: Handle,
@@ -227,16 +233,15 @@ class Trace:
         self._reads += 1
         self.tally.disk_read(nbytes, file_bytes, start, end)
         if self.full:
-            self.disk_reads.append(DiskRead(rid, self.step, layer, expert, slot, nbytes, file_bytes, start, end,
-                                            reason))
+            self._rows["disk"].append((rid, self.step, layer, expert, slot, nbytes, file_bytes, start, end, reason))
         return rid
 
     def span(self, phase: str, layer: int, expert: int, span, copy_id: int | None = None,
              lane: str = "device") -> None:
         self.tally.span(phase, lane, span.start, span.end, span.stall_from)
         if self.full:
-            self.compute.append(ComputeSpan(self.step, phase, layer, expert, span.start, span.end,
-                                            span.stall_from, copy_id, lane))
+            self._rows["compute"].append((self.step, phase, layer, expert, span.start, span.end, span.stall_from,
+                                          copy_id, lane))
 
     def spans(self, phase: str, layer: int, experts: list[int], spans: list, copy_ids: "list[int | None] | None" = None,
               lane: str = "device") -> None:
@@ -245,8 +250,8 @@ class Trace:
         self.tally.spans(phase, lane, spans)
         if self.full:
             step, ids = self.step, copy_ids or [None] * len(spans)
-            self.compute.extend([ComputeSpan(step, phase, layer, e, sp.start, sp.end, sp.stall_from, c, lane)
-                                 for e, sp, c in zip(experts, spans, ids)])
+            self._rows["compute"].extend([(step, phase, layer, e, sp.start, sp.end, sp.stall_from, c, lane)
+                                          for e, sp, c in zip(experts, spans, ids)])
 
     def routed(self, source: str, layer: int, pos0: int, index_array) -> None:
         if source == "target":
@@ -254,12 +259,12 @@ class Trace:
         if self.record_routing and self.full:
             # A list, not the numpy view: views of tiny tensors pin small heap blocks between the KV-cache
             # reallocations and fragment the heap (measured by scripts/long_run.py).
-            self.routing_raw.append(RoutingRecord(self.step, source, layer, pos0, index_array.tolist()))
+            self._rows["routing"].append((self.step, source, layer, pos0, index_array.tolist()))
 
     def forecast_count(self, layer: int, expert: int, count: int) -> None:
         self.tally.named(layer, expert)
         if self.full:
-            self.forecast.append(ForecastRecord(self.step, layer, expert, count))
+            self._rows["forecast"].append((self.step, layer, expert, count))
 
     def token(self, index: int, token_id: int, status: str, committed: bool, t: Handle) -> None:
         self.tokens.append(TokenRecord(index, self.step, token_id, status, committed, t))
@@ -275,18 +280,18 @@ class Trace:
 
     # ----------------------------------------------------------- resolving
     def finalize(self, clock) -> "Trace":
-        """Turn clock handles into ms (synchronising a CUDA clock once). Idempotent."""
+        """Turn clock handles into ms (synchronising a CUDA clock once). Idempotent. The per-op records' times
+        turn when they are first read (:meth:`_records`, :meth:`frames`): a sweep that reads the metrics alone
+        converts none."""
         if self._finalized:
             return self
         clock.synchronize()
-        ms = _cutting(clock.to_ms, [(clock.to_ms(a), clock.to_ms(b)) for a, b in self.excluded])
+        ms = self._ms = _cutting(clock.to_ms, [(clock.to_ms(a), clock.to_ms(b)) for a, b in self.excluded])
         self.tally.finalize(ms)
-        for name, cols in _TIMES.items():
-            for rec in self._records(name):
-                for c in cols:
-                    setattr(rec, c, ms(getattr(rec, c)))
-        for rec in self.compute:
-            rec.stall = rec.start - ms(rec.stall) if rec.stall is not None else 0.0
+        for rec in self.steps:
+            rec.start, rec.end = ms(rec.start), ms(rec.end)
+        for rec in self.tokens:
+            rec.time = ms(rec.time)
         self._finalized = True
         return self
 
@@ -294,9 +299,39 @@ class Trace:
         """Cut [start, end] out of the timeline at finalize(): every later time moves back by its length."""
         self.excluded.append((start, end))
 
+    def _timed_rows(self, name: str) -> list[tuple]:
+        """The rows of a per-op kind with their times in ms once finalized (as recorded before): the compute
+        spans' ``stall`` becomes how long each waited."""
+        rows = self._rows[name]
+        ms = self._ms
+        if ms is None or name not in _ROW_TIMES:
+            return rows
+        if name == "cache":
+            return [(a, b, c, d, ms(t)) for a, b, c, d, t in rows]
+        if name == "transfers":
+            return [(i, st, l, e, sl, nb, ms(t0), ms(t1), why) for i, st, l, e, sl, nb, t0, t1, why in rows]
+        if name == "disk":
+            return [(i, st, l, e, sl, nb, fb, ms(t0), ms(t1), why) for i, st, l, e, sl, nb, fb, t0, t1, why in rows]
+        out = []
+        for st, ph, l, e, t0, t1, ready, cid, lane in rows:  # compute
+            start = ms(t0)
+            out.append((st, ph, l, e, start, ms(t1), start - ms(ready) if ready is not None else 0.0, cid, lane))
+        return out
+
     def _records(self, name: str) -> list:
-        return {"steps": self.steps, "tokens": self.tokens, "forecast": self.forecast, "cache": self.cache_events,
-                "transfers": self.transfers, "compute": self.compute, "disk": self.disk_reads}[name]
+        """A kind's records as objects: steps and tokens as kept; a per-op kind made from its rows (kept once
+        finalized: the records are then the run's for good)."""
+        if name == "steps":
+            return self.steps
+        if name == "tokens":
+            return self.tokens
+        objs = self._objects.get(name)
+        if objs is None:
+            cls = RoutingRecord if name == "routing" else _RECORDS[name]
+            objs = [cls(*r) for r in self._timed_rows(name)]
+            if self._finalized:
+                self._objects[name] = objs
+        return objs
 
     def snapshot(self, clock, kinds: tuple[str, ...] | None = None) -> dict[str, Any]:
         """Frames of the run *so far*, while it is still recording (what a live view draws), plus ``meta``.
@@ -311,14 +346,13 @@ class Trace:
         wanted = set(_RECORDS) | {"routing"} if kinds is None else set(kinds)
         copy = Trace(meta=dict(self.meta), record_routing=self.record_routing, level=self.level,
                      numeric=self.numeric)
-        for name, attr, recs in (("steps", "steps", self.steps), ("tokens", "tokens", self.tokens),
-                                 ("cache", "cache_events", self.cache_events),
-                                 ("transfers", "transfers", self.transfers), ("compute", "compute", self.compute),
-                                 ("disk", "disk_reads", self.disk_reads)):
+        if "steps" in wanted:
+            copy.steps = [StepRecord(*(getattr(r, c) for c in r.__slots__)) for r in self.steps]
+        if "tokens" in wanted:
+            copy.tokens = [TokenRecord(*(getattr(r, c) for c in r.__slots__)) for r in self.tokens]
+        for name in _ROW_KINDS:
             if name in wanted:
-                setattr(copy, attr, [type(r)(*(getattr(r, c) for c in r.__slots__)) for r in recs])
-        copy.forecast = list(self.forecast) if "forecast" in wanted else []
-        copy.routing_raw = list(self.routing_raw) if "routing" in wanted else []
+                copy._rows[name] = list(self._rows[name])  # rows are tuples: a shallow copy is a copy
         return {**copy.finalize(clock).frames(), "meta": copy.meta}
 
     def frames(self) -> dict[str, pd.DataFrame]:
@@ -335,12 +369,19 @@ class Trace:
             self._frames = {}
         f = self._frames.get(name)
         if f is None:
-            f = self._frames[name] = (_routing_frame(self.routing_raw) if name == "routing" else
-                                      _frame(self._records(name), COLUMNS[name]))
+            if name == "routing":
+                f = _routing_frame(self._rows["routing"])
+            elif name in _ROW_KINDS:
+                f = pd.DataFrame(self._timed_rows(name), columns=COLUMNS[name])
+            else:
+                f = _frame(self._records(name), COLUMNS[name])
+            self._frames[name] = f
         return f
 
 
 _FRAME_ORDER = ("steps", "tokens", "routing", "forecast", "cache", "transfers", "compute", "disk")
+_ROW_KINDS = ("routing", "forecast", "cache", "transfers", "compute", "disk")  # kept as rows (Trace._rows)
+_ROW_TIMES = ("cache", "transfers", "compute", "disk")  # rows with clock handles in them
 
 
 def _cutting(ms, cuts: list[tuple[float, float]]):
@@ -362,20 +403,21 @@ def _frame(records: list, columns: list[str]) -> pd.DataFrame:
     return pd.DataFrame([get(r) for r in records], columns=columns)
 
 
-def _routing_frame(raw: list[RoutingRecord]) -> pd.DataFrame:
-    """Expand the compact per-forward routing arrays into one long frame (one numpy concat, not a frame each)."""
+def _routing_frame(raw: list[tuple]) -> pd.DataFrame:
+    """Expand the compact per-forward routing rows (step, source, layer, pos0, ids) into one long frame (one numpy
+    concat, not a frame each)."""
     if not raw:
         return pd.DataFrame(columns=COLUMNS["routing"])
-    arrays = [np.asarray(r.ids, dtype=np.int64).reshape(len(r.ids), -1) for r in raw]
+    arrays = [np.asarray(ids, dtype=np.int64).reshape(len(ids), -1) for _, _, _, _, ids in raw]
     sizes = [a.size for a in arrays]
     cols = {
-        "step": np.repeat([r.step for r in raw], sizes),
-        "position": np.concatenate([np.repeat(np.arange(r.pos0, r.pos0 + a.shape[0]), a.shape[1])
+        "step": np.repeat([r[0] for r in raw], sizes),
+        "position": np.concatenate([np.repeat(np.arange(r[3], r[3] + a.shape[0]), a.shape[1])
                                     for r, a in zip(raw, arrays)]),
-        "layer": np.repeat([r.layer for r in raw], sizes),
+        "layer": np.repeat([r[2] for r in raw], sizes),
         "expert": np.concatenate([a.reshape(-1) for a in arrays]),
         "rank": np.concatenate([np.tile(np.arange(a.shape[1]), a.shape[0]) for a in arrays]),
-        "source": np.repeat(np.array([r.source for r in raw], dtype=object), sizes),
+        "source": np.repeat(np.array([r[1] for r in raw], dtype=object), sizes),
     }
     keep = cols["expert"] >= 0  # -1: a slot an imported trace did not record (no lookup)
     return pd.DataFrame({name: col[keep] for name, col in cols.items()})

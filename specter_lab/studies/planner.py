@@ -8,7 +8,9 @@ predicted TPOT, so the choice can be read, not just trusted. ``Engine.from_plan(
 chosen engine; ``strategy="auto"`` is shorthand for both.
 
 The predictions are the simulator's, on calibration prompts: the evaluated TPOT can differ (other prompts), which
-the regime map measures.
+the regime map measures. On a live model most candidates are replays of its routing over those prompts, recorded
+once (draft chains as far as a candidate asks: :mod:`~specter_lab.studies.calibration`), which give every figure a
+live run gives; the candidates whose draft reads the cache run live.
 """
 
 from __future__ import annotations

@@ -168,8 +168,13 @@ def notebook_seconds(folder: "str | Path" = "notebooks", timeout: int = 900) -> 
         client = NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=True,
                                 resources={"metadata": {"path": str(path.parent)}})
         t0 = time.perf_counter()
-        client.execute()
-        rows.append({"notebook": path.name, "wall_s": time.perf_counter() - t0, "slowest": _slowest(nb)})
+        error = None
+        try:
+            client.execute()
+        except Exception as exc:  # noqa: BLE001 - a failing notebook is a row that says where, not the end
+            error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:160]}"
+        rows.append({"notebook": path.name, "wall_s": time.perf_counter() - t0, "slowest": _slowest(nb),
+                     "error": error})
     return rows
 
 
@@ -316,6 +321,8 @@ def page_text(results: dict, before: dict | None = None) -> str:
         for r in results["notebooks"]:
             slow = "; ".join(f"{s} s [{i}] `{src}`" for s, i, src in r["slowest"])
             old = olds.get(r["notebook"])
-            lines.append(f"| {r['notebook']} | {r['wall_s']:.0f}" + (f" ({old:.0f})" if old else "") + f" | {slow} |")
+            failed = f" **failed**: {r['error']}; " if r.get("error") else ""
+            lines.append(f"| {r['notebook']} | {r['wall_s']:.0f}" + (f" ({old:.0f})" if old else "")
+                         + f" | {failed}{slow} |")
     lines += ["", "<!-- speed-json", json.dumps({k: v for k, v in results.items()}, default=str), "-->", ""]
     return "\n".join(lines)
