@@ -2,6 +2,7 @@
 clock): same tokens, metrics and trace records. Bad traces fail with the field named, nothing half-loaded."""
 
 import dataclasses
+import gc
 import json
 import zipfile
 
@@ -38,6 +39,25 @@ def test_replay_equals_the_live_run_for_every_strategy(model, recorded, strategy
         reps = sl.replay(recorded, strategy, **kw)
         for ids, rep in zip(PROMPTS, reps):
             _same_run(eng.generate(ids, max_new_tokens=N), rep, f"{strategy} {kw}")
+
+
+@pytest.mark.parametrize("strategy", ["lru", "specter", "pregate_split", "specter_split"])
+def test_a_finished_replay_is_freed_without_the_cycle_collector(recorded, strategy):
+    """A replay's run (schedule, store, trace) holds no reference cycle: dropping the result frees its records at
+    once. One cycle (a memo holding the schedule's bound method) left every replay's records to the collector's
+    oldest-generation passes, the largest cost of a sweep of replays."""
+    kw = dict(expert_budget=0.5, hardware="rtx4090-pcie4")
+    sl.replay(recorded, strategy, **kw)  # first use: imports, caches
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        results = sl.replay(recorded, strategy, **kw)
+        del results
+        assert gc.collect() == 0
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def test_replay_of_a_saved_trace_and_with_every_k(model, recorded, tmp_path):

@@ -14,6 +14,7 @@ Contributions are computed per expert here and summed by the caller (:mod:`spect
 from __future__ import annotations
 
 from collections import Counter
+from functools import partial
 from dataclasses import dataclass, field
 from typing import Any, Callable, Container, Literal, Protocol, Sequence
 
@@ -125,7 +126,9 @@ class LayerSchedule:
         self._routed_memo: dict[tuple, list[float]] = {}  # verify_estimate's routed part by (n, distinct curve)
         self._host_times: dict[int, float] = {}  # host_time(n): asked per miss
         self._expert_time = _Memo(cost.expert_time)  # expert_time(n) by subscript: asked per expert
-        self._lowbit_times = _Memo(self._lowbit_time)  # a low-bit draft expert's, likewise
+        # a low-bit draft expert's, likewise; a function of cost and draft, not a bound method: a memo holding
+        # self would make the schedule (and the run's trace) a cycle that only the cyclic collector frees
+        self._lowbit_times = _Memo(partial(_lowbit_time, cost, self.draft))
 
     # ------------------------------------------------------------------ entry
     def begin_forward(self) -> None:
@@ -462,14 +465,11 @@ class LayerSchedule:
         :meth:`_lowbit_layer`)."""
         variant, store = self.draft.variant, self.store
         if variant == "hybrid" and e in self.hybrid_sets[layer] and not self.ready_now(layer, e, now):
-            return self.draft.weights(layer, e), self._lowbit_time, None
+            return self.draft.weights(layer, e), self._lowbit_times.__getitem__, None
         if self.ready_now(layer, e, now):
             slot = store.lookup(layer, e)
             return store.weights(layer, slot), self.cost.expert_time, slot
         return "host" if variant == "host" else None
-
-    def _lowbit_time(self, n: int) -> float:
-        return self.cost.expert_time(n, weight_bytes=self.draft.expert_bytes)
 
     def ready_now(self, layer: int, expert: int, now) -> bool:
         """Is ``expert`` on the device and its copy landed by ``now``? A prefetch still in flight is not usable
@@ -511,6 +511,11 @@ def host_lane_time(cost, n: int, host_weight_bytes: float | None = None) -> floa
     (``host_weight_bytes``; None: the deployment dtype's), and the activations cross the link both ways."""
     wb = host_weight_bytes or cost.weight_bytes
     return cost.host_expert_time(n, weight_bytes=wb) + cost.host_transfer_time(n)
+
+
+def _lowbit_time(cost, draft: DraftSource, n: int) -> float:
+    """A low-bit draft expert's compute time over ``n`` tokens."""
+    return cost.expert_time(n, weight_bytes=draft.expert_bytes)
 
 
 def _nothing() -> None:
