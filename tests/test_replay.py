@@ -60,6 +60,17 @@ def test_a_finished_replay_is_freed_without_the_cycle_collector(recorded, strate
             gc.enable()
 
 
+def test_a_replay_leaves_what_the_caller_froze_frozen(recorded):
+    """A server that froze its objects before forking (gc.freeze) finds them still frozen after a replay."""
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        sl.replay(recorded, "lru", expert_budget=0.5)
+        assert gc.get_freeze_count() > 0.9 * frozen  # (a frozen object that dies leaves the count)
+    finally:
+        gc.unfreeze()
+
+
 def test_replay_of_a_saved_trace_and_with_every_k(model, recorded, tmp_path):
     path = recorded.save(tmp_path / "t.npz")
     loaded = sl.load_trace(path)

@@ -277,8 +277,9 @@ def _cycles_uncollected():
         yield
     finally:
         if enabled:
-            gc.freeze()
-            gc.unfreeze()
+            if gc.get_freeze_count() == 0:  # unfreeze would also thaw what the caller froze (a pre-fork server)
+                gc.freeze()
+                gc.unfreeze()
             gc.enable()
 
 
