@@ -15,6 +15,7 @@ import time
 import torch
 
 import specter_lab as sl
+from specter_lab.studies.speed import best_seconds
 
 
 def main() -> None:
@@ -59,14 +60,9 @@ def main() -> None:
             print(f"| {s} | {g.tokens / _best(lambda: sl.replay(g, s, trace_level='steps', **kw)):,.0f} |")
 
 
-def _best(fn, repeat: int = 3) -> float:
-    """The fastest of ``repeat`` timings (seconds): the machine's noise only ever adds time."""
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+def _best(fn) -> float:
+    """The fastest of 3 wall-clock timings (seconds): live and replayed runs are compared as a user waits."""
+    return best_seconds(fn, 3, clock=time.perf_counter)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,13 @@
 """Replay: price any strategy on recorded routing in seconds, with the same code as a live run.
 
 :func:`replay` resolves the same :class:`~specter_lab.run.setup.RunSetup` a live run would (strategy, budget
-split, cost model, clock) from a model skeleton made from the trace's config on the ``meta`` device (no weights), and
-builds the live run's parts with :func:`~specter_lab.run.setup.prepare_run` (no Engine, no exactness probe: a
-replay runs no model), a store without tensors, and a :class:`ReplayDecoder` that, for every forward the decode loop asks for, hands the
-layer schedule the recorded routing and the decode loop the recorded tokens. Store, eviction, prefetch,
-governor, host execution and clock are the live run's own code, so the trace records and metrics are the same
-(greedy; ``tests/test_replay.py`` checks every strategy). Sampling is not replayed: run it live.
+split, cost model, clock) from a model skeleton made from the trace's config on the ``meta`` device (no
+weights), and builds the live run's parts with :func:`~specter_lab.run.setup.prepare_run` (no Engine, no
+exactness probe: a replay runs no model), a store without tensors, and a :class:`ReplayDecoder` that, for every
+forward the decode loop asks for, hands the layer schedule the recorded routing and the decode loop the recorded
+tokens. Store, eviction, prefetch, governor, host execution and clock are the live run's own code, so the trace
+records and metrics are the same (greedy; ``tests/test_replay.py`` checks every strategy). Sampling is not
+replayed: run it live.
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ from ..run.quant import QuantSpec
 from ..run.setup import GenerationResult, RunSetup, prepare_run, resolve
 from ..traces.trace_file import RoutedSequence, RoutingTrace, TraceError
 
-__all__ = ["replay", "replay_runs", "replay_setup", "ReplayDecoder", "skeleton", "skeleton_info", "ReplayMismatch", "refusal"]
+__all__ = ["replay", "replay_runs", "replay_setup", "ReplayDecoder", "skeleton", "skeleton_info", "ReplayMismatch",
+           "refusal"]
+
 
 class ReplayMismatch(RuntimeError):
     """The decode loop asked for a forward the trace does not hold (a bug, or a trace of another run)."""
@@ -217,9 +220,10 @@ def replay(trace: RoutingTrace, strategy="lru", *, tokenizer=None, sequences: "S
     :class:`~specter_lab.run.setup.GenerationResult` each, with the live run's trace records and metrics.
 
     ``options`` are the Engine's (``expert_budget``, ``cache_slots``, ``hardware`` — a simulated profile —,
-    ``cost_shape``, ``k``, ``eviction``, ``host_budget`` — the disk tier, priced from a cache without memory —, …). Speculative strategies need a trace with draft chains, replay the
-    draft it was recorded with, and K ≤ the trace's ``k_max``. ``trace_level``: the Engine's ``trace=``;
-    ``"steps"`` keeps no per-op record (the metrics are the same: what a sweep runs)."""
+    ``cost_shape``, ``k``, ``eviction``, ``host_budget`` — the disk tier, priced from a cache without memory —, …).
+    Speculative strategies need a trace with draft chains, replay the draft it was recorded with, and K ≤ the
+    trace's ``k_max``. ``trace_level``: the Engine's ``trace=``; ``"steps"`` keeps no per-op record (the metrics
+    are the same: what a sweep runs)."""
     plan = strategy if hasattr(strategy, "engine_kwargs") else None
     setup, info = replay_setup(trace, strategy, draft=draft, trace_level=trace_level, check=False, **options)
     return replay_runs(trace, setup, info, tokenizer=tokenizer, sequences=sequences, callback=callback, plan=plan)

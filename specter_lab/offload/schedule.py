@@ -14,8 +14,8 @@ Contributions are computed per expert here and summed by the caller (:mod:`spect
 from __future__ import annotations
 
 from collections import Counter
-from functools import partial
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable, Container, Literal, Protocol, Sequence
 
 import numpy as np
@@ -242,7 +242,8 @@ class LayerSchedule:
         store.mark_used(layer, slot, span.end)
         return out
 
-    def _issue_demand(self, layer: int, needed: "Container[int]", missing: list[int], now) -> tuple[list[int], list[int]]:
+    def _issue_demand(self, layer: int, needed: "Container[int]", missing: list[int],
+                      now) -> tuple[list[int], list[int]]:
         """Issue every demand copy that has a slot not needed by this layer, before computing anything, so the
         copies overlap the resident experts' compute. Returns (loaded, deferred for streaming). A forecast of this
         layer made one layer ago protects nothing now: what the layer needs is known, and an expert it named that

@@ -34,7 +34,8 @@ from typing import Any, Callable
 
 from ..atomic import write_atomic
 
-__all__ = ["measure", "write_page", "read_page", "regressions", "speed_traces", "PAGE", "TRACES"]
+__all__ = ["measure", "write_page", "read_page", "regressions", "speed_traces", "best_seconds", "PAGE",
+           "TRACES"]
 
 PAGE = Path("docs/measured/speed.md")
 TRACES = {"deepseek-v2-lite": "DeepSeek-V2-Lite (26 MoE layers × 64 experts, top-6)",
@@ -45,13 +46,13 @@ PLAN_04 = dict(hardware="rtx4090-pcie4", expert_budget=0.35, cost_shape="deepsee
 WORSE = 2.0  # --quick fails on a figure this many times worse than the page's
 
 
-def _best(fn: Callable[[], Any], n: int) -> float:
-    """The least CPU seconds of ``n`` runs of ``fn`` (noise only ever adds)."""
+def best_seconds(fn: Callable[[], Any], n: int = 3, clock: Callable[[], float] = time.process_time) -> float:
+    """The least seconds of ``n`` runs of ``fn`` on ``clock`` (CPU seconds by default; noise only ever adds)."""
     best = float("inf")
     for _ in range(n):
-        t0 = time.process_time()
+        t0 = clock()
         fn()
-        best = min(best, time.process_time() - t0)
+        best = min(best, clock() - t0)
     return best
 
 
@@ -81,7 +82,7 @@ def replay_speed(strategies: "list[str] | None" = None, levels=("steps", "full")
             kw = {"expert_budget": SPEC_BUDGET[tname]} if sl.STRATEGIES[s].speculative and tname in SPEC_BUDGET else {}
             for level in levels:
                 sl.replay(trace, s, trace_level=level, **kw)  # warm: skeleton, cost model, op counts
-                secs = _best(lambda: sl.replay(trace, s, trace_level=level, **kw), repeat)
+                secs = best_seconds(lambda: sl.replay(trace, s, trace_level=level, **kw), repeat)
                 rows.append({"trace": tname, "strategy": s, "level": level, "tokens_per_s": trace.tokens / secs})
     return rows
 
@@ -101,8 +102,8 @@ def live_ratio(tokens=(100, 300), repeat: int = 3, strategy: str = "specter") ->
     sl.viz.live(eng, prompt, max_new_tokens=8).join()  # warm: the widget modules
     rows = []
     for n in tokens:
-        plain = _best(lambda: eng.generate(prompt, max_new_tokens=n), repeat)
-        live = _best(lambda: sl.viz.live(eng, prompt, max_new_tokens=n).join(), repeat)
+        plain = best_seconds(lambda: eng.generate(prompt, max_new_tokens=n), repeat)
+        live = best_seconds(lambda: sl.viz.live(eng, prompt, max_new_tokens=n).join(), repeat)
         rows.append({"tokens": n, "plain_s": plain, "live_s": live, "ratio": live / plain})
     return rows
 
@@ -132,7 +133,8 @@ def op_ratio() -> list[dict]:
     ids = torch.tensor([tok.encode(prompt)])
     hf = per_token(lambda n: model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False))
     rows = []
-    for label, packed in (("specter, packed int4 draft (the device layout)", True), ("specter, the CPU's draft", False)):
+    engines = (("specter, packed int4 draft (the device layout)", True), ("specter, the CPU's draft", False))
+    for label, packed in engines:
         eng = sl.Engine(model, tok, "specter", expert_budget=0.5, k=8, draft=sl.QuantSpec(bits=4, group_size=64))
         if packed:
             eng._draft = DraftExperts(eng.info, eng.draft_spec, pack=True)
@@ -273,7 +275,8 @@ def page_text(results: dict, before: dict | None = None) -> str:
     lines += ["## Replay", "",
               f"Replayed tokens/s of `sl.replay` (best of 3 after a warm run): traces of real geometry from synthetic "
               f"routing, a {PROMPT}-token prompt and {DECODE} decoded tokens, modelled draft and gate predictions "
-              f"(`specter_lab.studies.speed.speed_traces`); default budget, and {SPEC_BUDGET['mixtral-8x7b']} for Mixtral's "
+              f"(`specter_lab.studies.speed.speed_traces`); default budget, and {SPEC_BUDGET['mixtral-8x7b']} for "
+              "Mixtral's "
               "speculative rows. `steps`: what the estimate, the planner and every sweep run; `full`: "
               "`sl.replay`'s default (every per-op record).", ""]
     rep = results.get("replay", [])
@@ -311,7 +314,8 @@ def page_text(results: dict, before: dict | None = None) -> str:
         p, old = results["plan"], b.get("plan", {})
         lines += ["", "## The planner", "",
                   f"`sl.plan(model, tok, hardware='rtx4090-pcie4', expert_budget=0.35, cost_shape='deepseek-v2-lite')` "
-                  f"(notebook 04's cell, {p['candidates']} candidates): **{p['cpu_s']:.1f} s** CPU, {p['wall_s']:.1f} s "
+                  f"(notebook 04's cell, {p['candidates']} candidates): **{p['cpu_s']:.1f} s** CPU, "
+                  f"{p['wall_s']:.1f} s "
                   f"wall, pick `{p['pick']}`" + (f" (before: {old['cpu_s']:.1f} s CPU, {old['wall_s']:.1f} s wall)"
                                                  if old else "") + "."]
     if results.get("notebooks"):
