@@ -103,6 +103,11 @@ def test_a_row_refused_in_a_pool_worker_is_said_not_raised():
     assert any(why.startswith("does not fit") for why in pooled.not_priced.values())
     assert pooled.not_priced == here.not_priced
     assert list(pooled.table.tpot_ms) == list(here.table.tpot_ms)
+    # the cache sizing, swept in a worker beside the rows, is the one swept here
+    assert pooled._inputs["sizing"] is not None and here._inputs["sizing"] is None
+    a, b = pooled.cache_sizing(), here.cache_sizing()
+    assert (a.cliff_mib, a.enough_mib, a.budget_mib) == (b.cliff_mib, b.enough_mib, b.budget_mib)
+    assert a.sweep.equals(b.sweep) and here.cache_sizing() is b  # computed once
 
 
 def test_every_row_says_what_runs_it_today(dsv2):

@@ -120,10 +120,14 @@ class Estimate:
 
     def cache_sizing(self) -> CacheSizing | None:
         """The cliff and the knee of a global expert cache (``--moe-cache-mib``) for this model on this machine:
-        see :mod:`.sizing`. None when every expert fits in VRAM."""
+        see :mod:`.sizing`. None when every expert fits in VRAM. Computed once (beside the rows when they were
+        replayed on a pool)."""
         if self.budget.all_fit:
             return None
-        return cache_sizing(self.model, self.budget, self._inputs["workload"].trace, self._inputs["central"])
+        if self._inputs.get("sizing") is None:
+            self._inputs["sizing"] = cache_sizing(self.model, self.budget, self._inputs["workload"].trace,
+                                                  self._inputs["central"])
+        return self._inputs["sizing"]
 
     def row(self, strategy: str) -> pd.Series:
         return self.table.set_index("strategy").loc[strategy]
@@ -207,8 +211,9 @@ def estimate(config, gpu: "str | HardwareProfile" = "rtx4090", vram=None, host=N
         if st is not None and st.role in NOT_A_DEPLOYMENT:
             not_priced[name] = NOT_A_DEPLOYMENT[st.role]
     todo = [t for t in todo if t[0] not in not_priced]
-    for (name, st, strategy, opts), out in zip(todo, _replay_all(wl, [(t[2], {**options, **t[3]}) for t in todo],
-                                                                workers, progress)):
+    sizing = None if budget.all_fit else (geom, budget, central)  # the cache sweep, run beside the rows
+    outs, sized = _replay_all(wl, [(t[2], {**options, **t[3]}) for t in todo], workers, progress, sizing)
+    for (name, st, strategy, opts), out in zip(todo, outs):
         if isinstance(out, Exception):
             if name == YOURS:
                 raise ValueError(f"placement={placement!r}: {out}") from None
@@ -226,7 +231,7 @@ def estimate(config, gpu: "str | HardwareProfile" = "rtx4090", vram=None, host=N
         e.unknowns["draft acceptance"] = (f"speculative rows only: {ACCEPTANCE_RANGE[0]}-{ACCEPTANCE_RANGE[1]} per "
                                           "token against the measured one (the bundled model's)")
     e._inputs = {"workload": wl, "central": central, "unknowns": unknown, "options": options, "rows": replayed,
-                 "yours": yours}
+                 "yours": yours, "sizing": sized}
     e.assumptions = _assumptions(e, host_budget)
     return e
 
@@ -245,18 +250,26 @@ def _rows(budget: VramBudget, yours: "UserPlacement | None"):
         yield YOURS, yours.strategy, yours.replay_options(budget)
 
 
-def _replay_all(wl: Workload, tasks: list[tuple[str, dict]], workers: int | None, progress: bool = False) -> list:
+def _replay_all(wl: Workload, tasks: list[tuple[str, dict]], workers: int | None, progress: bool = False,
+                sizing: tuple | None = None) -> tuple[list, "CacheSizing | None"]:
     """Each (strategy, options) replayed on the workload: (metrics, parameters), or the refusal it raised. On a
     local process pool when there is more than one core (the set-up is built here first, so forked workers inherit
-    the model's skeleton)."""
+    the model's skeleton), with the cache sizing of ``sizing`` (its arguments after the trace) beside the rows;
+    without a pool the sizing is left to :meth:`Estimate.cache_sizing` (None)."""
     n = min(len(tasks), workers or cores())
     bar = tqdm(total=len(tasks), desc="estimate: replaying rows", unit="row", disable=not progress)
     with bar:
         if n <= 1 or installed() is not None:  # one core, asked to stay here, or already inside a pool's worker
-            return [_counted(bar, _attempt(wl, s, o)) for s, o in tasks]
+            return [_counted(bar, _attempt(wl, s, o)) for s, o in tasks], None
         replay_setup(wl.trace, tasks[0][0], check=False, **_setup_options(tasks[0][1]))
         with process_pool(n, install, (wl,)) as pool:
-            return [_counted(bar, out) for out in pool.map(_attempt_installed, tasks, chunksize=1)]
+            sized = pool.submit(_sizing_installed, *sizing) if sizing else None  # first: the longest task
+            outs = [_counted(bar, out) for out in pool.map(_attempt_installed, tasks, chunksize=1)]
+            return outs, (sized.result() if sized else None)
+
+
+def _sizing_installed(geom: ModelGeometry, budget: VramBudget, central: Scenario) -> CacheSizing:
+    return cache_sizing(geom, budget, installed().trace, central)
 
 
 def _counted(bar, out):

@@ -67,6 +67,10 @@ class Clock(Protocol):
     def compute(self, duration: float, fn: Callable[[], Any] | None = None,
                 after: Iterable[Handle] = ()) -> tuple[Span, Any]: ...
 
+    def computes(self, durations: list[float], after: list[Handle | None]) -> list[Span]:
+        """Compute ops with no work to run (a replay's experts), each after its one handle, in order: the spans
+        :meth:`compute` would give one call at a time."""
+
     def disk(self, duration: float, fn: Callable[[], Any], after: Iterable[Handle] = (),
              issue_at: Handle | None = None) -> Span:
         """A read from the checkpoint's files into host memory (the disk tier), on its own lane: it starts when
@@ -201,6 +205,16 @@ class SimClock:
         self.compute_t = start + duration
         return Span(start, self.compute_t, ready), out
 
+    def computes(self, durations: list[float], after: list[Handle | None]) -> list[Span]:
+        spans, t = [], self.compute_t  # compute() inlined: a replay prices every expert of every layer here
+        for duration, a in zip(durations, after):
+            start = a if a is not None and a > t else t
+            end = start + duration
+            spans.append(Span(start, end, t))
+            t = end
+        self.compute_t = t
+        return spans
+
     def host(self, duration: float, fn: Callable[[], Any], after: Iterable[Handle] = ()) -> tuple[Span, "Done"]:
         """Work on the host CPU (a third resource): it starts when the host is free and its inputs are there
         (issued now, from the compute stream's point of view), and runs beside device compute and copies. The
@@ -330,6 +344,9 @@ class CudaClock:
         start = self._event(stream) if self.timing else None
         out = fn() if fn is not None else None
         return Span(start, self._event(stream, self.timing), ready), out
+
+    def computes(self, durations: list[float], after: list[Handle | None]) -> list[Span]:
+        return [self.compute(d, None, (a,))[0] for d, a in zip(durations, after)]
 
     def host(self, duration: float, fn: Callable[[], Any], after: Iterable[Handle] = ()) -> tuple[Span, Any]:
         """Run ``fn`` (host tensors in, host tensors out) on a worker thread, so the host computes while this

@@ -220,9 +220,7 @@ class LayerSchedule:
         slots = [where[e] for e in experts]
         spans = []
         if math is None:  # priced only (a replay): no tensor work to hand over
-            compute = clock.compute
-            for e, slot in zip(experts, slots):
-                spans.append(compute(expert_time[counts[e]], None, (ready[slot],))[0])
+            spans = clock.computes([expert_time[counts[e]] for e in experts], [ready[slot] for slot in slots])
             outs = dict.fromkeys(experts)
         else:
             outs = {}
