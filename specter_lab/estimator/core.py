@@ -24,7 +24,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from ..analysis.pool import cores, install, installed, process_pool
-from ..analysis.replay import replay, replay_setup
+from ..analysis.replay import replay_runs, replay_setup
 from ..errors import BudgetTooSmall
 from ..model.geometry import ModelGeometry, geometry_from_config, load_config
 from ..pricing.gpus import GPU, GPU_FAMILIES
@@ -295,8 +295,8 @@ def _setup_options(options: dict) -> dict:
 
 def _replay(wl: Workload, strategy: str, options: dict) -> tuple[dict, dict]:
     """The row's metrics (means over the workload's sequences) and its placement's parameters, from a replay."""
-    setup, _ = replay_setup(wl.trace, strategy, **_setup_options(options))
-    results = replay(wl.trace, strategy, **options)
+    setup, info = replay_setup(wl.trace, strategy, check=False, **options)  # sl.replay's two halves, set-up once
+    results = replay_runs(wl.trace, setup, info)
     keys = [k for k, v in results[0].metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
     metrics = {k: float(np.mean([r.metrics[k] for r in results])) for k in keys}
     split = setup.split
