@@ -218,12 +218,11 @@ class LayerSchedule:
         s = store.slots[layer]
         where, ready = s.where, s.ready
         slots = [where[e] for e in experts]
-        spans = []
-        if math is None:  # priced only (a replay): no tensor work to hand over
+        if math is None or not store.materialize:  # priced only (a replay, its gate math too): no tensor work
             spans = clock.computes([expert_time[counts[e]] for e in experts], [ready[slot] for slot in slots])
             outs = dict.fromkeys(experts)
         else:
-            outs = {}
+            outs, spans = {}, []
             for e, slot in zip(experts, slots):
                 fn = math.device(e, store.weights(layer, slot))
                 span, outs[e] = clock.compute(expert_time[counts[e]], fn, after=(ready[slot],))
