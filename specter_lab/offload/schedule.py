@@ -96,7 +96,10 @@ def counts_of(idx: np.ndarray) -> dict[int, int]:
         row = sorted(e for e in idx[0].tolist() if e >= 0)
         if len(set(row)) == len(row):
             return dict.fromkeys(row, 1)
-    c = Counter(e for e in idx.ravel().tolist() if e >= 0)  # a few dozen ids: faster than np.unique
+    if idx.size > 256:  # a prefill's thousands of ids: counted by numpy
+        uniq, n = np.unique(idx[idx >= 0], return_counts=True)
+        return dict(zip(uniq.tolist(), n.tolist()))
+    c = Counter(e for e in idx.ravel().tolist() if e >= 0)  # a verification's few dozen ids: faster than np.unique
     return {e: c[e] for e in sorted(c)}
 
 
@@ -246,9 +249,12 @@ class LayerSchedule:
         layer made one layer ago protects nothing now: what the layer needs is known, and an expert it named that
         is not needed is the cheapest victim (keeping it cost a pre-gated split up to 0.006 of the bound)."""
         loaded, deferred = [], []
-        for e in missing:
+        for i, e in enumerate(missing):
             slot = self.store.load(layer, e, "demand", protected=needed, issue_at=now)
-            (loaded if slot is not None else deferred).append(e)
+            if slot is None:  # no free slot and every resident is needed: so for the rest too (loads only add
+                deferred += missing[i:]  # needed ones), without a walk over every resident each (a prefill's)
+                break
+            loaded.append(e)
         return loaded, deferred
 
     def _gate_prefetch(self, nxt: int, predicted: list[tuple[int, int]]) -> None:
