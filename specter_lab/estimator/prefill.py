@@ -18,6 +18,7 @@ import math
 import pandas as pd
 from tqdm.auto import tqdm
 
+from ..analysis.pool import cores, install, installed, process_pool
 from ..analysis.replay import replay
 from .workload import workload
 
@@ -28,22 +29,49 @@ UBATCH = 512
 
 def prefill_table(e, prompt: int, progress: bool = False) -> pd.DataFrame:  # e: an estimate.core.Estimate
     """TTFT and prefill tokens/s of every row of ``e`` at a ``prompt``-token prompt, beside its decode tokens/s (what
-    each row trades). The user's row uses its own ``-ub``."""
+    each row trades). The user's row uses its own ``-ub``. The rows are replayed on a local process pool when there
+    is more than one core (the figures are the same)."""
     if isinstance(prompt, bool) or not isinstance(prompt, int) or prompt < 1:
         raise ValueError(f"prompt={prompt!r}: give the prompt length in tokens, an integer >= 1 (e.g. 2048).")
-    wl = e.workload
-    cache: dict[int, object] = {}
+    wl, names = e.workload, list(e.table.strategy)
+    batch = {name: min(prompt, _ubatch(e, name)) for name in names}
+    # one micro-batch of routing per size (2 decode rows: the replay needs a decode to start)
+    traces = {b: workload(e.model, wl.trace.config, wl.draft_bits, None, prompt=b, tokens=2).trace
+              for b in sorted(set(batch.values()))}
+    tasks = [(batch[name], e.replayed_strategy(name), e.replay_options(name)) for name in names]
     rows = []
-    for name in tqdm(list(e.table.strategy), desc="estimate: prefill", unit="row", disable=not progress):
-        strategy = e.replayed_strategy(name)
-        yours = e._inputs.get("yours") if name == "yours" else None
-        ub = (yours.ubatch if yours is not None and yours.ubatch else UBATCH)
-        batch = min(prompt, ub)
-        if batch not in cache:  # one micro-batch of routing (2 decode rows: the replay needs a decode to start)
-            cache[batch] = workload(e.model, wl.trace.config, wl.draft_bits, None, prompt=batch, tokens=2).trace
-        (r,) = replay(cache[batch], strategy, **e.replay_options(name))
-        batches = prompt / batch  # whole and partial micro-batches, each priced as the first
-        ttft = r.metrics["prefill_ms"] * batches / 1e3
+    for name, prefill_ms in zip(names, _replay_all(traces, tasks, progress)):
+        ttft = prefill_ms * (prompt / batch[name]) / 1e3  # whole and partial micro-batches, each priced as the first
         rows.append({"strategy": name, "ttft_s": ttft, "prefill_tok_s": prompt / ttft if ttft else math.inf,
-                     "micro_batch": batch, "decode_tok_s": float(e.row(name).tokens_per_s)})
+                     "micro_batch": batch[name], "decode_tok_s": float(e.row(name).tokens_per_s)})
     return pd.DataFrame(rows).sort_values("ttft_s", kind="stable").reset_index(drop=True)
+
+
+def _ubatch(e, name: str) -> int:
+    yours = e._inputs.get("yours") if name == "yours" else None
+    return yours.ubatch if yours is not None and yours.ubatch else UBATCH
+
+
+def _replay_all(traces: dict, tasks: list[tuple[int, str, dict]], progress: bool) -> list[float]:
+    """Each (micro-batch, strategy, options)'s prefill ms, here or on a pool (each worker holds ``traces``)."""
+    n = min(len(tasks), cores())
+    bar = tqdm(total=len(tasks), desc="estimate: prefill", unit="row", disable=not progress)
+    with bar:
+        if n <= 1 or installed() is not None:
+            return [_counted(bar, _prefill_ms(traces, *task)) for task in tasks]
+        with process_pool(n, install, (traces,)) as pool:
+            return [_counted(bar, ms) for ms in pool.map(_prefill_installed, tasks, chunksize=1)]
+
+
+def _counted(bar, out):
+    bar.update()
+    return out
+
+
+def _prefill_installed(task: tuple[int, str, dict]) -> float:
+    return _prefill_ms(installed(), *task)
+
+
+def _prefill_ms(traces: dict, batch: int, strategy: str, options: dict) -> float:
+    (r,) = replay(traces[batch], strategy, **options)
+    return r.metrics["prefill_ms"]
