@@ -1,6 +1,7 @@
 """Record a run's routing once, replay every strategy from it: the replay is the live run (greedy, simulated
 clock): same tokens, metrics and trace records. Bad traces fail with the field named, nothing half-loaded."""
 
+import copy
 import dataclasses
 import gc
 import json
@@ -165,3 +166,17 @@ def test_a_trace_of_another_model_is_refused(recorded):
         sl.replay(broken, "lru")  # the field named, as a config.json's check names it
     with pytest.raises(TraceError, match="model_type"):
         sl.replay(dataclasses.replace(recorded, config={}), "lru")
+
+
+def test_a_trace_edited_after_a_replay_is_checked_again(recorded):
+    """A replay checks its trace once per content (a sweep replays it many times): an id edited in place after a
+    replay is still refused, naming the field."""
+    trace = copy.deepcopy(recorded)
+    sl.replay(trace, "lru", trace_level="steps")
+    sl.replay(trace, "lru", trace_level="steps")  # the check passed once and is not made again
+    trace.sequences[0].decode[1, 0, 0] = 10_000
+    with pytest.raises(TraceError, match=r"sequence 0\.decode: expert id 10000"):
+        sl.replay(trace, "lru", trace_level="steps")
+    trace.sequences[0].decode[1, 0, 0] = recorded.sequences[0].decode[1, 0, 0]
+    assert [r.token_ids for r in sl.replay(trace, "lru", trace_level="steps")] == \
+        [r.token_ids for r in sl.replay(recorded, "lru", trace_level="steps")]

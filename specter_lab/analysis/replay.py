@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from ..decode import Decoder
+from ..decode.sampling import Sampling
 from ..model import MoEModelInfo
 from ..model.skeleton import skeleton, skeleton_info  # noqa: F401 - re-exported (sl's replay callers)
 from ..offload.clock import is_measured
@@ -56,6 +57,14 @@ class _Argmax:
         if func is torch.argmax:
             return torch.as_tensor(args[0].tokens.astype(np.int64))
         raise TypeError(f"a replayed forward has no logits: {func.__name__} needs a live run (replay is greedy).")
+
+
+class _Recorded(Sampling):
+    """Greedy sampling of a replay: the recorded token, read off the :class:`_Argmax` row without torch's
+    function-override dispatch (~3 % of a replay, one per token)."""
+
+    def pick(self, logits, gen):
+        return int(logits.tokens), None
 
 
 class _Positions:
@@ -102,7 +111,7 @@ class ReplayDecoder(Decoder):
                  keep_cache: bool = True, rewindable: bool = False) -> None:
         if sampling.do_sample:
             raise ValueError("do_sample=True: a replay is greedy (sampled tokens are not recorded); run it live.")
-        super().__init__(None, runtime, sampling, eos, max_new_tokens, callback, keep_cache, rewindable,
+        super().__init__(None, runtime, _Recorded(), eos, max_new_tokens, callback, keep_cache, rewindable,
                          kv=_Positions())
         self.seq = seq
         self._top_k = [l.top_k for l in runtime.info.layers]
@@ -167,6 +176,10 @@ def _layer_counts(routing: np.ndarray, top_k: list[int]) -> list[dict[int, int]]
     token (decode, a draft step) from one read-back of the whole row, not a numpy slice per layer."""
     if routing.shape[0] != 1:
         return [counts_of(routing[:, layer, :k]) for layer, k in enumerate(top_k)]
+    if top_k[0] == routing.shape[2] and len(set(top_k)) == 1:  # every layer's k ids, sorted in one call
+        srt = np.sort(routing[0], axis=-1)
+        if srt[:, 0].min() >= 0 and not (srt[:, 1:] == srt[:, :-1]).any():  # no -1 slot, no repeated id
+            return [dict.fromkeys(row, 1) for row in srt.tolist()]
     out = []
     for row, k in zip(routing[0].tolist(), top_k):
         ids = sorted(row[:k])
