@@ -558,7 +558,8 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--no-notebooks", action="store_true", help="with --speed: leave the notebooks out")
     b.add_argument("--speed-json", default=None, help="with --speed: also write the figures as JSON here")
     b.add_argument("--speed-before", default=None,
-                   help="with --speed: figures (JSON from --speed-json) of an older commit, shown beside")
+                   help="with --speed: figures (JSON from --speed-json) of an older commit, shown beside (a "
+                        "\"label\" in it says what they are)")
     b.add_argument("--json", action="store_true")
     b.add_argument("--html", default=None)
     b.add_argument("--results", default=None, metavar="FILE",

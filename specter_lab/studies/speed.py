@@ -294,7 +294,7 @@ def page_text(results: dict, before: dict | None = None) -> str:
                 cells.append("" if now is None else (f"{now:,.0f}" + (f" ({old:,.0f})" if old else "")))
         lines.append("| " + " | ".join(cells) + " |")
     if prev:
-        lines += ["", "In brackets: the same on the commit before (measured beside it, same machine)."]
+        lines += ["", f"In brackets, here and below: {b.get('label', 'the same on the commit before (measured beside it, same machine)')}."]
     lines += ["", "## The live view", "",
               "`sl.viz.live(engine, prompt, n).join()` over `engine.generate(prompt, n)`, CPU seconds, bundled model, "
               "`specter`, the view not shown (a script): its dashboard is drawn when it is shown.", "",
