@@ -82,6 +82,16 @@ class Policy:
         """``key`` (resident) was used: the target computed it, or a prefetch counted as a use."""
         self.recency.move_to_end(key)
 
+    def touch_all(self, keys: Iterable[Key], now: int = 0) -> None:
+        """:meth:`touch` of each of ``keys`` in turn (a layer's uses, one call: this runs for every layer)."""
+        if type(self).touch is Policy.touch:  # recency alone: the move, without a call per key
+            move = self.recency.move_to_end
+            for k in keys:
+                move(k)
+        else:
+            for k in keys:
+                self.touch(k, now)
+
     def evicted(self, key: Key) -> None:
         """``key`` left the pool; counts a policy keeps across residencies (LFU) stay."""
         del self.recency[key]

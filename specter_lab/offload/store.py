@@ -426,14 +426,14 @@ class ExpertStore:
 
     def used(self, layer: int, slots: list[int], spans: list) -> None:
         """:meth:`mark_used` of each slot in turn, read by the compute op whose span is given: one call per layer."""
-        s, touch = self.slots[layer], self.policies[layer].touch
+        s = self.slots[layer]
         last_use, prefetched, expert = s.last_use, s.prefetched, s.expert
         for slot, span in zip(slots, spans):
             end = last_use[slot] = span.end
             if prefetched[slot]:
                 prefetched[slot] = False
                 self.trace.cache(layer, expert[slot], "prefetch_used", end)
-            touch((layer, expert[slot]))
+        self.policies[layer].touch_all([(layer, expert[slot]) for slot in slots])  # in the same order
 
     def host_used(self, layer: int, slot: int, end: Handle) -> None:
         """A resident expert the host computed (a pre-gated split sends a copy still landing there): its lookup was

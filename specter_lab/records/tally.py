@@ -75,6 +75,7 @@ class Tally:
     forecast: list[int] = field(default_factory=lambda: [0, 0, 0])
     ms: dict[str, float] = field(default_factory=dict)  # time's totals in ms, once finalized
     _step: int = 0
+    _decode: bool = False  # _step >= 1 (the prompt's forward is step 0): read by every event
     _routed: list = field(default_factory=list)  # (layer, ids) of the target's routing in this step
     _named: set = field(default_factory=set)
 
@@ -87,16 +88,17 @@ class Tally:
         """A new step begins: close the forecast sets of the last one."""
         self.close_step()
         self._step = step
+        self._decode = step >= 1
 
     def cache(self, event: str, n: int = 1) -> None:
-        self.events[event, self._step >= 1] += n
+        self.events[event, self._decode] += n
 
     def transfer(self, nbytes: int, reason: str) -> None:
-        if self._step >= 1:
+        if self._decode:
             self.link[reason] += nbytes
 
     def disk_read(self, nbytes: int, file_bytes: int, start: Handle, end: Handle) -> None:
-        decode = self._step >= 1
+        decode = self._decode
         self.disk["reads", decode] += 1
         self.disk["bytes", decode] += nbytes
         self.disk["file_bytes", decode] += file_bytes
@@ -107,13 +109,13 @@ class Tally:
         # runs for every op: a zero stall (most ops) adds nothing to a sum of numbers, so it is skipped there
         if ready is not None:
             if not self.numeric:
-                if self._step >= 1:
+                if self._decode:
                     self.time["stall"].add(ready, start)
             elif start != ready:
                 self.stalls.append(start - ready)
-                if self._step >= 1:
+                if self._decode:
                     self.time["stall"].add(ready, start)
-        if self._step < 1:
+        if not self._decode:
             return
         if lane == "host":
             self.time["host"].add(start, end)
@@ -127,7 +129,7 @@ class Tally:
             for sp in spans:
                 self.span(phase, lane, sp.start, sp.end, sp.stall_from)
             return
-        decode = self._step >= 1
+        decode = self._decode
         stall = self.time["stall"]
         host = self.time["host"] if decode and lane == "host" else None
         timed = self.time[phase] if decode and phase in _TIMED_PHASES else None
