@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import weakref
 import zlib
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -113,9 +114,6 @@ class RoutingTrace:
     draft: dict[str, Any] | None = None
     source: str = ""
     meta: dict[str, Any] = field(default_factory=dict)
-    # what validate() last passed: (its expert counts, the arrays' content key), so a sweep that replays the same
-    # trace many times checks it once (each replay validates; the checks were ~7 % of a replay)
-    _passed: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     # ------------------------------------------------------------------ shape
     @property
@@ -177,7 +175,7 @@ class RoutingTrace:
         """Raise :class:`TraceError` naming the field if an array does not fit the others or the config
         (``spec``: the config's model; ``num_experts`` alone: expert ids per MoE layer)."""
         key = (tuple(num_experts) if num_experts is not None else None, self._content_key()) if spec is None else None
-        if key is not None and key == self._passed:
+        if key is not None and key == _PASSED.get(id(self)):
             return self
         if not self.sequences:
             raise TraceError("trace has no sequences: record or import at least one.")
@@ -195,7 +193,8 @@ class RoutingTrace:
                              "another model.")
         for i, s in enumerate(self.sequences):
             _check_sequence(s, f"sequence {i}", L, k, self.k_max, num_experts, spec)
-        self._passed = key
+        if key is not None:
+            _passed(self, key)
         return self
 
     def _content_key(self) -> tuple | None:
@@ -404,6 +403,19 @@ def _expected_shapes(z: NpzArchive, fields: dict, spec: TraceSpec, where: str) -
                                  f"tokens, N={N} generated, {L} MoE layers, top-{k}, k_max={K}).")
         present.append(set(got))
     return present
+
+
+
+# What validate() last passed, per trace: (its expert counts, the arrays' content key), so a sweep that replays one
+# trace many times checks it once (every replay validates; the checks were ~7 % of a replay). Kept here, not in a
+# field, so ``RoutingTrace(**vars(t))`` still copies a trace; an entry goes with its trace.
+_PASSED: dict[int, tuple] = {}
+
+
+def _passed(trace: RoutingTrace, key: tuple) -> None:
+    if id(trace) not in _PASSED:
+        weakref.finalize(trace, _PASSED.pop, id(trace), None)
+    _PASSED[id(trace)] = key
 
 
 def _check_sequence(s: RoutedSequence, where: str, L: int, k: int, K: int, num_experts, spec) -> None:
