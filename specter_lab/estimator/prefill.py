@@ -55,17 +55,11 @@ def _ubatch(e, name: str) -> int:
 def _replay_all(traces: dict, tasks: list[tuple[int, str, dict]], progress: bool) -> list[float]:
     """Each (micro-batch, strategy, options)'s prefill ms, here or on a pool (each worker holds ``traces``)."""
     n = min(len(tasks), cores())
-    bar = tqdm(total=len(tasks), desc="estimate: prefill", unit="row", disable=not progress)
-    with bar:
-        if n <= 1 or installed() is not None:
-            return [_counted(bar, _prefill_ms(traces, *task)) for task in tasks]
-        with process_pool(n, install, (traces,)) as pool:
-            return [_counted(bar, ms) for ms in pool.map(_prefill_installed, tasks, chunksize=1)]
-
-
-def _counted(bar, out):
-    bar.update()
-    return out
+    bar = dict(total=len(tasks), desc="estimate: prefill", unit="row", disable=not progress)
+    if n <= 1 or installed() is not None:
+        return list(tqdm((_prefill_ms(traces, *task) for task in tasks), **bar))
+    with process_pool(n, install, (traces,)) as pool:
+        return list(tqdm(pool.map(_prefill_installed, tasks, chunksize=1), **bar))
 
 
 def _prefill_installed(task: tuple[int, str, dict]) -> float:
