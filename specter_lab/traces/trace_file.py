@@ -14,7 +14,6 @@ import hashlib
 import io
 import json
 import weakref
-import zlib
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -174,7 +173,7 @@ class RoutingTrace:
     def validate(self, num_experts: "list[int] | None" = None, spec: "TraceSpec | None" = None) -> "RoutingTrace":
         """Raise :class:`TraceError` naming the field if an array does not fit the others or the config
         (``spec``: the config's model; ``num_experts`` alone: expert ids per MoE layer)."""
-        key = (tuple(num_experts) if num_experts is not None else None, self._content_key()) if spec is None else None
+        key = self._passed_key(num_experts) if spec is None else None
         if key is not None and key == _PASSED.get(id(self)):
             return self
         if not self.sequences:
@@ -197,20 +196,13 @@ class RoutingTrace:
             _passed(self, key)
         return self
 
-    def _content_key(self) -> tuple | None:
-        """``k_max`` and every sequence array's dtype, shape and CRC-32 (an edit in place changes it; a tenth of
-        the checks' time); None where a field is not an array (the checks say what is wrong)."""
-        out: list = [self.k_max, len(self.sequences)]
-        for s in self.sequences:
-            for name in _ARRAYS:
-                a = getattr(s, name, None)
-                if a is None:
-                    out.append(None)
-                elif not isinstance(a, np.ndarray):
-                    return None
-                else:
-                    out.append((a.dtype.str, a.shape, zlib.crc32(np.ascontiguousarray(a))))
-        return tuple(out)
+    def _passed_key(self, num_experts) -> tuple | None:
+        """What :meth:`validate` remembers passing: the expert counts and :meth:`fingerprint` (an edit in place
+        changes it); None where a field is not an array (the checks say what is wrong)."""
+        if not all(isinstance(a, np.ndarray) for s in self.sequences for a in (getattr(s, n, None) for n in _ARRAYS)
+                   if a is not None):
+            return None
+        return (tuple(num_experts) if num_experts is not None else None, self.fingerprint())
 
     # ------------------------------------------------------------------ file
     def save(self, path: "str | Path") -> Path:
@@ -405,8 +397,7 @@ def _expected_shapes(z: NpzArchive, fields: dict, spec: TraceSpec, where: str) -
     return present
 
 
-
-# What validate() last passed, per trace: (its expert counts, the arrays' content key), so a sweep that replays one
+# What validate() last passed, per trace: (its expert counts, its fingerprint), so a sweep that replays one
 # trace many times checks it once (every replay validates; the checks were ~7 % of a replay). Kept here, not in a
 # field, so ``RoutingTrace(**vars(t))`` still copies a trace; an entry goes with its trace.
 _PASSED: dict[int, tuple] = {}
