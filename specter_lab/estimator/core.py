@@ -257,24 +257,18 @@ def _replay_all(wl: Workload, tasks: list[tuple[str, dict]], workers: int | None
     the model's skeleton), with the cache sizing of ``sizing`` (its arguments after the trace) beside the rows;
     without a pool the sizing is left to :meth:`Estimate.cache_sizing` (None)."""
     n = min(len(tasks), workers or cores())
-    bar = tqdm(total=len(tasks), desc="estimate: replaying rows", unit="row", disable=not progress)
-    with bar:
-        if n <= 1 or installed() is not None:  # one core, asked to stay here, or already inside a pool's worker
-            return [_counted(bar, _attempt(wl, s, o)) for s, o in tasks], None
-        replay_setup(wl.trace, tasks[0][0], check=False, **_setup_options(tasks[0][1]))
-        with process_pool(n, install, (wl,)) as pool:
-            sized = pool.submit(_sizing_installed, *sizing) if sizing else None  # first: the longest task
-            outs = [_counted(bar, out) for out in pool.map(_attempt_installed, tasks, chunksize=1)]
-            return outs, (sized.result() if sized else None)
+    bar = dict(total=len(tasks), desc="estimate: replaying rows", unit="row", disable=not progress)
+    if n <= 1 or installed() is not None:  # one core, asked to stay here, or already inside a pool's worker
+        return list(tqdm((_attempt(wl, s, o) for s, o in tasks), **bar)), None
+    replay_setup(wl.trace, tasks[0][0], check=False, **_setup_options(tasks[0][1]))
+    with process_pool(n, install, (wl,)) as pool:
+        sized = pool.submit(_sizing_installed, *sizing) if sizing else None  # first: the longest task
+        outs = list(tqdm(pool.map(_attempt_installed, tasks, chunksize=1), **bar))
+        return outs, (sized.result() if sized else None)
 
 
 def _sizing_installed(geom: ModelGeometry, budget: VramBudget, central: Scenario) -> CacheSizing:
     return cache_sizing(geom, budget, installed().trace, central)
-
-
-def _counted(bar, out):
-    bar.update()
-    return out
 
 
 def _attempt_installed(task: tuple[str, dict]):

@@ -125,7 +125,6 @@ class LayerSchedule:
         self.hybrid_sets: list[set[int]] = [set() for _ in info.layers]  # hybrid draft: experts with low-bit copies
         self.hooks: dict[str, list[Callable]] = {name: [] for name in HOOK_POINTS}
         self._stamp = stamper(clock, trace.full)
-        self._places_late = getattr(miss, "pregated", False)  # a pre-gated split may place late residents (_late)
         self._named: dict[int, set[int]] = {}  # pre-gated: every expert the forecast named for a layer, this forward
         self._routed_memo: dict[tuple, list[float]] = {}  # verify_estimate's routed part by (n, distinct curve)
         self._host_times: dict[int, float] = {}  # host_time(n): asked per miss
@@ -175,15 +174,12 @@ class LayerSchedule:
             self.miss.forecast.observe(layer, self._named.pop(layer), ids)
         where = store.slots[layer].where
         resident = [e for e in ids if e in where]
+        missing = [e for e in ids if e not in where]
         self.trace.cache_many(layer, resident, "hit", now)
-        if len(resident) < len(ids):  # (the calls below are skipped where they have nothing to do: every layer)
-            missing = [e for e in ids if e not in where]
-            self.trace.cache_many(layer, missing, "miss", now)
-        else:
-            missing = []
+        self.trace.cache_many(layer, missing, "miss", now)
         # Host execution: issue the host's experts first, so they run while the device computes its own.
-        late = self._late(fwd, layer, resident, now) if self._places_late else {}
-        host = self._host_misses(fwd, layer, missing, counts, late) if missing or late else []
+        late = self._late(fwd, layer, resident, now)
+        host = self._host_misses(fwd, layer, missing, counts, late)
         jobs = self._issue_host(fwd, layer, host, counts, now, math) if host else {}
         if jobs:
             for e in late.keys() & jobs.keys():
