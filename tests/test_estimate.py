@@ -13,8 +13,10 @@ import pytest
 
 import specter_lab as sl
 from specter_lab.estimator import NOT_A_DEPLOYMENT, estimate
+from specter_lab.estimator.core import later_half_rate
 from specter_lab.estimator.lanes import price_token, static_layers
 from specter_lab.model.geometry import CONFIG_DIR, geometry_from_config
+from specter_lab.records.trace import TokenRecord
 from specter_lab.run import NOT_CANDIDATES, STRATEGIES, planner_choice
 from specter_lab.traces.synthetic import LOCALITY, hot_coverage, lru_hit_rate, synthetic_routing
 
@@ -71,6 +73,7 @@ def test_every_row_is_sl_replay_of_the_workload_on_the_same_clock(dsv2):
     for row in rows:
         (r,) = sl.replay(dsv2.workload.trace, dsv2.replayed_strategy(row), **dsv2.replay_options(row))
         assert r.metrics["tpot_ms"] == pytest.approx(dsv2.row(row).tpot_ms, rel=1e-9), row
+        assert later_half_rate(r.trace.tokens) == pytest.approx(dsv2.row(row).later_half_tok_s, rel=1e-9), row
         assert "llama.cpp" in r.metrics["clock"], row
 
 
@@ -248,6 +251,27 @@ def test_every_row_has_a_band_around_it_and_names_what_dominates(dsv2):
     assert (t.low_tok_s <= t.tokens_per_s * (1 + 1e-9)).all() and (t.tokens_per_s <= t.high_tok_s * (1 + 1e-9)).all()
     assert set(t.dominant_unknown) <= set(dsv2.unknowns) and t.dominant_unknown.str.len().gt(0).all()
     assert dsv2.row("specter").dominant_unknown == "draft acceptance"
+
+
+def test_a_longer_generation_is_an_unknown_read_from_the_replays_later_half():
+    """A placement chosen from the prompt goes stale as the routing drifts: fiddler's later half runs slower than
+    its whole replay, and its band reaches down to it; a placement by whole layers does not move."""
+    e = estimate(QWEN3, gpu="rtx3060", vram="12GB", host="ddr4-3200x2", weights="q4_k_m", tokens=64)
+    assert f"than the {e.workload.trace.tokens} tokens replayed" in e.unknowns["decode length"]
+    f, s = e.row("fiddler"), e.row("static_split")
+    assert f.later_half_tok_s < 0.95 * f.tokens_per_s
+    assert s.later_half_tok_s == pytest.approx(s.tokens_per_s, rel=1e-6)
+    t = e.table
+    assert (t.low_tok_s <= t.later_half_tok_s * (1 + 1e-9)).all() and (t.later_half_tok_s <= t.high_tok_s * (1 + 1e-9)).all()
+
+
+def test_the_later_half_counts_a_window_that_crosses_the_middle_in_the_half_it_ends_in():
+    rec = lambda t, ok=True: TokenRecord(0, 0, 0, "decode", ok, t)
+    # the prefill's token at 0 ms, then windows committing 3 tokens at 30 ms, 3 at 60 ms, 1 at 70 ms
+    tokens = [rec(0.0)] + [rec(30.0)] * 3 + [rec(60.0)] * 3 + [rec(55.0, ok=False)] + [rec(70.0)]
+    # 8 committed: the first half ends at the 4th (30 ms); 4 tokens after it in 40 ms
+    assert later_half_rate(tokens) == pytest.approx(1e3 * 4 / 40.0)
+    assert np.isnan(later_half_rate(tokens[:2]))
 
 
 def test_a_host_not_given_is_said_and_widens_the_band():

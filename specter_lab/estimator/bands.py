@@ -22,6 +22,11 @@ single swing is named as the one that dominates. The unknowns:
   the full ``context`` (slow, the central figure);
 * **disk bandwidth**: only where host RAM is short (``ram=``) and experts are read from disk: ``DISK_RANGE``
   when ``disk=`` is not given, a measured figure +/-10 %.
+
+Beside these, two unknowns are read from the row's own replay, not from the clock (``estimator/core.py``): the
+draft's **acceptance** (speculative rows), and the **decode length**: a generation longer than the tokens replayed
+runs at about the rate the replay's later half ran at (a placement chosen from the prompt goes stale as the
+routing drifts; a cache warms), so that rate is the swing's other end.
 """
 
 from __future__ import annotations

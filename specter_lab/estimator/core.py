@@ -48,6 +48,7 @@ NOT_A_DEPLOYMENT = {
 }
 RESIDENT, YOURS = "resident", "yours"  # the two rows that are not strategies: every expert on the GPU; your flags
 ACCEPTANCE_RANGE = (0.60, 0.95)  # assumption: larger models' drafts are less faithful than the bundled model's
+DECODE_LENGTH, LATE = "decode length", "late_tokens_per_s"  # the horizon unknown, and the metric it reads
 
 
 def get_gpu(gpu: "str | HardwareProfile", vram: float | None = None) -> HardwareProfile:
@@ -227,6 +228,9 @@ def estimate(config, gpu: "str | HardwareProfile" = "rtx4090", vram=None, host=N
     table = pd.DataFrame(rows).sort_values("tpot_ms", kind="stable").reset_index(drop=True)
     e = Estimate(geom, machine, prec, context, budget, table, wl.label, [], placements, depth,
                  {u.name: u.why for u in unknown}, not_priced, _pick(table))
+    e.unknowns[DECODE_LENGTH] = (f"a generation longer than the {wl.trace.tokens} tokens replayed: each row's rate over "
+                                 "the later half of them (a placement chosen early goes stale as routing drifts; a "
+                                 "cache warms), beside the whole replay's")
     if wl.draft_bits and table.speculative.any():
         e.unknowns["draft acceptance"] = (f"speculative rows only: {ACCEPTANCE_RANGE[0]}-{ACCEPTANCE_RANGE[1]} per "
                                           "token against the measured one (the bundled model's)")
@@ -293,6 +297,7 @@ def _replay(wl: Workload, strategy: str, options: dict) -> tuple[dict, dict]:
     results = replay_runs(wl.trace, setup, info)
     keys = [k for k, v in results[0].metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
     metrics = {k: float(np.mean([r.metrics[k] for r in results])) for k in keys}
+    metrics[LATE] = float(np.mean([later_half_rate(r.trace.tokens) for r in results]))
     split = setup.split
     params = {"slots_per_layer": list(split.slots_per_layer), "draft_bytes": split.draft_bytes,
               "expert_bytes": split.expert_bytes, "budget_bytes": split.budget_bytes,
@@ -316,6 +321,9 @@ def _row(name: str, st: "Strategy | None", m: dict, params: dict, geom: ModelGeo
         ends = [price_token(s.cost(geom, gpu_layers), counts, geom.top_k, s.depth, overlap).total_ms
                 for s in (u.slow, u.fast)]
         swings[u.name] = tuple(tps * mid / t for t in ends)
+    late = m.get(LATE, float("nan"))
+    if math.isfinite(late):  # a longer generation: the rate its later half ran at (a placement going stale, a cache
+        swings[DECODE_LENGTH] = (min(tps, late), max(tps, late))  # warming), around the replay's own
     if spec:  # a window's time held, the tokens it commits moved by the acceptance
         k = params["k"] if isinstance(params["k"], int) else 8
         a = m.get("acceptance_rate")
@@ -323,7 +331,8 @@ def _row(name: str, st: "Strategy | None", m: dict, params: dict, geom: ModelGeo
         swings["draft acceptance"] = tuple(tps * _per_window(x, k) / _per_window(a, k) for x in ACCEPTANCE_RANGE)
     lo, hi, dominant = combine(tps, swings)
     return {"strategy": name, "tokens_per_s": tps, "band_tok_s": f"{lo:.3g}-{hi:.3g}", "low_tok_s": lo,
-            "high_tok_s": hi, "dominant_unknown": dominant, "tpot_ms": m["tpot_ms"], "hit_rate": m["hit_rate"],
+            "high_tok_s": hi, "dominant_unknown": dominant, "later_half_tok_s": late, "tpot_ms": m["tpot_ms"],
+            "hit_rate": m["hit_rate"],
             "copies_per_token": m["h2d_bytes_per_token"] / params["expert_bytes"],
             "host_experts_per_token": m["host_experts_per_token"], "stall_ms": m["stall_ms_per_token"],
             "host_ms": m["host_ms_per_token"], "disk_reads_per_token": m.get("disk_reads_per_token", 0.0),
@@ -331,6 +340,19 @@ def _row(name: str, st: "Strategy | None", m: dict, params: dict, geom: ModelGeo
             "placement": _placement_text(name, st, params, geom, yours), "runs_as": _runs_as(name, st, yours),
             "speculative": spec, "in_specter_lab": name != YOURS,
             "description": st.description if st is not None and name != YOURS else ""}
+
+
+def later_half_rate(tokens) -> float:
+    """Tokens/s over the later half of a run's decode tokens: from the commit that ends the first half (the
+    prefill's token is the clock's start, as TPOT's) to the last, over the tokens committed after it. A window that
+    commits across the middle counts wholly in the half it ends in, so no token is counted untimed."""
+    committed = [t for t in tokens if t.committed]
+    if len(committed) < 3:
+        return float("nan")
+    mid = committed[(len(committed) - 1) // 2].time
+    after = sum(1 for t in committed if t.time > mid)
+    span = float(committed[-1].time - mid)
+    return 1e3 * after / span if after and span > 0 else float("nan")
 
 
 def _per_window(a: float, k: int) -> float:
@@ -507,8 +529,9 @@ def _assumptions(e: Estimate, host_budget) -> list[str]:
         "fit rows of sl.bench.consumer_anchors())",
         "band_tok_s: the unknowns (host DRAM bandwidth, host matvec efficiency, GPU format efficiency, link "
         "bandwidth, context depth when not given, the draft's acceptance) each moved to its ends on the clock's "
-        "closed form (estimate/lanes.py) with the row's replayed placement held, combined in quadrature on a log "
-        "scale; dominant_unknown names the widest (Estimate.unknowns says each range and why)",
+        "closed form (estimate/lanes.py) with the row's replayed placement held, and the decode length (the "
+        "replay's own rate over its later half), combined in quadrature on a log scale; dominant_unknown names the "
+        "widest (Estimate.unknowns says each range and why)",
         f"weights {prec.label}: experts {prec.experts.bits} bits/weight, dense {prec.dense.bits}; embeddings on "
         f"the host; KV cache at 2 bytes/value, read at {e._inputs['central'].depth} tokens, each layer to its window",
         f"{e.budget.describe()}",

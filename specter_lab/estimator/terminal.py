@@ -15,11 +15,12 @@ from .commands import report
 __all__ = ["render_estimate", "estimate_json", "NARROW", "WIDE"]
 
 NARROW = ("strategy", "tokens_per_s", "band_tok_s", "runs_as")
-WIDE = ("strategy", "tokens_per_s", "band_tok_s", "dominant_unknown", "tpot_ms", "hit_rate", "copies_per_token",
-        "host_experts_per_token", "stall_ms", "host_ms", "disk_ms", "acceptance", "placement", "runs_as")
+WIDE = ("strategy", "tokens_per_s", "band_tok_s", "dominant_unknown", "later_half_tok_s", "tpot_ms", "hit_rate",
+        "copies_per_token", "host_experts_per_token", "stall_ms", "host_ms", "disk_ms", "acceptance", "placement", "runs_as")
 _HEADERS = {"tokens_per_s": "tok/s", "band_tok_s": "band tok/s", "runs_as": "runs today as",
             "dominant_unknown": "widest unknown", "copies_per_token": "copies/tok",
-            "host_experts_per_token": "host experts/tok", "hit_rate": "hit rate"}
+            "host_experts_per_token": "host experts/tok", "hit_rate": "hit rate",
+            "later_half_tok_s": "later half tok/s"}
 
 
 def _cell(v) -> str:
