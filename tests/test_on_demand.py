@@ -6,8 +6,10 @@ import random
 
 import numpy as np
 import pytest
+import torch
 
 import specter_lab as sl
+from specter_lab.analysis.lazy_record import _Drafter as LazyDrafter
 from specter_lab.analysis.lazy_record import record_on_demand
 from specter_lab.studies.calibration import ReplayedLiveSource
 from specter_lab.studies.runs import Cell, LiveSource, run_prompts
@@ -69,3 +71,66 @@ def test_an_engine_that_ignores_eos_replays_its_fixed_length(model, strategy):
         for key in ("tpot_ms", "tpot_ms_artifact", "hit_rate", "acceptance_rate", "first_commit_tokens"):
             x, y = a[key], b[key]
             assert x == y or (isinstance(x, float) and np.isnan(x) and np.isnan(y)), (key, x, y)
+
+
+def test_chains_kept_by_one_drafter_are_read_and_extended_by_the_next_as_recorded(model):
+    """A later sweep's drafters start from the chains an earlier one drafted (studies/calibration.py keeps them):
+    what is held costs no forward, and what is asked beyond it is drafted again from the window's start, the same
+    tokens and routing ``sl.record`` writes."""
+    prompts = [[9, 8, 7, 6, 5], [31, 4, 15, 9, 26, 5]]
+    full = sl.record(model, None, prompts, max_new_tokens=N, k_max=16, draft=SPEC, progress=False)
+    kept: dict = {}
+    base, first = record_on_demand(model, None, prompts, max_new_tokens=N, drafts=[SPEC], k_max=16, chains=kept)
+    asked = [(0, 4), (3, 2), (5, 6)]
+    for ls in first[SPEC].sequences:
+        for w, n in asked:
+            ls.drafts(w, n), ls.verification(w, n + 1)
+    _, second = record_on_demand(model, None, prompts, max_new_tokens=N, drafts=[SPEC], k_max=16, base=base,
+                                 chains=kept)
+    for fs, ls in zip(full.sequences, second[SPEC].sequences):
+        for w, n in asked:  # held: read, no forward
+            d, r = ls.drafts(w, n)
+            assert np.array_equal(d[:n], fs.draft_tokens[w, :n]) and np.array_equal(r[:n], fs.draft_routing[w, :n])
+            assert np.array_equal(ls.verification(w, n + 1)[0][: n + 1], fs.verify_routing[w, : n + 1])
+        assert ls.drafter.forwards == 0 and ls.drafter._step is None  # no cache made either
+        for w, n in [(0, 16), (3, 9), (7, 5)]:  # beyond what was held: drafted, as recorded
+            d, r = ls.drafts(w, n)
+            assert np.array_equal(d[:n], fs.draft_tokens[w, :n]) and np.array_equal(r[:n], fs.draft_routing[w, :n])
+            vr, vt = ls.verification(w, n + 1)
+            assert np.array_equal(vr[: n + 1], fs.verify_routing[w, : n + 1])
+            assert np.array_equal(vt[: n + 1], fs.verify_tokens[w, : n + 1])
+        assert ls.drafter.forwards > 0
+
+
+def test_a_second_sweep_on_the_same_model_drafts_nothing_again_unless_its_weights_changed(model, monkeypatch):
+    """What one sweep recorded is kept with the model (the next ``sl.plan`` at another budget replays it); a
+    change to the weights (here one value the fingerprint samples) is a new model: recorded again."""
+    prompts = [[12, 13, 14, 15, 16, 17], [40, 41, 2, 43]]
+    forwards = []
+    forward = LazyDrafter._forward
+
+    def counted(self, *args, **kwargs):
+        forwards.append(1)
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(LazyDrafter, "_forward", counted)
+    cell = Cell.of("specter", expert_budget=0.5, hardware="rtx4090-pcie4", cost_shape="deepseek-v2-lite",
+                   draft=SPEC, k=4)
+    runs, drafted = [], []
+    for _ in range(2):
+        forwards.clear()
+        runs.append(ReplayedLiveSource(model, None, prompts, N).run(cell))
+        drafted.append(len(forwards))
+    assert drafted[0] > 0 and drafted[1] == 0
+    assert [m["tpot_ms"] for m in runs[0].metrics] == [m["tpot_ms"] for m in runs[1].metrics]
+    w = model.lm_head.weight
+    before = w.detach().reshape(-1)[0].item()
+    try:
+        with torch.no_grad():
+            w.reshape(-1)[0] += 1.0
+        forwards.clear()
+        ReplayedLiveSource(model, None, prompts, N).run(cell)
+        assert len(forwards) > 0
+    finally:
+        with torch.no_grad():
+            w.reshape(-1)[0] = before

@@ -18,7 +18,8 @@ The traces live in memory with the model (they call it): they cannot be saved.
 
 from __future__ import annotations
 
-from typing import Sequence
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -28,7 +29,7 @@ from ..run.quant import QuantSpec, shared_draft
 from ..traces.trace_file import RoutedSequence, RoutingTrace
 from .record import _autoregressive, _encode, _Pass, _Recorder
 
-__all__ = ["record_on_demand", "OnDemandSequence"]
+__all__ = ["record_on_demand", "OnDemandSequence", "Chains"]
 
 
 class _Quiet:
@@ -38,29 +39,48 @@ class _Quiet:
         pass
 
 
-class _Drafter:
-    """One prompt's chains for one draft, drafted as replays ask. The model's cache holds the committed prefix up
-    to ``committed`` (written by the prompt's own pass and then by target passes of two rows or more), and past it
-    the drafts of the chain from window start ``open`` (None: no draft in it)."""
+@dataclass
+class Chains:
+    """What one prompt's chains for one draft have given so far: plain arrays, no model state, so they can outlive
+    the drafter that drafted them (a later plan on the same model and prompts starts from them:
+    :mod:`~specter_lab.studies.calibration`)."""
 
-    def __init__(self, model, info, draft, prompt: list[int], tokens: list[int]) -> None:
-        self.model, self.info = model, info
-        self.rec = _Recorder(info, draft)
+    tokens: dict[int, list[int]] = field(default_factory=dict)  # window start -> its drafts so far
+    routing: dict[int, list[np.ndarray]] = field(default_factory=dict)  # window start -> their routing [1, L, k] each
+    verified: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # start -> (routing, argmax)
+
+
+class _Drafter:
+    """One prompt's chains for one draft, drafted as replays ask into its :class:`Chains`. The model's cache (made on
+    the first forward: a drafter whose chains already hold what is asked runs none) holds the committed prefix up to
+    ``committed`` (written by the prompt's own pass and then by target passes of two rows or more), and past it the
+    drafts of the chain from window start ``open`` (None: no draft in it)."""
+
+    def __init__(self, model, info, draft_of: "Callable[[], object]", prompt: list[int], tokens: list[int],
+                 chains: "Chains | None" = None) -> None:
+        self.model, self.info, self._draft_of = model, info, draft_of
         self.device = model.get_input_embeddings().weight.device
-        self.step = _Pass(model, self.rec, self.device, True, _Quiet())
         self.seq = list(prompt) + list(tokens)
         self.P, self.tokens = len(prompt), list(tokens)
         self.committed = 0
         self.open: int | None = None
-        self.d_tok: dict[int, list[int]] = {}
-        self.d_route: dict[int, list[np.ndarray]] = {}
-        self.verified: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.chains = chains if chains is not None else Chains()
         self.forwards = 0
+        self._step: "_Pass | None" = None
+
+    @property
+    def step(self) -> _Pass:
+        """The pass on the model's own cache, with the draft's recorder: made when a forward first needs it."""
+        if self._step is None:
+            self.rec = _Recorder(self.info, self._draft_of())
+            self._step = _Pass(self.model, self.rec, self.device, True, _Quiet())
+        return self._step
 
     def _forward(self, ids: list[int], mode: str, keep: int = 1):
         self.forwards += 1
+        step = self.step
         with attached(self.model, self.info, self.rec), torch.no_grad():
-            return self.step(ids, mode, keep)
+            return step(ids, mode, keep)
 
     def _goto(self, n: int) -> None:
         """The cache holds exactly the committed prefix of length ``n``: cropped back, or fed forward by the
@@ -85,7 +105,7 @@ class _Drafter:
     def drafts(self, w: int, n: int) -> tuple[np.ndarray, np.ndarray]:
         """The first ``n`` (or more) drafts of the chain from window start ``w``: tokens ``[n']`` and routing
         ``[n', L, k]``."""
-        have, routes = self.d_tok.get(w, []), self.d_route.get(w, [])
+        have, routes = self.chains.tokens.get(w, []), self.chains.routing.get(w, [])
         if len(have) < n:
             start = self.P + w
             if self.open != w or self.step.kv.length != start + len(have):  # draft again from the start: greedy,
@@ -101,19 +121,19 @@ class _Drafter:
                 routes.append(routing)
             if kept is not None and have[: len(kept)] != kept:
                 raise RuntimeError(f"window start {w}: drafting again gave other tokens (a non-deterministic draft)")
-            self.open, self.d_tok[w], self.d_route[w] = w, have, routes
+            self.open, self.chains.tokens[w], self.chains.routing[w] = w, have, routes
         return np.asarray(have, dtype=np.int32), np.concatenate(routes)
 
     def verification(self, w: int, t: int) -> tuple[np.ndarray, np.ndarray]:
         """The target's routing ``[t', L, k]`` and argmax ``[t']`` over ``[last, d1..]`` from window start ``w``,
         ``t' >= t`` rows (one pass over every draft kept for that start)."""
-        got = self.verified.get(w)
+        got = self.chains.verified.get(w)
         if got is None or len(got[1]) < t:
-            drafts = self.drafts(w, t - 1)[0].tolist() if t > 1 else self.d_tok.get(w, [])
+            drafts = self.drafts(w, t - 1)[0].tolist() if t > 1 else self.chains.tokens.get(w, [])
             start = self.P + w
             self._goto(start)
             nxt, routing, _ = self._forward([self.tokens[w]] + drafts, "target", keep=0)
-            got = self.verified[w] = (routing, np.asarray(nxt, dtype=np.int32))
+            got = self.chains.verified[w] = (routing, np.asarray(nxt, dtype=np.int32))
             # `last` stays, as the target wrote it, and so do the drafts that are the committed tokens after it
             # (as a live window keeps what it accepted): the next window starts there without feeding them again
             same = 0
@@ -142,12 +162,14 @@ class OnDemandSequence(RoutedSequence):
 
 
 def record_on_demand(model, tokenizer, prompts: Sequence, *, max_new_tokens: int, drafts: Sequence[QuantSpec],
-                     k_max: int = 16, base: "RoutingTrace | None" = None,
-                     stop_at_eos: bool = True) -> "tuple[RoutingTrace, dict]":
+                     k_max: int = 16, base: "RoutingTrace | None" = None, stop_at_eos: bool = True,
+                     chains: "dict[QuantSpec, list[Chains]] | None" = None) -> "tuple[RoutingTrace, dict]":
     """The autoregressive routing of ``model`` over ``prompts`` (a trace with no chains: ``base`` when given, a
     recording of the same prompts already made), and per draft in ``drafts`` a trace with the same routing whose
     chains (up to ``k_max``) are drafted on demand (module docstring). ``stop_at_eos=False``: every continuation
-    runs ``max_new_tokens`` (what an engine with ``ignore_eos=True`` replays)."""
+    runs ``max_new_tokens`` (what an engine with ``ignore_eos=True`` replays). ``chains``: per draft, one
+    :class:`Chains` per prompt that earlier drafting of the same model, prompts and ``base`` filled (used and filled
+    further; a draft not in it gets new ones, put in it)."""
     info = inspect_model(model)
     device = model.get_input_embeddings().weight.device
     name = getattr(model.config, "_name_or_path", "") or info.model_type
@@ -164,12 +186,14 @@ def record_on_demand(model, tokenizer, prompts: Sequence, *, max_new_tokens: int
                                             decode, gate))
         base = RoutingTrace(config, plain, 0, None, f"recorded: {name} on {device}", {"on_demand": True})
     traces = {}
+    kept = chains if chains is not None else {}
     for spec in drafts:
-        dexp = shared_draft(model, info, spec, device)
+        draft_of = lambda spec=spec: shared_draft(model, info, spec, device)  # quantized when first drafted with
+        per_prompt = kept.setdefault(spec, [Chains() for _ in base.sequences])
         seqs = []
-        for s in base.sequences:
+        for s, c in zip(base.sequences, per_prompt):
             lazy = OnDemandSequence(s.prompt, s.tokens, s.prefill, s.decode, s.gate)
-            lazy.drafter = _Drafter(model, info, dexp, s.prompt.tolist(), s.tokens.tolist())
+            lazy.drafter = _Drafter(model, info, draft_of, s.prompt.tolist(), s.tokens.tolist(), c)
             seqs.append(lazy)
         traces[spec] = RoutingTrace(config, seqs, k_max, {"bits": spec.bits, "group_size": spec.group_size,
                                                           "method": spec.method},

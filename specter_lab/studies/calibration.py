@@ -6,16 +6,28 @@ fraction of the model's forwards: the planner's calibration in notebook 04 ran 3
 model for its 46 candidates live, ~1,000 here. Cells a replay cannot stand for run live, as before: a measured
 clock, a draft that computes with what the cache holds (``resident``, ``hybrid``, ``host``), a K past the
 chains kept (16), a model whose cache cannot be rewound for drafting.
+
+What was recorded is kept with the model for the next sweep on the same prompts (:class:`_Kept`): the routing and
+every chain drafted so far, as plain arrays, under the model's identity (its config and a fingerprint of its
+weights, :func:`~specter_lab.model.identity.model_identity`), device and CPU threads. A second ``sl.plan`` on the
+same model, at another budget or on other hardware, replays what the first drafted and drafts only what it asks
+beyond that; a model whose weights changed in between is recorded again.
 """
 
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import dataclass, field, replace
 
+import torch
+
 from ..analysis.lazy_record import record_on_demand
+from ..analysis.record import _encode
 from ..analysis.replay import replay_runs
 from ..decode.kv import SequenceCache
+from ..model import inspect_model
+from ..model.identity import model_identity
 from ..predict import KGovernor
 from ..run.assembly import uses_gate_predictions
 from .runs import Cell, DoesNotFit, LiveSource, PromptRuns, run_prompts
@@ -26,13 +38,43 @@ K_MAX = 16  # the longest chain drafted on demand: the planner's longest K and t
 
 
 @dataclass
+class _Kept:
+    """One model's recordings on one set of prompts: the autoregressive routing per EOS rule, and per (EOS rule,
+    draft) the chains drafted so far (no model state: nothing here holds a cache or a draft's weights)."""
+
+    identity: tuple
+    base: dict = field(default_factory=dict)  # stops at EOS? -> the autoregressive recording
+    chains: dict = field(default_factory=dict)  # stops at EOS? -> {QuantSpec: [Chains per prompt]}
+
+
+# model -> {(prompt ids, max_new_tokens): _Kept}; an entry goes with its model
+_KEPT: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _kept(model, tokenizer, prompts, max_new_tokens: int) -> _Kept:
+    """What earlier sweeps recorded of ``model`` on these prompts, if its weights, config and device are the same
+    as then; else a new, empty entry in its place."""
+    vocab = inspect_model(model).vocab
+    key = (tuple(tuple(_encode(p, tokenizer, vocab)) for p in prompts), max_new_tokens)
+    device = model.get_input_embeddings().weight.device
+    # the CPU's thread count too: where an op splits across threads, its rounding can depend on how many
+    threads = torch.get_num_threads() if device.type == "cpu" else None
+    identity = (tuple(sorted(model_identity(model).items())), str(device), threads)
+    per_model = _KEPT.setdefault(model, {})
+    kept = per_model.get(key)
+    if kept is None or kept.identity != identity:
+        kept = per_model[key] = _Kept(identity)
+    return kept
+
+
+@dataclass
 class ReplayedLiveSource(LiveSource):
     """A :class:`~specter_lab.studies.runs.LiveSource` whose cells run as replays of routing recorded from the
     model on demand, where a replay is the live run (module docstring); the rest run live. The recording is made
     on the first cell that needs it and kept for the others."""
 
     label: str = "live"
-    _base: dict = field(default_factory=dict, repr=False)  # stops at EOS? → the autoregressive recording
+    _kept: "_Kept | None" = field(default=None, repr=False)  # the model's recordings on these prompts (shared)
     _drafts: dict = field(default_factory=dict, repr=False)  # (stops at EOS?, QuantSpec) → its chains on demand
     _rewinds: bool | None = field(default=None, repr=False)
 
@@ -84,17 +126,20 @@ class ReplayedLiveSource(LiveSource):
     def _trace(self, eng):
         """The recording that replays ``eng``'s runs (made on first use): to EOS, or the whole length where the
         engine ignores EOS (a benchmark protocol's fixed length)."""
-        stop = not eng.setup.ignore_eos
-        if stop not in self._base:
-            self._base[stop] = record_on_demand(self.model, self.tokenizer, self.prompts, drafts=(),
-                                                max_new_tokens=self.max_new_tokens, stop_at_eos=stop)[0]
+        if self._kept is None:  # checked once per sweep: the weights cannot change while it runs
+            self._kept = _kept(self.model, self.tokenizer, self.prompts, self.max_new_tokens)
+        kept, stop = self._kept, not eng.setup.ignore_eos
+        if stop not in kept.base:
+            kept.base[stop] = record_on_demand(self.model, self.tokenizer, self.prompts, drafts=(),
+                                               max_new_tokens=self.max_new_tokens, stop_at_eos=stop)[0]
         if not eng.strategy.speculative:
-            return self._base[stop]
+            return kept.base[stop]
         key = (stop, eng.draft_spec)
-        if key not in self._drafts:
+        if key not in self._drafts:  # this sweep's drafters (each with its own cache), on the chains kept
             self._drafts[key] = record_on_demand(self.model, self.tokenizer, self.prompts, drafts=[key[1]],
                                                  max_new_tokens=self.max_new_tokens, k_max=K_MAX,
-                                                 base=self._base[stop])[1][key[1]]
+                                                 base=kept.base[stop],
+                                                 chains=kept.chains.setdefault(stop, {}))[1][key[1]]
         return self._drafts[key]
 
     def _can_rewind(self) -> bool:
