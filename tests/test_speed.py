@@ -11,7 +11,8 @@ def _results(lru=1500.0, live=1.05, ops=1.42, plan=10.0):
                        for t in speed.TRACES for s in ("lru", "specter") for lv in ("steps", "full")],
             "live": [{"tokens": 100, "plain_s": 1.0, "live_s": live, "ratio": live}],
             "ops": [{"engine": "specter", "ops_per_token": 700.0, "hf_ops_per_token": 500.0, "ratio": ops}],
-            "plan": {"cpu_s": plan, "wall_s": plan, "pick": "lru", "candidates": 46},
+            "plan": {"cpu_s": plan, "wall_s": plan, "pick": "lru", "candidates": 46, "again_cpu_s": plan / 2,
+                     "again_wall_s": plan / 2, "again_pick": "lru"},
             "notebooks": [{"notebook": "01_quickstart.ipynb", "wall_s": 20.0, "slowest": [[3.0, 1, "import torch"]]}]}
 
 
@@ -19,6 +20,7 @@ def test_the_page_holds_its_figures(tmp_path):
     page = speed.write_page(_results(), tmp_path / "speed.md", before=_results(lru=500.0, plan=25.0))
     text = page.read_text()
     assert "| `lru` | 1,500 (500) |" in text and "01_quickstart.ipynb | 20" in text and "10.0 s" in text
+    assert "planned again at `expert_budget=0.5`" in text and "**5.0 s** CPU" in text and "(before: 12.5 s CPU)" in text
     assert speed.read_page(page) == _results()
 
 

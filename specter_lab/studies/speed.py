@@ -13,7 +13,7 @@ Measured, one after the other, on the machine it runs on:
   ``specter``, 100 and 300 tokens);
 * **the launch count**: aten ops per committed token, ``specter`` over HF ``generate`` (the package's op counter,
   as ``tests/test_hot_path.py`` counts them: the difference of a long and a short run);
-* **the planner**: ``sl.plan`` on notebook 04's setting;
+* **the planner**: ``sl.plan`` on notebook 04's setting, then again on the same model at another budget;
 * **the notebooks**: each ``notebooks/0*.ipynb`` Run All under nbclient.
 
 The machine is shared, so code is timed in CPU seconds (``time.process_time``, every thread of the process), the
@@ -43,6 +43,7 @@ TRACES = {"deepseek-v2-lite": "DeepSeek-V2-Lite (26 MoE layers × 64 experts, to
 PROMPT, DECODE = 64, 512
 SPEC_BUDGET = {"mixtral-8x7b": 0.6}  # Mixtral's default budget holds no draft beside one slot per layer
 PLAN_04 = dict(hardware="rtx4090-pcie4", expert_budget=0.35, cost_shape="deepseek-v2-lite")  # notebook 04's plan
+PLAN_AGAIN = {**PLAN_04, "expert_budget": 0.5}  # the same model planned again, at another budget
 WORSE = 2.0  # --quick fails on a figure this many times worse than the page's
 
 
@@ -146,7 +147,8 @@ def op_ratio() -> list[dict]:
 
 
 def plan_seconds() -> dict:
-    """``sl.plan`` on notebook 04's setting: CPU and wall seconds, and its pick."""
+    """``sl.plan`` on notebook 04's setting: CPU and wall seconds, and its pick; then ``sl.plan`` again on the same
+    model at another budget (``again_*``: what the first recorded is replayed, :mod:`.calibration`)."""
     import torch
 
     import specter_lab as sl
@@ -155,8 +157,12 @@ def plan_seconds() -> dict:
     model, tok = sl.load_model("tiny")
     t0, c0 = time.perf_counter(), time.process_time()
     p = sl.plan(model, tok, progress=False, **PLAN_04)
-    return {"cpu_s": time.process_time() - c0, "wall_s": time.perf_counter() - t0, "pick": p.label,
-            "candidates": len(p.table)}
+    out = {"cpu_s": time.process_time() - c0, "wall_s": time.perf_counter() - t0, "pick": p.label,
+           "candidates": len(p.table)}
+    t0, c0 = time.perf_counter(), time.process_time()
+    again = sl.plan(model, tok, progress=False, **PLAN_AGAIN)
+    return {**out, "again_cpu_s": time.process_time() - c0, "again_wall_s": time.perf_counter() - t0,
+            "again_pick": again.label}
 
 
 def notebook_seconds(folder: "str | Path" = "notebooks", timeout: int = 900) -> list[dict]:
@@ -318,6 +324,11 @@ def page_text(results: dict, before: dict | None = None) -> str:
                   f"{p['wall_s']:.1f} s "
                   f"wall, pick `{p['pick']}`" + (f" (before: {old['cpu_s']:.1f} s CPU, {old['wall_s']:.1f} s wall)"
                                                  if old else "") + "."]
+        if "again_cpu_s" in p:
+            lines += ["", f"The same model planned again at `expert_budget=0.5` (what the first plan recorded is "
+                      f"replayed; only chains it did not draft are drafted): **{p['again_cpu_s']:.1f} s** CPU, "
+                      f"{p['again_wall_s']:.1f} s wall, pick `{p['again_pick']}`"
+                      + (f" (before: {old['again_cpu_s']:.1f} s CPU)" if "again_cpu_s" in old else "") + "."]
     if results.get("notebooks"):
         lines += ["", "## The notebooks", "", "Run All under nbclient, wall seconds (the three slowest cells).", "",
                   "| notebook | Run All s | slowest cells (s, cell) |", "|---|---|---|"]
