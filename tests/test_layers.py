@@ -9,6 +9,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 PKG = Path(__file__).resolve().parents[1] / "specter_lab"
 
 LAYERS = [
@@ -193,3 +195,18 @@ def test_the_bottom_imports_no_torch():
              "print(bad)")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]", f"imports torch or transformers: {out}"
+
+
+@pytest.mark.parametrize("entry", ["specter_lab.studies.bench", "specter_lab.Engine"])
+def test_every_entry_that_builds_auto_engines_has_the_planner(entry):
+    """``strategy="auto"`` plans with the function ``studies/planner.py`` registers on import (the engine never
+    imports the planner that builds engines), so each public way in that builds one (``sl.Engine``; ``sl.compare``
+    and the bench's sweeps) must have imported it: a fresh ``sl.compare(..., strategies=["auto"])`` failed with
+    "needs a planner" when only the top-level ``sl.Engine`` imported it."""
+    import subprocess
+    import sys
+
+    load = (f"import {entry}" if not entry.endswith("Engine") else "import specter_lab as sl; sl.Engine")
+    probe = f"{load}\nfrom specter_lab.run.engine import auto_planner\nprint(auto_planner().__name__)"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "plan", done.stderr[-400:]

@@ -31,6 +31,7 @@ from ..analysis.bound import bound_tpots, x_of_bound
 from ..analysis.gap import cell_gaps
 from ..analysis.record import record
 from ..traces.trace_file import RoutingTrace
+from . import planner  # noqa: F401  a sweep's strategy="auto" cells plan with sl.plan, registered on import
 from .calibration import ReplayedLiveSource
 from .results_file import sweep_results
 from .runs import SKIPPED, Cell, DoesNotFit, PromptRuns, as_source, run_cells, run_prompts, sweep_executor, workers_of
