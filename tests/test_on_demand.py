@@ -5,6 +5,7 @@ calibration) gives every cell's metrics exactly as running the cell live does.""
 import random
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -134,3 +135,27 @@ def test_a_second_sweep_on_the_same_model_drafts_nothing_again_unless_its_weight
     finally:
         with torch.no_grad():
             w.reshape(-1)[0] = before
+
+
+def test_compare_on_a_model_replays_its_cells_and_gives_the_live_table(model, monkeypatch):
+    """``sl.compare`` on a loaded model replays every cell a replay is the live run of (the routing recorded once,
+    chains on demand): the table is the one running every cell live gives, row for row."""
+    from specter_lab.studies import bench
+
+    kw = dict(strategies=["lru", "pregate_split", "fiddler", "specter", "specter_split", "oracle"], prompts=PROMPTS,
+              max_new_tokens=N, expert_budget=0.6, hardware="rtx4090-pcie4", cost_shape="deepseek-v2-lite",
+              progress=False)
+    from specter_lab.studies import calibration
+
+    replays = []
+    replay_runs = calibration.replay_runs
+    monkeypatch.setattr(calibration, "replay_runs", lambda *a, **k: replays.append(1) or replay_runs(*a, **k))
+    replayed = sl.compare(model, None, **kw).drop(columns="wall_s")
+    assert len(replays) == 6  # every cell (the oracle's look is the verification pass a chain holds)
+    assert replayed.fits.eq("yes").all()
+    sources = []
+    monkeypatch.setattr(bench, "as_source", lambda m, t, p, n, tr: sources.append(LiveSource(m, t, list(p), n))
+                        or sources[-1])
+    live = sl.compare(model, None, **kw).drop(columns="wall_s")
+    assert sources and type(sources[0]) is LiveSource
+    pd.testing.assert_frame_equal(replayed, live)

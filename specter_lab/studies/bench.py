@@ -32,9 +32,9 @@ from ..analysis.gap import cell_gaps
 from ..analysis.record import record
 from ..traces.trace_file import RoutingTrace
 from . import planner  # noqa: F401  a sweep's strategy="auto" cells plan with sl.plan, registered on import
-from .calibration import ReplayedLiveSource
+from .calibration import ReplayedLiveSource, as_source
 from .results_file import sweep_results
-from .runs import SKIPPED, Cell, DoesNotFit, PromptRuns, as_source, run_cells, run_prompts, sweep_executor, workers_of
+from .runs import SKIPPED, Cell, DoesNotFit, PromptRuns, run_cells, run_prompts, sweep_executor, workers_of
 from ..run.strategies import AUTO, BASELINES, STRATEGIES, get_strategy, strategy_names
 from ..units import parse_budget
 
@@ -63,7 +63,10 @@ def compare(model, tokenizer, strategies: Sequence[str] | None = None, prompts: 
     """Run every strategy × hardware × budget × prompt and return one tidy row per run.
 
     All runs see the same prompts and the same expert budget in bytes (the draft's bytes come out of it for the
-    speculative strategies). Arguments are validated before any generation starts. ``trace=`` (a recorded or
+    speculative strategies). Arguments are validated before any generation starts. On a model, each cell is a
+    replay of the model's routing over the prompts, recorded once (its draft chains as the cells ask), wherever a
+    replay is the live run, and a live run elsewhere: the table is the one running every cell live gives
+    (:mod:`.calibration`). ``trace=`` (a recorded or
     imported :class:`~specter_lab.RoutingTrace`) replays every cell from it instead of generating (seconds, not
     minutes; ``model`` may be None; the prompts are the trace's; greedy); ``executor=`` runs the cells on any
     ``concurrent.futures.Executor``, with the same rows as the serial run (``"auto"``: a local process pool for a

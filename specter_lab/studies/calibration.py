@@ -30,9 +30,10 @@ from ..model import inspect_model
 from ..model.identity import model_identity
 from ..predict import KGovernor
 from ..run.assembly import uses_gate_predictions
-from .runs import Cell, DoesNotFit, LiveSource, PromptRuns, run_prompts
+from ..traces.trace_file import RoutingTrace
+from .runs import Cell, DoesNotFit, LiveSource, PromptRuns, TraceSource, run_prompts
 
-__all__ = ["ReplayedLiveSource", "K_MAX"]
+__all__ = ["ReplayedLiveSource", "as_source", "K_MAX"]
 
 K_MAX = 16  # the longest chain drafted on demand: the planner's longest K and the governor's
 
@@ -147,3 +148,20 @@ class ReplayedLiveSource(LiveSource):
         if self._rewinds is None:
             self._rewinds = not SequenceCache(self.model, True).recurrent
         return self._rewinds
+
+
+def as_source(model, tokenizer, prompts, max_new_tokens: int,
+              trace: RoutingTrace | None) -> "ReplayedLiveSource | TraceSource":
+    """The source a sweep (``sl.compare``, the regime map) evaluates on: the trace when given (then ``prompts`` must
+    be None: they are its own), else the model's runs, each replayed where a replay is the live run (the same
+    table as running every cell live: ``tests/test_on_demand.py``)."""
+    if trace is None:
+        if model is None:
+            raise ValueError("model is None and no trace= was given: pass a model, or a recorded trace to replay.")
+        return ReplayedLiveSource(model, tokenizer, list(prompts), max_new_tokens)
+    if not isinstance(trace, RoutingTrace):
+        raise TypeError(f"trace= must be a sl.RoutingTrace (sl.record(...) or sl.load_trace(path)), got "
+                        f"{type(trace).__name__}.")
+    if prompts is not None:
+        raise ValueError("prompts= and trace= both given: a trace replays its own recorded prompts; drop prompts=.")
+    return TraceSource(trace, tokenizer)

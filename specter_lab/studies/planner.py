@@ -33,8 +33,8 @@ from ..run.quant import QuantSpec
 from ..analysis.bound import bound_tpots
 from ..analysis.replay import skeleton
 from ..traces.trace_file import RoutingTrace
-from .calibration import ReplayedLiveSource
-from .runs import SKIPPED, Cell, PromptRuns, as_source, run_cells, sweep_executor
+from .calibration import ReplayedLiveSource, as_source
+from .runs import SKIPPED, Cell, PromptRuns, run_cells, sweep_executor
 from ..run.strategies import (BASELINES, NOT_CANDIDATES, PLANNER_MARGIN, STRATEGIES, get_strategy,
                               planner_choice)
 

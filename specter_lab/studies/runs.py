@@ -2,8 +2,8 @@
 the K sweep, the regime map and the QuantTuner.
 
 A sweep is a list of :class:`Cell` (a strategy and its engine options) evaluated on a source of prompts: live
-(:class:`LiveSource`: a model generates) or replayed (:class:`TraceSource`: a recorded or imported routing
-trace, the fast path). :func:`run_cells` maps the cells over any ``concurrent.futures.Executor`` (a process pool,
+(:class:`LiveSource`: a model generates; the sweeps use its subclass that replays where a replay is the live run,
+:mod:`.calibration`) or replayed (:class:`TraceSource`: a recorded or imported routing trace, the fast path). :func:`run_cells` maps the cells over any ``concurrent.futures.Executor`` (a process pool,
 Dask's or Ray's executor) with results identical to the serial run. By default (``executor="auto"``) a replayed
 sweep of many cells runs on a local process pool (:func:`trace_pool`) that receives the trace once per worker;
 a live sweep stays in this process (each worker would need its own copy of the model).
@@ -36,7 +36,7 @@ from ..run.setup import RunSetup
 from ..traces.trace_file import RoutingTrace
 
 __all__ = ["PromptRuns", "DoesNotFit", "NotReplayable", "SKIPPED", "run_prompts", "try_engine", "Cell",
-           "LiveSource", "TraceSource", "run_cells", "as_source", "TracePool", "trace_pool", "sweep_executor",
+           "LiveSource", "TraceSource", "run_cells", "TracePool", "trace_pool", "sweep_executor",
            "POOL_MIN_CELLS", "workers_of"]
 
 POOL_MIN_CELLS = 8  # fewer replayed cells than this run here: a pool's start-up would cost more than it saves
@@ -222,21 +222,6 @@ class TraceSource:
                 None, self.tokenizer, kw.get("hardware"), kw.get("expert_budget", 0.5), cost_shape=kw.get("cost_shape"),
                 progress=False, draft=kw.get("draft"), k=kw.get("k"), trace=self.trace, executor=None)
         return plan, {k: v for k, v in kw.items() if k not in ("draft", "k")}
-
-
-def as_source(model, tokenizer, prompts, max_new_tokens: int, trace: RoutingTrace | None) -> "LiveSource | TraceSource":
-    """The source a sweep evaluates on: the trace when given (then ``prompts`` must be None: they are its own),
-    else the model's live runs."""
-    if trace is None:
-        if model is None:
-            raise ValueError("model is None and no trace= was given: pass a model, or a recorded trace to replay.")
-        return LiveSource(model, tokenizer, list(prompts), max_new_tokens)
-    if not isinstance(trace, RoutingTrace):
-        raise TypeError(f"trace= must be a sl.RoutingTrace (sl.record(...) or sl.load_trace(path)), got "
-                        f"{type(trace).__name__}.")
-    if prompts is not None:
-        raise ValueError("prompts= and trace= both given: a trace replays its own recorded prompts; drop prompts=.")
-    return TraceSource(trace, tokenizer)
 
 
 SKIPPED = (DoesNotFit, NotReplayable)  # a row that says why, not an exception that ends a table
