@@ -14,6 +14,7 @@ Measured, one after the other, on the machine it runs on:
 * **the launch count**: aten ops per committed token, ``specter`` over HF ``generate`` (the package's op counter,
   as ``tests/test_hot_path.py`` counts them: the difference of a long and a short run);
 * **the planner**: ``sl.plan`` on notebook 04's setting, then again on the same model at another budget;
+* **a comparison**: the README's ``sl.compare`` on the bundled model;
 * **the notebooks**: each ``notebooks/0*.ipynb`` Run All under nbclient.
 
 The machine is shared, so code is timed in CPU seconds (``time.process_time``, every thread of the process), the
@@ -165,6 +166,24 @@ def plan_seconds() -> dict:
             "again_pick": again.label}
 
 
+COMPARE_README = dict(strategies=["lru", "specter", "oracle"], hardware=["rtx4090-pcie4", "a100-40g-pcie4"],
+                      expert_budget=[0.5, 0.35], cost_shape="deepseek-v2-lite")  # the README's sl.compare
+
+
+def compare_seconds() -> dict:
+    """The README's ``sl.compare`` on the bundled model (a model of its own: nothing recorded before): CPU and wall
+    seconds, and its rows."""
+    import torch
+
+    import specter_lab as sl
+
+    torch.set_num_threads(1)
+    model, tok = sl.load_model("tiny")
+    t0, c0 = time.perf_counter(), time.process_time()
+    df = sl.compare(model, tok, progress=False, **COMPARE_README)
+    return {"cpu_s": time.process_time() - c0, "wall_s": time.perf_counter() - t0, "rows": len(df)}
+
+
 def notebook_seconds(folder: "str | Path" = "notebooks", timeout: int = 900) -> list[dict]:
     """Each notebook's Run All under nbclient: wall seconds, and the slowest cells."""
     import nbformat
@@ -204,12 +223,13 @@ def _slowest(nb, n: int = 3) -> list:
 
 def measure(quick: bool = False, notebooks: bool = True) -> dict:
     """Every figure (``quick``: the ones that take seconds: ``lru`` replays at both levels, the live view at 100
-    tokens, the op ratio and the planner)."""
+    tokens, the op ratio, the planner and the README's comparison)."""
     out: dict[str, Any] = {"date": date.today().isoformat(), "machine": _machine(), "quick": quick}
     out["replay"] = replay_speed(["lru"] if quick else None)
     out["live"] = live_ratio((100,) if quick else (100, 300))
     out["ops"] = op_ratio()
     out["plan"] = plan_seconds()
+    out["compare"] = compare_seconds()
     if notebooks and not quick:
         out["notebooks"] = notebook_seconds()
     return out
@@ -233,6 +253,8 @@ def figures(results: dict) -> dict[str, tuple[float, str]]:
         out[f"aten ops ratio: {r['engine']}"] = (r["ratio"], "lower")
     if "plan" in results:
         out["sl.plan cpu s (notebook 04)"] = (results["plan"]["cpu_s"], "lower")
+    if "compare" in results:
+        out["sl.compare cpu s (the README's)"] = (results["compare"]["cpu_s"], "lower")
     return out
 
 
@@ -329,6 +351,13 @@ def page_text(results: dict, before: dict | None = None) -> str:
                       f"replayed; only chains it did not draft are drafted): **{p['again_cpu_s']:.1f} s** CPU, "
                       f"{p['again_wall_s']:.1f} s wall, pick `{p['again_pick']}`"
                       + (f" (before: {old['again_cpu_s']:.1f} s CPU)" if "again_cpu_s" in old else "") + "."]
+    if "compare" in results:
+        c, old = results["compare"], b.get("compare", {})
+        lines += ["", "## A comparison", "",
+                  "The README's `sl.compare(model, tok, strategies=['lru', 'specter', 'oracle'], hardware=["
+                  "'rtx4090-pcie4', 'a100-40g-pcie4'], expert_budget=[0.5, 0.35], cost_shape='deepseek-v2-lite')` "
+                  f"on the bundled model ({c['rows']} rows, 4 held-out prompts x 48 tokens): **{c['cpu_s']:.1f} s** "
+                  f"CPU, {c['wall_s']:.1f} s wall" + (f" (before: {old['cpu_s']:.1f} s CPU)" if old else "") + "."]
     if results.get("notebooks"):
         lines += ["", "## The notebooks", "", "Run All under nbclient, wall seconds (the three slowest cells).", "",
                   "| notebook | Run All s | slowest cells (s, cell) |", "|---|---|---|"]
