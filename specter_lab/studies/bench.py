@@ -143,9 +143,12 @@ def compare(model, tokenizer, strategies: Sequence[str] | None = None, prompts: 
 
 def _bounds(source, hws, budgets, cost_shape) -> dict:
     """The autoregressive bound (:mod:`specter_lab.analysis.bound`) of every prompt at each simulated profile × budget, from
-    the trace, or from the prompts' greedy routing recorded here (no chains: one generation per prompt)."""
+    the trace, or from the prompts' greedy routing (the one the cells replayed, or recorded here: no chains, one
+    generation per prompt)."""
     trace = getattr(source, "trace", None)
-    if trace is None:
+    if trace is None and isinstance(source, ReplayedLiveSource):
+        trace = source.routing()
+    elif trace is None:
         trace = record(source.model, source.tokenizer, source.prompts, max_new_tokens=source.max_new_tokens,
                        k_max=0, progress=False)
     out = {}

@@ -127,21 +127,27 @@ class ReplayedLiveSource(LiveSource):
     def _trace(self, eng):
         """The recording that replays ``eng``'s runs (made on first use): to EOS, or the whole length where the
         engine ignores EOS (a benchmark protocol's fixed length)."""
-        if self._kept is None:  # checked once per sweep: the weights cannot change while it runs
-            self._kept = _kept(self.model, self.tokenizer, self.prompts, self.max_new_tokens)
-        kept, stop = self._kept, not eng.setup.ignore_eos
-        if stop not in kept.base:
-            kept.base[stop] = record_on_demand(self.model, self.tokenizer, self.prompts, drafts=(),
-                                               max_new_tokens=self.max_new_tokens, stop_at_eos=stop)[0]
+        stop = not eng.setup.ignore_eos
         if not eng.strategy.speculative:
-            return kept.base[stop]
+            return self.routing(stop)
         key = (stop, eng.draft_spec)
         if key not in self._drafts:  # this sweep's drafters (each with its own cache), on the chains kept
             self._drafts[key] = record_on_demand(self.model, self.tokenizer, self.prompts, drafts=[key[1]],
                                                  max_new_tokens=self.max_new_tokens, k_max=K_MAX,
-                                                 base=kept.base[stop],
-                                                 chains=kept.chains.setdefault(stop, {}))[1][key[1]]
+                                                 base=self.routing(stop),
+                                                 chains=self._kept.chains.setdefault(stop, {}))[1][key[1]]
         return self._drafts[key]
+
+    def routing(self, stop_at_eos: bool = True):
+        """The model's greedy routing over the prompts, no chains (what ``sl.record(..., k_max=0)`` writes), recorded
+        on first use and kept with the model; ``stop_at_eos=False``: every continuation runs ``max_new_tokens``."""
+        if self._kept is None:  # checked once per sweep: the weights cannot change while it runs
+            self._kept = _kept(self.model, self.tokenizer, self.prompts, self.max_new_tokens)
+        base = self._kept.base
+        if stop_at_eos not in base:
+            base[stop_at_eos] = record_on_demand(self.model, self.tokenizer, self.prompts, drafts=(),
+                                                 max_new_tokens=self.max_new_tokens, stop_at_eos=stop_at_eos)[0]
+        return base[stop_at_eos]
 
     def _can_rewind(self) -> bool:
         """Drafting needs a cache cropped back to a window's start: attention layers only (as ``sl.record``)."""
