@@ -66,9 +66,9 @@ def compare(model, tokenizer, strategies: Sequence[str] | None = None, prompts: 
     speculative strategies). Arguments are validated before any generation starts. On a model, each cell is a
     replay of the model's routing over the prompts, recorded once (its draft chains as the cells ask), wherever a
     replay is the live run, and a live run elsewhere: the table is the one running every cell live gives
-    (:mod:`.calibration`). ``trace=`` (a recorded or
-    imported :class:`~specter_lab.RoutingTrace`) replays every cell from it instead of generating (seconds, not
-    minutes; ``model`` may be None; the prompts are the trace's; greedy); ``executor=`` runs the cells on any
+    (:mod:`.calibration`). ``trace=`` (a recorded or imported :class:`~specter_lab.RoutingTrace`) replays every
+    cell from it instead of generating (seconds, not minutes; ``model`` may be None; the prompts are the trace's;
+    greedy); ``executor=`` runs the cells on any
     ``concurrent.futures.Executor``, with the same rows as the serial run (``"auto"``: a local process pool for a
     replayed sweep of many cells; ``None``: here, one after the other; see :func:`~specter_lab.studies.runs.run_cells`).
 
