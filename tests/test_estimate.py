@@ -13,9 +13,9 @@ import pytest
 
 import specter_lab as sl
 from specter_lab.estimator import NOT_A_DEPLOYMENT, estimate
-from specter_lab.estimator.core import later_half_rate
 from specter_lab.estimator.lanes import price_token, static_layers
 from specter_lab.model.geometry import CONFIG_DIR, geometry_from_config
+from specter_lab.records.metrics import later_half_rate
 from specter_lab.records.trace import TokenRecord
 from specter_lab.run import NOT_CANDIDATES, STRATEGIES, planner_choice
 from specter_lab.traces.synthetic import LOCALITY, hot_coverage, lru_hit_rate, synthetic_routing

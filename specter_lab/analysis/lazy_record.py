@@ -188,7 +188,7 @@ def record_on_demand(model, tokenizer, prompts: Sequence, *, max_new_tokens: int
     traces = {}
     kept = chains if chains is not None else {}
     for spec in drafts:
-        draft_of = lambda spec=spec: shared_draft(model, info, spec, device)  # quantized when first drafted with
+        draft_of = lambda spec=spec: shared_draft(model, info, spec, device)  # quantized at the first draft forward
         per_prompt = kept.setdefault(spec, [Chains() for _ in base.sequences])
         seqs = []
         for s, c in zip(base.sequences, per_prompt):

@@ -30,6 +30,7 @@ from ..model.geometry import ModelGeometry, geometry_from_config, load_config
 from ..pricing.gpus import GPU, GPU_FAMILIES
 from ..pricing.precision import WeightPrecision
 from ..pricing.profiles import HOST_DECODE_EFFICIENCY, HardwareProfile, get_host, resolve_gpu, unified_gpu_bytes
+from ..records.metrics import later_half_rate
 from ..run import NOT_CANDIDATES, STRATEGIES, Strategy, planner_choice
 from ..units import parse_bytes
 from .bands import Scenario, Unknown, combine, disk_unknown, unknowns
@@ -48,7 +49,7 @@ NOT_A_DEPLOYMENT = {
 }
 RESIDENT, YOURS = "resident", "yours"  # the two rows that are not strategies: every expert on the GPU; your flags
 ACCEPTANCE_RANGE = (0.60, 0.95)  # assumption: larger models' drafts are less faithful than the bundled model's
-DECODE_LENGTH, LATE = "decode length", "late_tokens_per_s"  # the horizon unknown, and the metric it reads
+DECODE_LENGTH, LATE = "decode length", "later_half_tok_s"  # the horizon unknown, and the rate it reads
 
 
 def get_gpu(gpu: "str | HardwareProfile", vram: float | None = None) -> HardwareProfile:
@@ -331,7 +332,7 @@ def _row(name: str, st: "Strategy | None", m: dict, params: dict, geom: ModelGeo
         swings["draft acceptance"] = tuple(tps * _per_window(x, k) / _per_window(a, k) for x in ACCEPTANCE_RANGE)
     lo, hi, dominant = combine(tps, swings)
     return {"strategy": name, "tokens_per_s": tps, "band_tok_s": f"{lo:.3g}-{hi:.3g}", "low_tok_s": lo,
-            "high_tok_s": hi, "dominant_unknown": dominant, "later_half_tok_s": late, "tpot_ms": m["tpot_ms"],
+            "high_tok_s": hi, "dominant_unknown": dominant, LATE: late, "tpot_ms": m["tpot_ms"],
             "hit_rate": m["hit_rate"],
             "copies_per_token": m["h2d_bytes_per_token"] / params["expert_bytes"],
             "host_experts_per_token": m["host_experts_per_token"], "stall_ms": m["stall_ms_per_token"],
@@ -340,19 +341,6 @@ def _row(name: str, st: "Strategy | None", m: dict, params: dict, geom: ModelGeo
             "placement": _placement_text(name, st, params, geom, yours), "runs_as": _runs_as(name, st, yours),
             "speculative": spec, "in_specter_lab": name != YOURS,
             "description": st.description if st is not None and name != YOURS else ""}
-
-
-def later_half_rate(tokens) -> float:
-    """Tokens/s over the later half of a run's decode tokens: from the commit that ends the first half (the
-    prefill's token is the clock's start, as TPOT's) to the last, over the tokens committed after it. A window that
-    commits across the middle counts wholly in the half it ends in, so no token is counted untimed."""
-    committed = [t for t in tokens if t.committed]
-    if len(committed) < 3:
-        return float("nan")
-    mid = committed[(len(committed) - 1) // 2].time
-    after = sum(1 for t in committed if t.time > mid)
-    span = float(committed[-1].time - mid)
-    return 1e3 * after / span if after and span > 0 else float("nan")
 
 
 def _per_window(a: float, k: int) -> float:

@@ -21,7 +21,7 @@ from typing import Any
 from .tally import Tally
 from .trace import AHEAD, StepRecord, TokenRecord, Trace
 
-__all__ = ["compute_metrics"]
+__all__ = ["compute_metrics", "later_half_rate"]
 
 NAN = float("nan")
 
@@ -43,6 +43,20 @@ def compute_metrics(trace: Trace) -> dict[str, Any]:
     out.update(_disk(tally, decode_tokens))
     out["recall"], out["precision"] = tally.recall_precision()
     return out
+
+
+def later_half_rate(tokens: list[TokenRecord]) -> float:
+    """Tokens/s over the later half of a run's decode tokens: from the commit that ends the first half (the
+    prefill's token is the clock's start, as TPOT's) to the last, over the tokens committed after it. A window that
+    commits across the middle counts wholly in the half it ends in, so no token is counted untimed. (Not in
+    :func:`compute_metrics`: the estimate reads it for its decode-length unknown.)"""
+    committed = [t for t in tokens if t.committed]
+    if len(committed) < 3:
+        return NAN
+    mid = committed[(len(committed) - 1) // 2].time
+    after = sum(1 for t in committed if t.time > mid)
+    span = float(committed[-1].time - mid)
+    return 1e3 * after / span if after and span > 0 else NAN
 
 
 def _latency(tokens: list[TokenRecord], steps: list[StepRecord]) -> dict[str, Any]:

@@ -29,7 +29,6 @@ from .reproduce import paper_equal_memory, paper_header, paper_prompts, paper_wa
 from ..run.quant import QuantSpec
 from ..analysis.bound import bound_tpots, x_of_bound
 from ..analysis.gap import cell_gaps
-from ..analysis.record import record
 from ..traces.trace_file import RoutingTrace
 from . import planner  # noqa: F401  a sweep's strategy="auto" cells plan with sl.plan, registered on import
 from .calibration import ReplayedLiveSource, as_source
@@ -143,14 +142,8 @@ def compare(model, tokenizer, strategies: Sequence[str] | None = None, prompts: 
 
 def _bounds(source, hws, budgets, cost_shape) -> dict:
     """The autoregressive bound (:mod:`specter_lab.analysis.bound`) of every prompt at each simulated profile × budget, from
-    the trace, or from the prompts' greedy routing (the one the cells replayed, or recorded here: no chains, one
-    generation per prompt)."""
-    trace = getattr(source, "trace", None)
-    if trace is None and isinstance(source, ReplayedLiveSource):
-        trace = source.routing()
-    elif trace is None:
-        trace = record(source.model, source.tokenizer, source.prompts, max_new_tokens=source.max_new_tokens,
-                       k_max=0, progress=False)
+    the trace, or from the prompts' greedy routing (the one the cells replayed, kept with the model)."""
+    trace = source.routing()
     out = {}
     for h in hws:
         for b in budgets:

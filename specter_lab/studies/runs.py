@@ -30,6 +30,7 @@ from ..errors import BudgetTooSmall
 from ..model.identity import model_identity
 from ..offload.clock import is_measured
 from ..analysis.pool import cores, install, installed, process_pool
+from ..analysis.record import record
 from ..analysis.replay import replay, replay_setup
 from ..run.engine import Engine, auto_planner
 from ..run.setup import RunSetup
@@ -159,6 +160,11 @@ class LiveSource:
         eng = self.engine(cell)
         return eng if isinstance(eng, DoesNotFit) else eng.setup
 
+    def routing(self) -> RoutingTrace:
+        """The model's greedy routing over the prompts, no chains (what the bound reads): one generation each."""
+        return record(self.model, self.tokenizer, self.prompts, max_new_tokens=self.max_new_tokens, k_max=0,
+                      progress=False)
+
     def run(self, cell: Cell) -> "PromptRuns | DoesNotFit":
         eng = self.engine(cell)
         if isinstance(eng, DoesNotFit):
@@ -176,6 +182,10 @@ class TraceSource:
     trace: RoutingTrace
     tokenizer: Any = None
     _plans: dict = field(default_factory=dict, repr=False, compare=False)  # an ``auto`` cell's plan, made once
+
+    def routing(self) -> RoutingTrace:
+        """The routing the bound reads: the trace itself."""
+        return self.trace
 
     def __getstate__(self) -> dict:  # sent to a worker: the trace and tokenizer, not the plans made here
         return {**self.__dict__, "_plans": {}}

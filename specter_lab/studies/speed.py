@@ -89,14 +89,21 @@ def replay_speed(strategies: "list[str] | None" = None, levels=("steps", "full")
     return rows
 
 
-def live_ratio(tokens=(100, 300), repeat: int = 3, strategy: str = "specter") -> list[dict]:
-    """CPU time of a live view's run over a plain ``generate`` (the view never shown, as in a script)."""
+def _fresh_model():
+    """The bundled model, loaded for one figure (one thread; nothing recorded of it yet)."""
     import torch
 
     import specter_lab as sl
 
     torch.set_num_threads(1)
-    model, tok = sl.load_model("tiny")
+    return sl.load_model("tiny")
+
+
+def live_ratio(tokens=(100, 300), repeat: int = 3, strategy: str = "specter") -> list[dict]:
+    """CPU time of a live view's run over a plain ``generate`` (the view never shown, as in a script)."""
+    import specter_lab as sl
+
+    model, tok = _fresh_model()
     eng = sl.Engine(model, tok, strategy)
     eng.info.eos_token_ids = []  # every run commits exactly n tokens
     prompt = "def fib(n):"
@@ -119,8 +126,7 @@ def op_ratio() -> list[dict]:
     from specter_lab.pricing.opcount import CountOps
     from specter_lab.run.quant import DraftExperts
 
-    torch.set_num_threads(1)
-    model, tok = sl.load_model("tiny")
+    model, tok = _fresh_model()
     prompt, new = "def fib(n):", 24
 
     def per_token(run) -> float:
@@ -147,23 +153,23 @@ def op_ratio() -> list[dict]:
     return rows
 
 
+def _timed(fn: Callable[[], Any]) -> tuple[Any, float, float]:
+    """``fn()``, its CPU seconds and its wall seconds."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    out = fn()
+    return out, time.process_time() - c0, time.perf_counter() - t0
+
+
 def plan_seconds() -> dict:
     """``sl.plan`` on notebook 04's setting: CPU and wall seconds, and its pick; then ``sl.plan`` again on the same
     model at another budget (``again_*``: what the first recorded is replayed, :mod:`.calibration`)."""
-    import torch
-
     import specter_lab as sl
 
-    torch.set_num_threads(1)
-    model, tok = sl.load_model("tiny")
-    t0, c0 = time.perf_counter(), time.process_time()
-    p = sl.plan(model, tok, progress=False, **PLAN_04)
-    out = {"cpu_s": time.process_time() - c0, "wall_s": time.perf_counter() - t0, "pick": p.label,
-           "candidates": len(p.table)}
-    t0, c0 = time.perf_counter(), time.process_time()
-    again = sl.plan(model, tok, progress=False, **PLAN_AGAIN)
-    return {**out, "again_cpu_s": time.process_time() - c0, "again_wall_s": time.perf_counter() - t0,
-            "again_pick": again.label}
+    model, tok = _fresh_model()
+    p, cpu, wall = _timed(lambda: sl.plan(model, tok, progress=False, **PLAN_04))
+    again, again_cpu, again_wall = _timed(lambda: sl.plan(model, tok, progress=False, **PLAN_AGAIN))
+    return {"cpu_s": cpu, "wall_s": wall, "pick": p.label, "candidates": len(p.table), "again_cpu_s": again_cpu,
+            "again_wall_s": again_wall, "again_pick": again.label}
 
 
 COMPARE_README = dict(strategies=["lru", "specter", "oracle"], hardware=["rtx4090-pcie4", "a100-40g-pcie4"],
@@ -173,15 +179,11 @@ COMPARE_README = dict(strategies=["lru", "specter", "oracle"], hardware=["rtx409
 def compare_seconds() -> dict:
     """The README's ``sl.compare`` on the bundled model (a model of its own: nothing recorded before): CPU and wall
     seconds, and its rows."""
-    import torch
-
     import specter_lab as sl
 
-    torch.set_num_threads(1)
-    model, tok = sl.load_model("tiny")
-    t0, c0 = time.perf_counter(), time.process_time()
-    df = sl.compare(model, tok, progress=False, **COMPARE_README)
-    return {"cpu_s": time.process_time() - c0, "wall_s": time.perf_counter() - t0, "rows": len(df)}
+    model, tok = _fresh_model()
+    df, cpu, wall = _timed(lambda: sl.compare(model, tok, progress=False, **COMPARE_README))
+    return {"cpu_s": cpu, "wall_s": wall, "rows": len(df)}
 
 
 def notebook_seconds(folder: "str | Path" = "notebooks", timeout: int = 900) -> list[dict]:
